@@ -1,0 +1,42 @@
+# kvtrace: `make demo` and `make test` install everything they need on a fresh machine.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   ?= demo-run
+
+.PHONY: install demo test lint bench browser vllm-engine clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium and ChromeDriver, for the browser test of the HTML report and the demo's screenshot.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  else echo "chromium missing: run 'sudo apt-get install chromium chromium-driver'"; fi; }
+
+# The real CPU vLLM engine (its own virtual environment in the kvtrace cache folder).
+vllm-engine: $(STAMP)
+	$(VENV)/bin/kvtrace engine install
+
+demo: $(STAMP) browser
+	bash scripts/demo.sh $(DEMO)
+
+test: $(STAMP) browser vllm-engine
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tongyi_trace tests bench
+	$(VENV)/bin/mypy tongyi_trace
+
+bench: $(STAMP)
+	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache

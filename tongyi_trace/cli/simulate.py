@@ -1,0 +1,1 @@
+"""`kvtrace simulate` (being written)."""

@@ -1,0 +1,1 @@
+"""`kvtrace synth` (being written)."""

@@ -1,0 +1,1 @@
+"""Per-category reuse-time models and the versioned policy file (kvtrace.policy/1)."""
