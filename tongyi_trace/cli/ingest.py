@@ -1,1 +1,69 @@
-"""`kvtrace ingest` (being written)."""
+"""`kvtrace ingest` and `kvtrace export`: trace file <-> normalized run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.run import open_run
+from tongyi_trace.trace.categories import parse_turn_buckets
+from tongyi_trace.trace.export import export_trace
+from tongyi_trace.trace.ingest import ingest_trace, summarize
+
+
+@app.command()
+def ingest(
+    trace: Path = typer.Argument(..., help="Trace file: Bailian or Mooncake JSONL (.gz/.zst ok) or kvtrace Parquet."),
+    out: Path = typer.Option(..., "-o", "--out", help="Run folder to write the normalized tables into."),
+    fmt: str = typer.Option(None, "--format", help="Force the format: bailian, mooncake or parquet."),
+    block_size: int = typer.Option(None, "--block-size", help="Tokens per hash id (default 16 Bailian, 512 Mooncake)."),
+    turn_buckets: str = typer.Option("1,2,3", "--turn-buckets", help="Turn bucket lower bounds for categories."),
+    on_error: str = typer.Option("fail", "--on-error", help="'fail' on a bad line, or 'skip' it and count it."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Read a trace once, validate it and write requests/blocks Parquet + provenance into a run folder.
+
+    Example: kvtrace ingest ../shared/traces/mooncake_conversation.jsonl -o runs/conv
+    """
+    def go() -> dict[str, object]:
+        with progress(quiet or json_out) as bar:
+            task = bar.add_task("reading requests", total=None)
+            prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
+                                turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
+                                progress=lambda n: bar.update(task, completed=n))
+        return summarize(prov)
+
+    summary = run_cli(go)
+    if json_out:
+        print_json(summary)
+        return
+    t = Table(title=f"ingested {trace.name} -> {out}", show_header=False)
+    for k, v in summary.items():
+        if k != "findings":
+            t.add_row(k, f"{v:,.1f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+    findings = summary["findings"]
+    assert isinstance(findings, dict)
+    t.add_row("findings", ", ".join(f"{k}: {v:,}" for k, v in findings.items()) or "none")
+    console.print(t)
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest'."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output trace: .parquet (lossless) or .jsonl (Bailian)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Write a run folder back out as a trace file (Parquet ingests back to identical tables).
+
+    Example: kvtrace export runs/conv -o conv.parquet
+    """
+    n = run_cli(lambda: export_trace(open_run(run_dir), out))
+    if json_out:
+        print_json({"path": str(out), "num_requests": n})
+    else:
+        console.print(f"wrote {n:,} requests to {out}")

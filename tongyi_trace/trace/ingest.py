@@ -1,0 +1,245 @@
+"""`kvtrace ingest`: read a trace once, validate it, and write the normalized run folder.
+
+Produces requests.parquet, blocks.parquet (with the prefix-chained identity chain_id and its dense
+renumbering chain_idx) and provenance.json, as specified in docs/architecture.md. Raw block rows are
+streamed chunk by chunk to a temporary Parquet file, and the final re-keying runs in DuckDB, which
+spills to disk, so traces larger than memory can be ingested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tongyi_trace import __version__
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.resources import read_query
+from tongyi_trace.run import RUN_SCHEMA, RunDir, is_run_dir, open_run, write_json
+from tongyi_trace.trace.categories import NO_CATEGORY, categories
+from tongyi_trace.trace.chain import chain_ids
+from tongyi_trace.trace.reader import DEFAULT_BLOCK_SIZE, Chunk, ReadStats, detect_format, read_chunks
+
+_RAW_SCHEMA = pa.schema([("raw_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
+                         ("chain_id", pa.int64()), ("num_tokens", pa.int64())])
+ProgressFn = Callable[[int], None]
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, streamed."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def duckdb_connect(tmp_dir: Path, memory_limit: str = "4GB", threads: int = 2) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that spills to TMP_DIR under MEMORY_LIMIT."""
+    con = duckdb.connect(config={"memory_limit": memory_limit, "threads": threads,
+                                 "temp_directory": str(tmp_dir), "preserve_insertion_order": False})
+    return con
+
+
+def _raw_block_table(chunk: Chunk, raw0: int, block_size: int) -> tuple[pa.Table, int]:
+    """Block rows of one chunk and the number of requests whose hash count disagrees with its length."""
+    lengths = np.diff(chunk.offsets)
+    starts = np.repeat(chunk.offsets[:-1], lengths)
+    pos = np.arange(chunk.hash_ids.shape[0], dtype=np.int64) - starts
+    inp = np.repeat(chunk.input_tokens, lengths)
+    num_tokens = np.clip(inp - pos * block_size, 0, block_size)
+    raw_idx = np.repeat(np.arange(raw0, raw0 + len(chunk), dtype=np.int64), lengths)
+    table = pa.table({"raw_idx": raw_idx, "pos": pos, "block_id": chunk.hash_ids,
+                      "chain_id": chain_ids(chunk.hash_ids, chunk.offsets), "num_tokens": num_tokens},
+                     schema=_RAW_SCHEMA)
+    expected = -(-chunk.input_tokens // block_size)
+    return table, int(np.count_nonzero(expected != lengths))
+
+
+def _sessions(chat_id: npt.NDArray[np.int64], parent: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Root chat id of each request's parent chain (pointer jumping; parents already resolved)."""
+    order = np.argsort(chat_id, kind="stable")
+    sorted_ids = chat_id[order]
+    idx = np.arange(len(chat_id))
+    has_parent = parent != -1
+    up = idx.copy()
+    up[has_parent] = order[np.searchsorted(sorted_ids, parent[has_parent])]
+    for _ in range(64):
+        nxt = up[up]
+        if np.array_equal(nxt, up):
+            break
+        up = nxt
+    else:
+        raise InputError("parent_chat_id links form a cycle; every chain must end at a root (-1)")
+    cyc = up[up] != up
+    if cyc.any():
+        raise InputError("parent_chat_id links form a cycle; every chain must end at a root (-1)")
+    return chat_id[up]
+
+
+def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
+                 block_size: int | None = None, turn_buckets: list[int] | None = None,
+                 on_error: str = "fail", progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance."""
+    path = Path(trace)
+    fmt = fmt or detect_format(path)
+    if block_size is None:
+        block_size = DEFAULT_BLOCK_SIZE[fmt]
+    if block_size <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, got {block_size}")
+    buckets = turn_buckets or [1, 2, 3]
+    run = RunDir(Path(out_dir))
+    run.path.mkdir(parents=True, exist_ok=True)
+    stats = ReadStats()
+    findings: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+
+    raw_path = run.path / ".blocks_raw.parquet"
+    cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
+                                                   "input_tokens", "output_tokens", "type", "turn",
+                                                   "user_id", "num_blocks")}
+    num_req = 0
+    try:
+        with pq.ParquetWriter(raw_path, _RAW_SCHEMA) as writer:
+            for chunk in read_chunks(path, fmt, on_error, stats):
+                table, mismatched = _raw_block_table(chunk, num_req, block_size)
+                writer.write_table(table)
+                findings["hash_len_mismatch"] += mismatched
+                for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
+                          "output_tokens", "type", "turn", "user_id"):
+                    cols[k].append(getattr(chunk, k))
+                cols["num_blocks"].append(np.diff(chunk.offsets))
+                num_req += len(chunk)
+                if progress is not None:
+                    progress(num_req)
+        if num_req == 0:
+            raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
+                             "give a trace with at least one request")
+        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples)
+        requests.drop("line_no").write_parquet(run.requests_path)
+        _write_blocks(run, raw_path, requests)
+    finally:
+        raw_path.unlink(missing_ok=True)
+
+    if stats.skipped:
+        findings.update(stats.skipped)
+        examples.update(stats.examples)
+    if findings["hash_len_mismatch"]:
+        examples.setdefault("hash_len_mismatch", [
+            f"len(hash_ids) != ceil(input_length / {block_size}) for {findings['hash_len_mismatch']} requests"])
+    num_refs = int(requests["num_blocks"].sum())
+    max_idx = pl.scan_parquet(run.blocks_path).select(pl.col("chain_idx").max()).collect().item()
+    ts = requests["arrival_s"]
+    prov: dict[str, Any] = {
+        "schema": RUN_SCHEMA,
+        "source": str(path.resolve()),
+        "sha256": file_sha256(path),
+        "format": fmt,
+        "block_size": block_size,
+        "num_requests": requests.height,
+        "num_block_refs": num_refs,
+        "num_distinct_blocks": 0 if max_idx is None else int(max_idx) + 1,
+        "duration_s": float(ts.max() - ts.min()),  # type: ignore[operator]
+        "has_types": bool(requests["type"].is_not_null().any()),
+        "has_turns": bool(requests["turn"].is_not_null().any()),
+        "has_users": bool(requests["user_id"].is_not_null().any()),
+        "has_sessions": bool((requests["session_id"] != requests["chat_id"]).any()),
+        "turn_buckets": buckets,
+        "findings": {k: int(v) for k, v in sorted(findings.items()) if v},
+        "finding_examples": {k: v for k, v in sorted(examples.items()) if findings.get(k)},
+        "created_by": f"kvtrace {__version__}",
+    }
+    write_json(run.provenance_path, prov)
+    return prov
+
+
+def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], buckets: list[int],
+                        findings: Counter[str], examples: dict[str, list[str]]) -> pl.DataFrame:
+    """The requests table in arrival order (req_idx), with sessions and categories resolved."""
+    flat = {k: (np.concatenate(v) if k not in ("type", "turn", "user_id") else [x for c in v for x in c])
+            for k, v in cols.items()}
+    df = pl.DataFrame({
+        "line_no": flat["line_no"], "chat_id": flat["chat_id"], "parent_chat_id": flat["parent_chat_id"],
+        "user_id": pl.Series(flat["user_id"], dtype=pl.Utf8),
+        "arrival_s": flat["timestamp_s"], "input_tokens": flat["input_tokens"],
+        "output_tokens": flat["output_tokens"], "type": pl.Series(flat["type"], dtype=pl.Utf8),
+        "turn": pl.Series(flat["turn"], dtype=pl.Int64), "num_blocks": flat["num_blocks"],
+    }).with_row_index("raw_idx")
+    ts = df["arrival_s"].to_numpy()
+    out_of_order = int(np.count_nonzero(ts[1:] < ts[:-1]))
+    if out_of_order:
+        findings["timestamps_out_of_order"] = out_of_order
+        i = int(np.argmax(ts[1:] < ts[:-1])) + 1
+        examples["timestamps_out_of_order"] = [f"{path}:{df['line_no'][i]}: timestamp {ts[i]} before "
+                                               f"{ts[i - 1]}; requests stably sorted by timestamp"]
+        df = df.sort("arrival_s", maintain_order=True)
+    df = df.with_row_index("req_idx").with_columns(pl.col("req_idx").cast(pl.Int64),
+                                                   pl.col("raw_idx").cast(pl.Int64))
+    if fmt == "mooncake":
+        df = df.with_columns(chat_id=pl.col("req_idx"), session_id=pl.col("req_idx"),
+                             category=pl.lit(NO_CATEGORY))
+    else:
+        dup = df.filter(pl.col("chat_id").is_duplicated()).sort("line_no")
+        if dup.height:
+            raise InputError(f"{path}:{dup['line_no'][1]}: field 'chat_id' {dup['chat_id'][1]} appears "
+                             f"twice (also line {dup['line_no'][0]}); chat ids must be unique")
+        known = df["parent_chat_id"].is_in(df["chat_id"].implode()) | (df["parent_chat_id"] == -1)
+        orphans = df.filter(~known)
+        if orphans.height:
+            findings["orphan_parent"] = orphans.height
+            examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
+                                         for ln, p in orphans.select("line_no", "parent_chat_id").head(5).iter_rows()]
+            df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
+        sessions = _sessions(df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy())
+        untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
+        df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
+                             category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
+    return df.select("req_idx", "raw_idx", "line_no", "chat_id", "parent_chat_id", "session_id", "user_id",
+                     "arrival_s", "input_tokens", "output_tokens", "type", "turn", "category", "num_blocks")
+
+
+def _write_blocks(run: RunDir, raw_path: Path, requests: pl.DataFrame) -> None:
+    con = duckdb_connect(run.path)
+    try:
+        con.read_parquet(str(raw_path)).create_view("raw_blocks")
+        order = requests.select("raw_idx", "req_idx").to_arrow()
+        con.register("req_order", order)
+        con.sql(read_query("ingest_blocks")).write_parquet(str(run.blocks_path), compression="zstd")
+    finally:
+        con.close()
+    # requests.parquet keeps raw_idx only transiently
+    pl.read_parquet(run.requests_path).drop("raw_idx").write_parquet(run.requests_path)
+
+
+def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **ingest_options: Any) -> RunDir:
+    """A run folder for TRACE_OR_RUN: opened as is when it is one, else the trace is ingested into OUT_DIR
+    (default: `<trace name>.kvtrace` beside the trace)."""
+    p = Path(trace_or_run)
+    if is_run_dir(p):
+        return open_run(p)
+    if p.is_dir():
+        return open_run(p)  # raises the "not a run folder" error
+    target = Path(out_dir) if out_dir is not None else p.with_name(p.name.split(".")[0] + ".kvtrace")
+    if is_run_dir(target):
+        prov = open_run(target).provenance()
+        if prov.get("sha256") == file_sha256(p):
+            return RunDir(target)
+    ingest_trace(p, target, **ingest_options)
+    return RunDir(target)
+
+
+def summarize(prov: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of an ingest (what --json prints)."""
+    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s")
+    out = {k: prov[k] for k in keys}
+    out["findings"] = prov["findings"]
+    return out

@@ -1,0 +1,219 @@
+"""Shared machinery of the synthetic trace generators: from sessions to Bailian requests and block ids.
+
+Every generator (the `to-c` / `to-b` profiles in synth.py, `--like` in synth_like.py) first draws a
+table of requests grouped by session in turn order (`SessionRequests`: arrival in integer ms, type,
+user, system prompt, NEW input tokens of the turn, output tokens). `assemble` turns it into the
+Qwen-Bailian form the paper's traces use (paper-notes, "The traces"):
+
+- a session is one token stream: system prompt, then (new input, output) of each turn in order;
+  turn k's input is the stream up to and including its new input, so a child carries its parent's
+  whole input, then the parent's output and its own new input;
+- `hash_ids` are per-block CONTENT ids (16-token blocks, not prefix-chained): a block that lies wholly
+  inside the system prompt has the prompt's id for that position (shared by every session using the
+  prompt), one wholly inside the session's stream has the session's id for that position (so a child
+  repeats its parent's full blocks), and the last partial block (input not a multiple of 16) has an id
+  of its own (its content differs from the longer block that replaces it in the child);
+- ids are finally renumbered 0, 1, 2... in order of first appearance (as the public files do), requests
+  are sorted by arrival, and `chat_id` is the arrival index.
+
+`write_jsonl` writes the lines byte-for-byte deterministically (plain, .gz with a zero mtime, or .zst).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import numpy.typing as npt
+
+from tongyi_trace.errors import UsageError
+
+BLOCK_SIZE_TOKENS = 16
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SessionRequests:
+    """Requests grouped by session (sessions contiguous, turns 1..T in order); one array entry a request.
+
+    `sys_id` is -1 when the session has no shared system prompt; `user` is -1 when the trace has no
+    users. `sys_tokens_by_id[s]` is the length of system prompt s."""
+
+    session: I64
+    turn: I64
+    arrival_ms: I64
+    type_code: I64
+    user: I64
+    sys_id: I64
+    new_tokens: I64
+    output_tokens: I64
+    type_names: tuple[str, ...]
+    sys_tokens_by_id: I64
+
+
+@dataclass(frozen=True)
+class SynthTrace:
+    """A finished trace in arrival order; `hash_ids[offsets[i]:offsets[i+1]]` are request i's blocks."""
+
+    chat_id: I64
+    parent_chat_id: I64
+    arrival_ms: I64
+    input_tokens: I64
+    output_tokens: I64
+    type_code: I64
+    turn: I64
+    user: I64
+    hash_ids: I64
+    offsets: I64
+    type_names: tuple[str, ...]
+
+    @property
+    def num_requests(self) -> int:
+        """Number of requests."""
+        return int(self.chat_id.size)
+
+    @property
+    def num_block_refs(self) -> int:
+        """Number of block references (sum of len(hash_ids))."""
+        return int(self.hash_ids.size)
+
+
+def group_starts(session: I64) -> I64:
+    """Index of the first request of each request's session (sessions are contiguous)."""
+    n = session.size
+    new = np.ones(n, dtype=bool)
+    new[1:] = session[1:] != session[:-1]
+    first = np.flatnonzero(new)
+    return np.repeat(first, np.diff(np.append(first, n))).astype(np.int64)
+
+
+def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthTrace:
+    """Input lengths, content block ids, chat ids and parents of SR, sorted by arrival (see module doc)."""
+    n = sr.session.size
+    start = group_starts(sr.session)
+    sys_tok = np.where(sr.sys_id >= 0, sr.sys_tokens_by_id[np.maximum(sr.sys_id, 0)], 0).astype(np.int64)
+    # stream tokens before turn k = sys + sum_{j<k} (new_j + out_j)
+    step = sr.new_tokens + sr.output_tokens
+    cs = np.cumsum(step) - step  # exclusive cumsum over the whole array
+    before = cs - cs[start] + sys_tok
+    input_tokens = before + sr.new_tokens
+    num_blocks = -(-input_tokens // block_size)
+    full = input_tokens // block_size
+    sys_full = sys_tok // block_size
+
+    # id spaces: [system prompt blocks][session stream blocks][one partial block per request]
+    sys_full_by_id = sr.sys_tokens_by_id // block_size
+    sys_base = np.concatenate([[0], np.cumsum(sys_full_by_id)]).astype(np.int64)
+    num_sys_ids = int(sys_base[-1])
+    sess_codes, sess_idx = np.unique(sr.session, return_inverse=True)
+    sess_span = np.zeros(sess_codes.size, dtype=np.int64)
+    np.maximum.at(sess_span, sess_idx, full)
+    sess_base = num_sys_ids + np.concatenate([[0], np.cumsum(sess_span)[:-1]]).astype(np.int64)
+    partial_base = num_sys_ids + int(sess_span.sum())
+
+    # arrival order (stable: ties keep session/turn order; a child is always strictly later)
+    order = np.lexsort((np.arange(n), sr.arrival_ms))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+
+    nb_sorted = num_blocks[order]
+    offsets = np.concatenate([[0], np.cumsum(nb_sorted)]).astype(np.int64)
+    total = int(offsets[-1])
+    ref_req = np.repeat(order, nb_sorted)  # original request index of each ref, in arrival order
+    pos = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], nb_sorted)
+    r_sys_full = sys_full[ref_req]
+    r_full = full[ref_req]
+    ids = partial_base + ref_req
+    in_stream = pos < r_full
+    ids = np.where(in_stream, sess_base[sess_idx[ref_req]] + pos, ids)
+    in_sys = pos < r_sys_full
+    ids = np.where(in_sys, sys_base[np.maximum(sr.sys_id[ref_req], 0)] + pos, ids)
+    del ref_req, pos, r_sys_full, r_full, in_stream, in_sys
+
+    # renumber 0.. by first appearance
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    del ids
+    new_of_uniq = np.empty(uniq.size, dtype=np.int64)
+    new_of_uniq[np.argsort(first, kind="stable")] = np.arange(uniq.size, dtype=np.int64)
+    hash_ids = new_of_uniq[inverse.reshape(-1)]
+
+    parent_orig = np.where(sr.turn > 1, np.arange(n) - 1, -1)
+    parent_chat = np.where(parent_orig >= 0, rank[np.maximum(parent_orig, 0)], -1)
+    return SynthTrace(
+        chat_id=np.arange(n, dtype=np.int64),
+        parent_chat_id=parent_chat[order].astype(np.int64),
+        arrival_ms=sr.arrival_ms[order],
+        input_tokens=input_tokens[order],
+        output_tokens=sr.output_tokens[order],
+        type_code=sr.type_code[order],
+        turn=sr.turn[order],
+        user=sr.user[order],
+        hash_ids=hash_ids,
+        offsets=offsets,
+        type_names=sr.type_names,
+    )
+
+
+@contextmanager
+def open_output(path: Path) -> Iterator[IO[str]]:
+    """Open PATH for text writing, compressed by suffix (.gz, .zst), reproducibly (no timestamps)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as raw:
+            if path.suffix == ".gz":
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
+                        io.TextIOWrapper(gz, encoding="utf-8", newline="\n") as f:
+                    yield f
+            elif path.suffix == ".zst":
+                import zstandard
+
+                with zstandard.ZstdCompressor(level=3).stream_writer(raw) as zw, \
+                        io.TextIOWrapper(zw, encoding="utf-8", newline="\n") as f:
+                    yield f
+            else:
+                with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as f:
+                    yield f
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write the trace ({e.strerror}); check the output path") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def iter_lines(trace: SynthTrace, with_users: bool) -> Iterator[str]:
+    """The Bailian JSONL lines of TRACE (keys in the public files' order, then user_id)."""
+    ids = trace.hash_ids.tolist()
+    off = trace.offsets.tolist()
+    cols = zip(trace.chat_id.tolist(), trace.parent_chat_id.tolist(), trace.arrival_ms.tolist(),
+               trace.input_tokens.tolist(), trace.output_tokens.tolist(), trace.type_code.tolist(),
+               trace.turn.tolist(), trace.user.tolist(), strict=True)
+    names = [json.dumps(t) for t in trace.type_names]
+    for i, (cid, par, ms, inp, out, tc, turn, user) in enumerate(cols):
+        blocks = ", ".join(map(str, ids[off[i]:off[i + 1]]))
+        line = (f'{{"chat_id": {cid}, "parent_chat_id": {par}, "timestamp": {ms // 1000}.{ms % 1000:03d}, '
+                f'"input_length": {inp}, "output_length": {out}, "type": {names[tc]}, "turn": {turn}, '
+                f'"hash_ids": [{blocks}]')
+        yield line + (f', "user_id": "u{user}"}}\n' if with_users and user >= 0 else "}\n")
+
+
+def write_jsonl(trace: SynthTrace, path: Path, with_users: bool = True) -> None:
+    """Write TRACE as Qwen-Bailian JSONL to PATH (compressed by suffix), atomically."""
+    with open_output(path) as f:
+        batch: list[str] = []
+        for line in iter_lines(trace, with_users):
+            batch.append(line)
+            if len(batch) >= 4096:
+                f.write("".join(batch))
+                batch.clear()
+        f.write("".join(batch))

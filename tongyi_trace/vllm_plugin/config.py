@@ -1,0 +1,69 @@
+"""The plugin's settings, read from the server's environment (see the package docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tongyi_trace.errors import InputError
+from tongyi_trace.fit.params import load_policy
+from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, QueuePolicy
+
+
+class PluginConfigError(Exception):
+    """The environment or the policy file cannot configure the plugin (one line, for the log)."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything `install` needs: the queue policy, where it came from and where stats go."""
+
+    policy: QueuePolicy
+    policy_path: Path
+    stats_dir: Path
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise PluginConfigError(f"{name}={raw!r} is not a switch; use 1 or 0")
+
+
+def load_config(env: Mapping[str, str]) -> PluginConfig:
+    """Build the plugin configuration from ENV (KVTRACE_* variables); raise PluginConfigError."""
+    path = Path(env["KVTRACE_POLICY"])
+    mode = (env.get("KVTRACE_EVICTION") or "wa").lower()
+    if mode not in EVICTION_MODES:
+        raise PluginConfigError(f"KVTRACE_EVICTION={mode!r} is not one of {', '.join(EVICTION_MODES)}")
+    try:
+        params = load_policy(path)
+    except InputError as e:
+        raise PluginConfigError(f"policy file rejected: {e}") from e
+    try:
+        scale = float(env.get("KVTRACE_TIME_SCALE") or 1.0)
+    except ValueError as e:
+        raise PluginConfigError(f"KVTRACE_TIME_SCALE={env.get('KVTRACE_TIME_SCALE')!r} is not a number") from e
+    if not scale > 0:
+        raise PluginConfigError(f"KVTRACE_TIME_SCALE={scale} must be > 0")
+
+    def prio(c: object) -> CategoryPriority:
+        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s,  # type: ignore[attr-defined]
+                                life_s=c.life_s)  # type: ignore[attr-defined]
+
+    policy = QueuePolicy(
+        mode=mode,
+        categories={k: prio(v) for k, v in params.categories.items()},
+        default=prio(params.default),
+        use_life=_flag(env, "KVTRACE_WA_USE_LIFE", True),
+        conditional=_flag(env, "KVTRACE_WA_CONDITIONAL", False),
+        use_offset=_flag(env, "KVTRACE_WA_USE_OFFSET", True),
+        time_scale=scale,
+    )
+    stats_dir = Path(env.get("KVTRACE_STATS_DIR") or path.resolve().parent)
+    return PluginConfig(policy=policy, policy_path=path, stats_dir=stats_dir)

@@ -1,0 +1,276 @@
+"""The free-block queue of the kvtrace vLLM plugin: vLLM's eviction order, replaced by a policy.
+
+vLLM keeps every unpinned block in one FreeKVCacheBlockQueue (least recently freed at the front) and
+evicts from the front. This class has the same interface (popleft, popleft_n, remove, append,
+append_n, prepend_n, get_all_free_blocks, iter_blocks_after, num_free_blocks) and decides the order:
+
+- blocks put back with `prepend_n` (no hash: never match a prefix) are reused first, LIFO, as in vLLM;
+- blocks put back with `append_n` (cached) join the queue of their category w, ordered by last access
+  (the time they were freed); a block's category and offset are those of the request that released it
+  last (`note_request`, called by the plugin when vLLM frees a request's blocks);
+- eviction picks among the cached blocks with the mode's rule:
+  * `wa`   (paper section 4.2): compare the W queue heads by (ReuseProb_w(t, life), -offset) using the
+    shared definition in tongyi_trace.wa_priority; the lowest priority goes. Exact ties go to the
+    least recently freed head.
+  * `lru`  the least recently freed block (the global LRU head is one of the W heads): vLLM's own order.
+  * `fifo` the block that entered the cache first (a hit does not move it).
+  Any exception while deciding falls back to the LRU choice for that eviction and is counted.
+
+Pure Python on duck-typed blocks (`block_id`, `block_hash`): it runs inside vLLM and in plain tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tongyi_trace.vllm_plugin.stats import PluginStats
+from tongyi_trace.wa_priority import evicts_before, reuse_prob
+
+EVICTION_MODES = ("wa", "lru", "fifo")
+DEFAULT_CATEGORY = "default"
+_NOT_FREE = -2
+_UNCACHED = -1
+
+
+@dataclass(frozen=True)
+class CategoryPriority:
+    """The WA parameters of one category, as read from a kvtrace.policy/1 file."""
+
+    reuse_prob: float
+    rate_per_s: float
+    life_s: float
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """What the queue needs to decide: the mode, the categories and the WA switches.
+
+    `time_scale` converts the engine's wall seconds into the trace seconds the policy was fitted on
+    (a replay at speed x runs x trace seconds per wall second)."""
+
+    mode: str
+    categories: dict[str, CategoryPriority]
+    default: CategoryPriority
+    use_life: bool = True
+    conditional: bool = False
+    use_offset: bool = True
+    time_scale: float = 1.0
+
+
+class PolicyFreeQueue:
+    """Drop-in replacement for vLLM's FreeKVCacheBlockQueue with a pluggable eviction order."""
+
+    def __init__(self, blocks: list[Any], policy: QueuePolicy, stats: PluginStats | None = None,
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        if policy.mode not in EVICTION_MODES:
+            raise ValueError(f"eviction mode {policy.mode!r} is not one of {', '.join(EVICTION_MODES)}")
+        self.policy = policy
+        self.stats = stats if stats is not None else PluginStats(mode=policy.mode)
+        self._clock_s = clock_s
+        self._names = [DEFAULT_CATEGORY, *sorted(k for k in policy.categories if k != DEFAULT_CATEGORY)]
+        self._index = {name: i for i, name in enumerate(self._names)}
+        params = [policy.categories.get(n, policy.default) for n in self._names]
+        self._p = [c.reuse_prob for c in params]
+        self._rate = [c.rate_per_s for c in params]
+        self._life = [c.life_s for c in params]
+        self._queues: list[OrderedDict[int, Any]] = [OrderedDict() for _ in self._names]
+        self._uncached: OrderedDict[int, Any] = OrderedDict()
+        n = max((b.block_id for b in blocks), default=-1) + 1
+        self._where = [_NOT_FREE] * n       # _NOT_FREE, _UNCACHED or a category index
+        self._cat = [0] * n                 # category of the last releasing request
+        self._offset = [0] * n              # block position in that request
+        self._last_s = [0.0] * n            # time of the last release (wall seconds)
+        self._seq = [0] * n                 # release order (ties and LRU)
+        self._first_seq = [-1] * n          # FIFO: when the block entered the cache (-1 = not cached)
+        self._fifo_heap: list[tuple[int, int]] = []
+        self._next_seq = 0
+        self.num_free_blocks = 0
+        for b in blocks:
+            self._uncached[b.block_id] = b
+            self._where[b.block_id] = _UNCACHED
+        self.num_free_blocks = len(blocks)
+
+    # --- annotations from the plugin -------------------------------------------------------------
+    def category_index(self, name: object) -> int:
+        """Index of category NAME (unknown or missing -> `default`)."""
+        return self._index.get(name, 0) if isinstance(name, str) else 0
+
+    def note_request(self, blocks: Iterable[Any], category: object) -> None:
+        """Record that a request of CATEGORY releases BLOCKS (in request order: position = offset)."""
+        cat = self.category_index(category)
+        for pos, b in enumerate(blocks):
+            bid = b.block_id
+            if 0 <= bid < len(self._cat):
+                self._cat[bid] = cat
+                self._offset[bid] = pos
+
+    # --- the FreeKVCacheBlockQueue interface -------------------------------------------------------
+    def popleft(self) -> Any:
+        """Take the next block to reuse (evicting its cached content if any)."""
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        return self._pop(self._clock_s())
+
+    def popleft_n(self, n: int) -> list[Any]:
+        """Take N blocks to reuse."""
+        if n == 0:
+            return []
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+        now_s = self._clock_s()
+        return [self._pop(now_s) for _ in range(n)]
+
+    def remove(self, block: Any) -> None:
+        """Take BLOCK out of the free set (a prefix-cache hit pins it again)."""
+        bid = block.block_id
+        where = self._where[bid] if 0 <= bid < len(self._where) else _NOT_FREE
+        if where == _NOT_FREE:
+            raise RuntimeError(f"remove() called on a block that is not free: {bid}")
+        if where == _UNCACHED:
+            del self._uncached[bid]
+        else:
+            del self._queues[where][bid]
+            self.stats.hits_on_free += 1
+        self._where[bid] = _NOT_FREE
+        self.num_free_blocks -= 1
+
+    def append(self, block: Any) -> None:
+        """Put one released cached block back."""
+        self.append_n([block])
+
+    def append_n(self, blocks: list[Any]) -> None:
+        """Put released cached blocks back, most evictable first (vLLM passes a request's tail first)."""
+        if not blocks:
+            return
+        now_s = self._clock_s()
+        for b in blocks:
+            bid = b.block_id
+            self._ensure(bid)
+            cat = self._cat[bid]
+            self._where[bid] = cat
+            self._queues[cat][bid] = b
+            self._last_s[bid] = now_s
+            self._seq[bid] = seq = self._next_seq
+            self._next_seq += 1
+            if self._first_seq[bid] < 0:
+                self._first_seq[bid] = seq
+            if self.policy.mode == "fifo":
+                heapq.heappush(self._fifo_heap, (self._first_seq[bid], bid))
+        self.num_free_blocks += len(blocks)
+        if self.policy.mode == "fifo" and len(self._fifo_heap) > 4 * self.num_free_blocks + 1024:
+            self._compact_fifo()
+        self.stats.maybe_flush()
+
+    def prepend_n(self, blocks: list[Any]) -> None:
+        """Put blocks without a cached hash at the front (reused first, in the given order)."""
+        for b in reversed(blocks):
+            bid = b.block_id
+            self._ensure(bid)
+            self._uncached[bid] = b
+            self._uncached.move_to_end(bid, last=False)
+            self._where[bid] = _UNCACHED
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[Any]:
+        """All free blocks in eviction order (for tests and debugging: O(n^2) under WA)."""
+        return list(self.iter_blocks_after(None))
+
+    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
+        """Free blocks: the uncached ones first, then the cached ones by release order."""
+        cached = sorted((b for q in self._queues for b in q.values()), key=lambda b: self._seq[b.block_id])
+        order = [*self._uncached.values(), *cached]
+        start = 0
+        if cursor is not None:
+            ids = [b.block_id for b in order]
+            start = ids.index(cursor.block_id) + 1 if cursor.block_id in ids else len(order)
+        yield from order[start:]
+
+    # --- deciding -----------------------------------------------------------------------------------
+    def _pop(self, now_s: float) -> Any:
+        if self._uncached:
+            bid, block = self._uncached.popitem(last=False)
+            self._where[bid] = _NOT_FREE
+            self.num_free_blocks -= 1
+            return block
+        t0 = time.perf_counter_ns()
+        try:
+            cat = self._choose(now_s)
+        except Exception as e:  # never break serving: LRU for this eviction, counted
+            self.stats.record_fallback(f"{type(e).__name__}: {e}")
+            cat = self._choose_lru()
+        bid, block = self._queues[cat].popitem(last=False)
+        self.stats.record_eviction(self._names[cat], time.perf_counter_ns() - t0,
+                                   cached=block.block_hash is not None)
+        self._where[bid] = _NOT_FREE
+        self._first_seq[bid] = -1
+        self.num_free_blocks -= 1
+        return block
+
+    def _choose(self, now_s: float) -> int:
+        mode = self.policy.mode
+        if mode == "lru":
+            return self._choose_lru()
+        if mode == "fifo":
+            return self._choose_fifo()
+        return self._choose_wa(now_s)
+
+    def _choose_lru(self) -> int:
+        best, best_seq = -1, -1
+        for i, q in enumerate(self._queues):
+            if q:
+                s = self._seq[next(iter(q))]
+                if best < 0 or s < best_seq:
+                    best, best_seq = i, s
+        return best
+
+    def _choose_fifo(self) -> int:
+        heap = self._fifo_heap
+        while heap:
+            first, bid = heap[0]
+            where = self._where[bid]
+            if where >= 0 and self._first_seq[bid] == first:
+                # FIFO pops a block from the middle of its category queue: move it to the head.
+                self._queues[where].move_to_end(bid, last=False)
+                return where
+            heapq.heappop(heap)
+        raise RuntimeError("FIFO heap is out of sync with the free blocks")
+
+    def _choose_wa(self, now_s: float) -> int:
+        pol = self.policy
+        scale = pol.time_scale
+        best = -1
+        best_prob, best_off, best_seq = 0.0, 0, 0
+        for i, q in enumerate(self._queues):
+            if not q:
+                continue
+            bid = next(iter(q))
+            prob = reuse_prob(self._p[i], self._rate[i], (now_s - self._last_s[bid]) * scale,
+                              self._life[i], pol.use_life, pol.conditional)
+            off, seq = self._offset[bid], self._seq[bid]
+            if best < 0 or evicts_before(prob, off, best_prob, best_off, pol.use_offset) or (
+                    not evicts_before(best_prob, best_off, prob, off, pol.use_offset) and seq < best_seq):
+                best, best_prob, best_off, best_seq = i, prob, off, seq
+        return best
+
+    def _ensure(self, bid: int) -> None:
+        if bid >= len(self._where):
+            grow = bid + 1 - len(self._where)
+            self._where += [_NOT_FREE] * grow
+            self._cat += [0] * grow
+            self._offset += [0] * grow
+            self._last_s += [0.0] * grow
+            self._seq += [0] * grow
+            self._first_seq += [-1] * grow
+
+    def _compact_fifo(self) -> None:
+        self._fifo_heap = [(f, b) for f, b in self._fifo_heap if self._where[b] >= 0 and self._first_seq[b] == f]
+        heapq.heapify(self._fifo_heap)
+
+    def free_cached_blocks_by_category(self) -> dict[str, int]:
+        """How many free cached blocks each category holds now."""
+        return {self._names[i]: len(q) for i, q in enumerate(self._queues) if q}
