@@ -285,3 +285,27 @@ def model_record(m: ModelPreset, block_size: int) -> dict[str, Any]:
         "kv_bytes_per_token": m.kv_bytes_per_token, "kv_bytes_per_block": m.kv_bytes_per_block(block_size),
         "hbm_kv_bytes": m.hbm_kv_bytes, "hbm_blocks": m.hbm_blocks(block_size),
     }
+
+
+def hist_quantile(values: Sequence[float], counts: Sequence[float], q: float) -> float | None:
+    """Nearest-rank quantile Q of a histogram sorted by VALUES ascending: the smallest value whose
+    cumulative count reaches ceil(Q x total) (at least 1); None for an empty histogram."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = max(1, math.ceil(q * total - 1e-9))
+    cum = 0.0
+    for v, c in zip(values, counts, strict=True):
+        cum += c
+        if cum >= rank:
+            return float(v)
+    return float(values[-1])
+
+
+def key_label(kind: str | None) -> str:
+    """Human name of the heatmap/skew key: users, or sessions (conversation roots) as a fallback."""
+    return "users" if kind == "user" else "sessions (conversation roots; the trace has no user ids)"
+
+
+NO_KEYS_REASON = ("the trace has neither user ids nor multi-request conversations (every request is its "
+                  "own session, e.g. Mooncake format), so there is no producer/consumer identity")

@@ -1,1 +1,38 @@
-"""`kvtrace report` (being written)."""
+"""`kvtrace report RUN_DIR`: render the run folder's artifacts into RUN_DIR/report.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, print_json, run_cli
+from tongyi_trace.report import render_report, screenshot
+from tongyi_trace.run import open_run
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="Run folder (from 'kvtrace ingest' / 'kvtrace analyze')."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Where to write the HTML "
+                                    "(default RUN_DIR/report.html)."),
+    screenshot_png: Path | None = typer.Option(None, "--screenshot", metavar="PNG",
+                                               help="Also save a full-page PNG taken in headless Chromium."),
+    as_json: bool = typer.Option(False, "--json", help="Print where the files were written, as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+) -> None:
+    """Write a self-contained HTML report (works offline) from the run folder's saved artifacts."""
+
+    def go() -> dict[str, str | None]:
+        html = render_report(open_run(run_dir), out)
+        png = screenshot(html, screenshot_png) if screenshot_png is not None else None
+        return {"report": str(html), "screenshot": str(png) if png else None}
+
+    written = run_cli(go)
+    if as_json:
+        print_json(written)
+    elif not quiet:
+        console.print(f"report: [bold]{written['report']}[/]")
+        if written["screenshot"]:
+            console.print(f"screenshot: [bold]{written['screenshot']}[/]")

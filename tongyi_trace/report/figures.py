@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.io.json import to_json_plotly
 
 MAX_CURVE_POINTS = 600
 TEMPLATE_NAME = "plotly_white"
@@ -56,7 +57,7 @@ def figure_json(fig: go.Figure) -> str:
 
 def template_json() -> str:
     """The shared Plotly layout template of the report, as script-safe JSON."""
-    return script_safe_json(pio.to_json(pio.templates[TEMPLATE_NAME], validate=False, pretty=False))
+    return script_safe_json(to_json_plotly(pio.templates[TEMPLATE_NAME].to_plotly_json()))
 
 
 def downsample(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,

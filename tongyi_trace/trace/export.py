@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.run import RunDir
+from tongyi_trace.trace.reader import PARQUET_BLOCK_SIZE_KEY
 
 
 def trace_table(run: RunDir) -> pl.DataFrame:
@@ -34,7 +36,10 @@ def export_trace(run: RunDir, out: Path) -> int:
     """Write the run's trace to OUT (.parquet or .jsonl by suffix); return the number of requests."""
     table = trace_table(run)
     if out.suffix == ".parquet":
-        table.write_parquet(out)
+        arrow = table.to_arrow()
+        meta = {PARQUET_BLOCK_SIZE_KEY: str(run.provenance()["block_size"])}
+        pq.write_table(arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), **meta}), out,
+                       compression="zstd")
     elif out.suffix == ".jsonl":
         (table.drop("user_id") if table["user_id"].null_count() == table.height else table).write_ndjson(out)
     else:

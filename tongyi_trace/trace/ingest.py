@@ -27,7 +27,7 @@ from tongyi_trace.resources import read_query
 from tongyi_trace.run import RUN_SCHEMA, RunDir, is_run_dir, open_run, write_json
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
-from tongyi_trace.trace.reader import DEFAULT_BLOCK_SIZE, Chunk, ReadStats, detect_format, read_chunks
+from tongyi_trace.trace.reader import Chunk, ReadStats, default_block_size, detect_format, read_chunks
 
 _RAW_SCHEMA = pa.schema([("raw_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
                          ("chain_id", pa.int64()), ("num_tokens", pa.int64())])
@@ -93,7 +93,7 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
     path = Path(trace)
     fmt = fmt or detect_format(path)
     if block_size is None:
-        block_size = DEFAULT_BLOCK_SIZE[fmt]
+        block_size = default_block_size(path, fmt)
     if block_size <= 0:
         raise UsageError(f"--block-size must be a positive number of tokens, got {block_size}")
     buckets = turn_buckets or [1, 2, 3]

@@ -28,6 +28,7 @@ from tongyi_trace.errors import InputError, UsageError, located
 FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 20_000
+PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
 _INT = (int,)
 _NUM = (int, float)
 # field -> (accepted Python types, required, description for messages)
@@ -255,6 +256,15 @@ def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
             offsets=offsets,
         )
         row0 += n
+
+
+def default_block_size(path: Path, fmt: str) -> int:
+    """Tokens per hash id: the format's default, or what a kvtrace Parquet trace records."""
+    if fmt == "parquet":
+        meta = pq.read_schema(path).metadata or {}
+        if PARQUET_BLOCK_SIZE_KEY in meta:
+            return int(meta[PARQUET_BLOCK_SIZE_KEY])
+    return DEFAULT_BLOCK_SIZE[fmt]
 
 
 def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:

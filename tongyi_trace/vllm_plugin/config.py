@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.fit.params import load_policy
+from tongyi_trace.fit.params import CategoryParams, load_policy
 from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, QueuePolicy
 
 
@@ -52,9 +52,8 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
     if not scale > 0:
         raise PluginConfigError(f"KVTRACE_TIME_SCALE={scale} must be > 0")
 
-    def prio(c: object) -> CategoryPriority:
-        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s,  # type: ignore[attr-defined]
-                                life_s=c.life_s)  # type: ignore[attr-defined]
+    def prio(c: CategoryParams) -> CategoryPriority:
+        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s, life_s=c.life_s)
 
     policy = QueuePolicy(
         mode=mode,

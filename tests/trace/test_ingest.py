@@ -1,0 +1,150 @@
+"""Ingest: golden tables on the tiny fixture, the public Mooncake figures, every bad-input path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import zstandard
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.errors import InputError
+from tongyi_trace.run import RunDir
+from tongyi_trace.trace.export import export_trace
+from tongyi_trace.trace.ingest import ingest_trace
+
+runner = CliRunner()
+
+
+def _write(path: Path, records: list[dict[str, object] | str]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def _req(chat_id: int, parent: int = -1, ts: float = 0.0, n: int = 2, **kw: object) -> dict[str, object]:
+    rec: dict[str, object] = {"chat_id": chat_id, "parent_chat_id": parent, "timestamp": ts,
+                              "input_length": 16 * n, "output_length": 4, "type": "text", "turn": 1,
+                              "hash_ids": list(range(chat_id * 10, chat_id * 10 + n))}
+    rec.update(kw)
+    return rec
+
+
+def test_tiny_bailian_golden_tables(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    prov = ingest_trace(tiny_bailian_path, tmp_path)
+    assert (prov["format"], prov["block_size"], prov["num_requests"]) == ("bailian", 16, 6)
+    assert (prov["num_block_refs"], prov["num_distinct_blocks"]) == (23, 10)
+    assert prov["duration_s"] == 30.0 and prov["findings"] == {}
+    assert prov["has_users"] and prov["has_types"] and prov["has_sessions"]
+    run = RunDir(tmp_path)
+    req = run.requests()
+    assert req["session_id"].to_list() == [1, 2, 1, 4, 1, 1]
+    assert req["category"].to_list() == ["text-1", "text-1", "text-2", "search-1", "text-3+", "text-3+"]
+    blocks = run.blocks()
+    per_req = blocks.group_by("req_idx", maintain_order=True).agg("chain_idx")["chain_idx"].to_list()
+    assert per_req == [[0, 1, 2], [0, 1], [0, 1, 3, 4], [5, 6, 7], [0, 1, 3, 4, 8], [0, 1, 3, 4, 8, 9]]
+    assert blocks.filter(pl.col("req_idx") == 0)["num_tokens"].to_list() == [16, 16, 8]
+
+
+def test_mooncake_conversation_figures(mooncake_conversation_run: Path) -> None:
+    prov = RunDir(mooncake_conversation_run).provenance()
+    assert prov["num_requests"] == 12_031
+    assert prov["num_block_refs"] == 288_500
+    assert prov["num_distinct_blocks"] == 182_790
+    assert prov["duration_s"] == pytest.approx(3537, abs=1)
+    assert prov["format"] == "mooncake" and prov["block_size"] == 512 and not prov["has_types"]
+
+
+def test_chain_ids_give_the_mooncake_partition(mooncake_conversation_run: Path) -> None:
+    """Mooncake ids are already prefix-chained: our chain ids must partition blocks exactly like them."""
+    b = RunDir(mooncake_conversation_run).blocks(["block_id", "chain_idx"])
+    pairs = b.unique()
+    assert pairs.height == b["block_id"].n_unique() == b["chain_idx"].n_unique()
+
+
+def test_parquet_round_trip_is_identical(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    a = RunDir(tmp_path / "a")
+    ingest_trace(tiny_bailian_path, a.path)
+    export_trace(a, tmp_path / "t.parquet")
+    b = RunDir(tmp_path / "b")
+    prov = ingest_trace(tmp_path / "t.parquet", b.path)
+    assert prov["format"] == "parquet"
+    assert a.requests().equals(b.requests())
+    assert a.blocks().equals(b.blocks())
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_compressed_input(tiny_bailian_path: Path, tmp_path: Path, suffix: str) -> None:
+    raw = tiny_bailian_path.read_bytes()
+    packed = gzip.compress(raw) if suffix == ".gz" else zstandard.ZstdCompressor().compress(raw)
+    path = tmp_path / f"trace.jsonl{suffix}"
+    path.write_bytes(packed)
+    prov = ingest_trace(path, tmp_path / "run")
+    assert (prov["num_requests"], prov["num_distinct_blocks"]) == (6, 10)
+
+
+@pytest.mark.parametrize(("line", "needle"), [
+    ('{"chat_id": 2, "parent_chat_id": -1, "timestamp": 1', ":2: malformed JSON"),
+    ('{"chat_id": 2, "parent_chat_id": -1, "timestamp": "soon", "input_length": 32, "output_length": 1, '
+     '"type": "text", "turn": 1, "hash_ids": [1, 2]}', ":2: field 'timestamp' must be a number"),
+    ('{"chat_id": 2, "parent_chat_id": -1, "timestamp": 1, "input_length": 32, "output_length": 1, '
+     '"type": "text", "turn": 1, "hash_ids": [1, "b"]}', ":2: field 'hash_ids' must be a list of integers"),
+    ('{"chat_id": 2, "parent_chat_id": -1, "timestamp": 1, "input_length": 32, "output_length": 1, '
+     '"type": "text", "hash_ids": [1, 2]}', ":2: field 'turn' is missing"),
+])
+def test_bad_line_is_one_line_error_and_skippable(tmp_path: Path, line: str, needle: str) -> None:
+    path = _write(tmp_path / "t.jsonl", [_req(1), line, _req(3)])
+    result = runner.invoke(app, ["ingest", str(path), "-o", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 2
+    message = result.output.strip()
+    assert needle in message and message.count("\n") == 0 and "Traceback" not in message
+    assert str(path) in message
+    prov = ingest_trace(path, tmp_path / "run2", on_error="skip")
+    assert prov["num_requests"] == 2 and prov["findings"] == {"skipped_lines": 1}
+
+
+def test_negative_length_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", [_req(1), _req(2, output_length=-3)])
+    with pytest.raises(InputError, match=r"t.jsonl:2: field 'output_length' is negative"):
+        ingest_trace(path, tmp_path / "run")
+
+
+def test_empty_file_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(InputError, match="empty"):
+        ingest_trace(path, tmp_path / "run")
+
+
+def test_duplicate_chat_id_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1), _req(1, ts=2)])
+    with pytest.raises(InputError, match=r"t.jsonl:3: field 'chat_id' 1 appears twice \(also line 1\)"):
+        ingest_trace(path, tmp_path / "run")
+
+
+def test_findings_are_counted_not_fatal(tmp_path: Path) -> None:
+    recs = [_req(1, ts=5.0), _req(2, ts=1.0), _req(3, parent=99, ts=6.0, turn=2),
+            _req(4, ts=7.0, input_length=100)]  # 100 tokens need 7 blocks, has 2
+    prov = ingest_trace(_write(tmp_path / "t.jsonl", recs), tmp_path / "run")
+    assert prov["findings"] == {"hash_len_mismatch": 1, "orphan_parent": 1, "timestamps_out_of_order": 1}
+    req = RunDir(tmp_path / "run").requests()
+    assert req["chat_id"].to_list() == [2, 1, 3, 4]  # stably sorted by timestamp
+    assert req.filter(pl.col("chat_id") == 3)["parent_chat_id"].item() == -1
+    assert req.filter(pl.col("chat_id") == 3)["session_id"].item() == 3
+
+
+def test_turn_buckets_option(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    ingest_trace(tiny_bailian_path, tmp_path, turn_buckets=[1, 3])
+    cats = RunDir(tmp_path).requests()["category"].to_list()
+    assert cats == ["text-1-2", "text-1-2", "text-1-2", "search-1-2", "text-3+", "text-3+"]
+
+
+def test_cli_json_figures(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["ingest", str(tiny_bailian_path), "-o", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc == {"format": "bailian", "block_size": 16, "num_requests": 6, "num_block_refs": 23,
+                   "num_distinct_blocks": 10, "duration_s": 30.0, "findings": {}}
