@@ -27,10 +27,11 @@ from tongyi_trace.resources import read_query
 from tongyi_trace.run import RUN_SCHEMA, RunDir, is_run_dir, open_run, write_json
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
+from tongyi_trace.trace.dense import DenseIds
 from tongyi_trace.trace.reader import Chunk, ReadStats, default_block_size, detect_format, read_chunks
 
-_RAW_SCHEMA = pa.schema([("raw_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
-                         ("chain_id", pa.int64()), ("num_tokens", pa.int64())])
+BLOCKS_SCHEMA = pa.schema([("req_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
+                           ("chain_id", pa.int64()), ("chain_idx", pa.int64()), ("num_tokens", pa.int64())])
 ProgressFn = Callable[[int], None]
 
 
@@ -50,17 +51,18 @@ def duckdb_connect(tmp_dir: Path, memory_limit: str = "4GB", threads: int = 2) -
     return con
 
 
-def _raw_block_table(chunk: Chunk, raw0: int, block_size: int) -> tuple[pa.Table, int]:
-    """Block rows of one chunk and the number of requests whose hash count disagrees with its length."""
+def _block_table(chunk: Chunk, raw0: int, block_size: int, dense: DenseIds) -> tuple[pa.Table, int]:
+    """Block rows of one chunk (req_idx = index in file order) and the number of requests whose hash
+    count disagrees with its input length."""
     lengths = np.diff(chunk.offsets)
     starts = np.repeat(chunk.offsets[:-1], lengths)
     pos = np.arange(chunk.hash_ids.shape[0], dtype=np.int64) - starts
     inp = np.repeat(chunk.input_tokens, lengths)
     num_tokens = np.clip(inp - pos * block_size, 0, block_size)
     raw_idx = np.repeat(np.arange(raw0, raw0 + len(chunk), dtype=np.int64), lengths)
-    table = pa.table({"raw_idx": raw_idx, "pos": pos, "block_id": chunk.hash_ids,
-                      "chain_id": chain_ids(chunk.hash_ids, chunk.offsets), "num_tokens": num_tokens},
-                     schema=_RAW_SCHEMA)
+    chain = chain_ids(chunk.hash_ids, chunk.offsets)
+    table = pa.table({"req_idx": raw_idx, "pos": pos, "block_id": chunk.hash_ids, "chain_id": chain,
+                      "chain_idx": dense.assign(chain), "num_tokens": num_tokens}, schema=BLOCKS_SCHEMA)
     expected = -(-chunk.input_tokens // block_size)
     return table, int(np.count_nonzero(expected != lengths))
 
@@ -103,15 +105,16 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
 
-    raw_path = run.path / ".blocks_raw.parquet"
+    dense = DenseIds()
+    file_order_path = run.path / ".blocks_file_order.parquet"
     cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
                                                    "input_tokens", "output_tokens", "type", "turn",
                                                    "user_id", "num_blocks")}
     num_req = 0
     try:
-        with pq.ParquetWriter(raw_path, _RAW_SCHEMA) as writer:
+        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, compression="zstd") as writer:
             for chunk in read_chunks(path, fmt, on_error, stats):
-                table, mismatched = _raw_block_table(chunk, num_req, block_size)
+                table, mismatched = _block_table(chunk, num_req, block_size, dense)
                 writer.write_table(table)
                 findings["hash_len_mismatch"] += mismatched
                 for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
@@ -125,10 +128,13 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
         requests = _normalize_requests(path, fmt, cols, buckets, findings, examples)
-        requests.drop("line_no").write_parquet(run.requests_path)
-        _write_blocks(run, raw_path, requests)
+        if findings["timestamps_out_of_order"]:
+            _rekey_blocks(run, file_order_path, requests)
+        else:
+            file_order_path.replace(run.blocks_path)  # file order is arrival order
+        requests.drop("line_no", "raw_idx").write_parquet(run.requests_path)
     finally:
-        raw_path.unlink(missing_ok=True)
+        file_order_path.unlink(missing_ok=True)
 
     if stats.skipped:
         findings.update(stats.skipped)
@@ -137,7 +143,6 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
         examples.setdefault("hash_len_mismatch", [
             f"len(hash_ids) != ceil(input_length / {block_size}) for {findings['hash_len_mismatch']} requests"])
     num_refs = int(requests["num_blocks"].sum())
-    max_idx = pl.scan_parquet(run.blocks_path).select(pl.col("chain_idx").max()).collect().item()
     ts = requests["arrival_s"]
     prov: dict[str, Any] = {
         "schema": RUN_SCHEMA,
@@ -147,7 +152,7 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
         "block_size": block_size,
         "num_requests": requests.height,
         "num_block_refs": num_refs,
-        "num_distinct_blocks": 0 if max_idx is None else int(max_idx) + 1,
+        "num_distinct_blocks": dense.num_distinct,
         "duration_s": float(ts.max() - ts.min()),  # type: ignore[operator]
         "has_types": bool(requests["type"].is_not_null().any()),
         "has_turns": bool(requests["turn"].is_not_null().any()),
@@ -207,17 +212,15 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
                      "arrival_s", "input_tokens", "output_tokens", "type", "turn", "category", "num_blocks")
 
 
-def _write_blocks(run: RunDir, raw_path: Path, requests: pl.DataFrame) -> None:
+def _rekey_blocks(run: RunDir, file_order_path: Path, requests: pl.DataFrame) -> None:
+    """Rewrite blocks in arrival order (DuckDB, spills to disk) when the file was not sorted by time."""
     con = duckdb_connect(run.path)
     try:
-        con.read_parquet(str(raw_path)).create_view("raw_blocks")
-        order = requests.select("raw_idx", "req_idx").to_arrow()
-        con.register("req_order", order)
+        con.read_parquet(str(file_order_path)).create_view("file_blocks")
+        con.register("req_order", requests.select("raw_idx", "req_idx").to_arrow())
         con.sql(read_query("ingest_blocks")).write_parquet(str(run.blocks_path), compression="zstd")
     finally:
         con.close()
-    # requests.parquet keeps raw_idx only transiently
-    pl.read_parquet(run.requests_path).drop("raw_idx").write_parquet(run.requests_path)
 
 
 def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **ingest_options: Any) -> RunDir:
