@@ -1,28 +1,34 @@
--- reuse_events: one row per block access (a block reference of a request), in arrival order, with the
--- time of that block's NEXT access. Source: paper section 3 "Reuse time" (Fig 12-15) and "Lifespan"
--- (Fig 19-20); the fit (`kvtrace fit`, issue 4) uses it for F_w(d) = p_w (1 - exp(-lambda_w d)).
+-- reuse_events: one row per block access (a block reference of a request) with the time of that
+-- block's NEXT access. Source: paper section 3 "Reuse time" (Fig 12-15) and "Lifespan" (Fig 19-20);
+-- `kvtrace fit` (issue 4) fits F_w(d) = p_w (1 - exp(-lambda_w d)) on the same definition
+-- (tongyi_trace/fit/events.py computes it with numpy for speed; tests/fit check both agree).
 --
 -- A block is its prefix-chained identity `chain_idx` (equal iff the whole prefix up to it is equal), so
--- a request never holds the same chain_idx twice. The next access of a row is the next request, in
--- arrival order (req_idx), holding the same chain_idx: next_access_s / next_req_idx are NULL when the
--- block is never accessed again in the trace. reuse time d = next_access_s - access_s (>= 0).
+-- a request never holds the same chain_idx twice. The next access of a row is the next request in
+-- arrival order (req_idx) holding the same chain_idx; next_access_s / next_req_idx are NULL when the
+-- block is never accessed again in the trace. Reuse time d = next_access_s - access_s (>= 0).
 -- category / type / turn are those of the ACCESSING request (w in the paper).
 --
 -- Views: requests, blocks (the run folder's Parquet files). No parameters: windowing (and
--- right-censoring at a window's end) is up to the caller.
+-- right-censoring at a window's end) is up to the caller. Rows come unordered (add ORDER BY req_idx,
+-- pos when needed): one global sort by (chain_idx, req_idx) is much faster than a partitioned window.
 -- Output columns: req_idx, pos, chain_idx, access_s, category, type, turn, next_access_s, next_req_idx
--- Ordered by req_idx, pos.
+WITH nxt AS (
+    SELECT req_idx, pos, chain_idx,
+           CASE WHEN lead(chain_idx) OVER w = chain_idx THEN lead(req_idx) OVER w END AS next_req_idx
+    FROM blocks
+    WINDOW w AS (ORDER BY chain_idx, req_idx)
+)
 SELECT
-    b.req_idx,
-    b.pos,
-    b.chain_idx,
+    n.req_idx,
+    n.pos,
+    n.chain_idx,
     r.arrival_s AS access_s,
     r.category,
     r.type,
     r.turn,
-    lead(r.arrival_s) OVER w AS next_access_s,
-    lead(b.req_idx) OVER w AS next_req_idx
-FROM blocks AS b
-JOIN requests AS r USING (req_idx)
-WINDOW w AS (PARTITION BY b.chain_idx ORDER BY b.req_idx)
-ORDER BY b.req_idx, b.pos
+    r2.arrival_s AS next_access_s,
+    n.next_req_idx
+FROM nxt AS n
+JOIN requests AS r ON r.req_idx = n.req_idx
+LEFT JOIN requests AS r2 ON r2.req_idx = n.next_req_idx

@@ -1,14 +1,12 @@
--- Reuse time (paper Fig 12-15): for every block access, the time until the next access of the same
--- prefix-chained block (NULL when never accessed again). Grouped by the category of the access being
--- reused and a log bin of the reuse time (bin k: (10^((k-1)/$bins_per_decade), 10^(k/$bins_per_decade)]
--- seconds, clamped to [$bin_min, $bin_max]; reuse time 0 -> $bin_zero; never reused -> NULL), with
--- exact counts within $short_s and $long_s seconds.
+-- Reuse time (paper Fig 12-15), over the reuse_events view (reuse_events.sql: one row per block
+-- access with the time of the same block's next access). reuse_time_s = next_access_s - access_s,
+-- NULL when never accessed again. Grouped by the category of the access being reused and a log bin
+-- (bin k holds (10^((k-1)/$bins_per_decade), 10^(k/$bins_per_decade)] seconds, clamped to
+-- [$bin_min, $bin_max]; reuse time 0 -> $bin_zero; never reused -> NULL), with exact counts within
+-- $short_s and $long_s seconds.
 WITH ev AS (
-    SELECT r.category,
-           lead(r.arrival_s) OVER (PARTITION BY b.chain_idx ORDER BY b.req_idx, b.pos) - r.arrival_s
-               AS reuse_time_s
-    FROM blocks AS b
-    JOIN requests AS r ON r.req_idx = b.req_idx
+    SELECT category, next_access_s - access_s AS reuse_time_s
+    FROM reuse_events
 )
 SELECT category,
        CASE WHEN reuse_time_s IS NULL THEN NULL

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +46,38 @@ def mooncake_conversation_run(mooncake_conversation_path: Path, tmp_path_factory
 def tiny_bailian_path() -> Path:
     """tests/fixtures/tiny_bailian.jsonl: 6 hand-made Bailian requests (see the file's comment in README)."""
     return FIXTURES / "tiny_bailian.jsonl"
+
+
+# ---- BEGIN engine fixture (owned by the replay area, issue 6) -----------------------------------------
+# The real CPU vLLM engine for tests marked `engine`: started once per session with `kvtrace engine start`
+# (a few hundred KV blocks, so evictions happen) and stopped at the end. `make vllm-engine` installs it.
+ENGINE_NUM_BLOCKS = 300
+ENGINE_BLOCK_SIZE = 32
+ENGINE_MAX_MODEL_LEN = 2048
+
+
+@pytest.fixture(scope="session")
+def cpu_engine() -> Iterator[dict[str, Any]]:
+    """A running CPU vLLM server: the state `kvtrace engine start --json` printed (url, pid, num_blocks...)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tongyi_trace.replay.engine import is_installed
+
+    if not is_installed():
+        pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
+    kvtrace = [sys.executable, "-m", "tongyi_trace.cli"]
+    name = f"pytest-{os.getpid()}"
+    proc = subprocess.run([*kvtrace, "engine", "start", "--name", name, "--json", "--num-blocks",
+                           str(ENGINE_NUM_BLOCKS), "--block-size", str(ENGINE_BLOCK_SIZE),
+                           "--max-model-len", str(ENGINE_MAX_MODEL_LEN)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"kvtrace engine start failed: {proc.stderr.strip()[-2000:]}")
+    try:
+        yield json.loads(proc.stdout)
+    finally:
+        subprocess.run([*kvtrace, "engine", "stop", "--name", name, "--quiet"], check=False)
+# ---- END engine fixture -----------------------------------------------------------------------------------

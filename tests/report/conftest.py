@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tongyi_trace.analysis import run_analyses
 from tongyi_trace.run import RunDir, open_run
 from tongyi_trace.trace.ingest import ingest_trace
 
@@ -36,13 +37,5 @@ def evil_run(evil_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> RunD
     out = tmp_path_factory.mktemp("evil_run")
     ingest_trace(evil_trace, out)
     run = open_run(out)
-    _analyze(run)
+    run_analyses(run)
     return run
-
-
-def _analyze(run: RunDir) -> None:
-    try:
-        from tongyi_trace.analysis import analyze_run  # type: ignore[attr-defined]
-    except ImportError:
-        return
-    analyze_run(run)

@@ -131,23 +131,31 @@ class AnalysisContext:
     def query(self, name: str, **params: Any) -> pl.DataFrame:
         """Run queries/NAME.sql with $-parameters PARAMS and return the result as a Polars frame."""
         try:
-            rel = self.con.execute(read_query(name), params)
-            return pl.from_arrow(rel.fetch_arrow_table())  # type: ignore[return-value]
+            rel = self.con.sql(read_query(name), params=params or None)
+            df = pl.DataFrame() if rel is None else pl.from_arrow(rel.to_arrow_table())
         except duckdb.OutOfMemoryException as e:
             raise UsageError(f"query {name}: DuckDB ran out of memory ({e}); raise --memory-limit-gib "
                              "or free disk space for spilling") from e
+        assert isinstance(df, pl.DataFrame)
+        # DuckDB sums of BIGINT are HUGEINT (Arrow decimal(38,0)): counts back to Int64.
+        return df.with_columns(pl.col(pl.Decimal).cast(pl.Int64))
 
     def ensure(self, table: str) -> None:
-        """Build the shared temp table TABLE (chains, req_hits) once, with what it depends on."""
+        """Build the shared temp table TABLE (chains, req_hits) or view (reuse_events) once."""
         if table in self._tables:
             return
         for dep in _TABLE_DEPS.get(table, ()):
             self.ensure(dep)
-        self.con.execute(read_query(f"{table}_table"))
+        if table in _SHARED_VIEWS:
+            self.con.sql(read_query(table)).create_view(table)
+        else:
+            self.con.execute(read_query(f"{table}_table"))
         self._tables.add(table)
 
 
 _TABLE_DEPS: dict[str, tuple[str, ...]] = {"req_hits": ("chains",)}
+# Queries owned by other parts of kvtrace, registered as views under their own name.
+_SHARED_VIEWS = frozenset({"reuse_events"})
 
 
 @contextmanager
@@ -238,6 +246,10 @@ def ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
+_SHAPE_OPTIONS = {"num_layers": "--layers", "num_kv_heads": "--kv-heads", "head_dim": "--head-dim",
+                  "dtype_bytes": "--dtype-bytes", "num_params": "--params-b"}
+
+
 def resolve_models(names: Sequence[str], *, num_layers: int | None = None, num_kv_heads: int | None = None,
                    head_dim: int | None = None, dtype_bytes: int | None = None,
                    params_b: float | None = None, gpu_mem_gib: float | None = None, tp: int | None = None,
@@ -259,10 +271,9 @@ def resolve_models(names: Sequence[str], *, num_layers: int | None = None, num_k
     for name in names:
         is_custom = name.lower() == "custom"
         if is_custom:
-            missing = {"num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "num_params"} - set(shape)
+            missing = [opt for key, opt in _SHAPE_OPTIONS.items() if key not in shape]
             if missing:
-                opts = ", ".join(sorted("--" + m.replace("num_", "").replace("_", "-") for m in missing))
-                raise UsageError(f"--model custom needs {opts} (parameters as --params-b)")
+                raise UsageError(f"--model custom needs {', '.join(missing)}")
         # 'custom' starts from any preset's GPU-side defaults (tp 1, 80 GiB) and replaces the whole shape.
         preset = get_preset("qwen2-7b" if is_custom else name, gpu_mem_gib=gpu_mem_gib, tp=tp,
                             reserve_gib=reserve_gib, utilization=utilization)

@@ -39,7 +39,7 @@ def request_mix(ctx: AnalysisContext) -> AnalysisResult:
     total = int(types["num_requests"].sum())
     res.headline["num_requests"] = total
     if has_turns:
-        res.headline["multi_turn_share"] = ratio(types["num_multi_turn_requests"].sum(), total)
+        res.headline["multi_turn_share"] = ratio(int(types["num_multi_turn_requests"].sum()), total)
     if has_types:
         types = types.with_columns(
             share=pl.col("num_requests") / total,

@@ -1,1 +1,140 @@
-"""`kvtrace analyze` (being written)."""
+"""`kvtrace analyze`: run the characterization analyses (paper section 3) over a run folder or a trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tongyi_trace.analysis import (
+    ANALYSES,
+    AnalysisOptions,
+    AnalysisReport,
+    parse_only,
+    resolve_models,
+    run_analyses,
+)
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.trace.ingest import ensure_run
+
+
+@app.command()
+def analyze(
+    trace_or_run: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest', or a raw trace (ingested first)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Run folder to ingest a raw trace into "
+                                    "(default: <trace name>.kvtrace beside it)."),
+    only: str | None = typer.Option(None, "--only", help=f"Comma-separated subset of: {', '.join(ANALYSES)}."),
+    model: str = typer.Option("qwen2-7b,llama2-13b,llama3-70b", "--model",
+                              help="Comma-separated model presets for KV bytes and HBM (qwen2-7b, llama2-13b, "
+                                   "llama3-70b, or 'custom' with the shape options)."),
+    layers: int | None = typer.Option(None, "--layers", help="Override: transformer layers."),
+    kv_heads: int | None = typer.Option(None, "--kv-heads", help="Override: KV heads."),
+    head_dim: int | None = typer.Option(None, "--head-dim", help="Override: head dimension."),
+    dtype_bytes: int | None = typer.Option(None, "--dtype-bytes", help="Override: bytes per KV element (2 = bf16)."),
+    params_b: float | None = typer.Option(None, "--params-b", help="Override: parameters in billions (weights)."),
+    tp: int | None = typer.Option(None, "--tp", help="Override: tensor-parallel degree (GPUs)."),
+    gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem-gib", help="Override: memory per GPU in GiB (80)."),
+    reserve_gib: float | None = typer.Option(None, "--reserve-gib",
+                                             help="Override: activation reserve per GPU in GiB (2)."),
+    gpu_util: float | None = typer.Option(None, "--gpu-util", help="Override: usable share of GPU memory (0.9)."),
+    top_n: int = typer.Option(20, "--top-n", help="Users (or sessions) shown in the producer x consumer heatmap."),
+    window_s: float = typer.Option(600.0, "--window-s", help="Window of the next-turn probability, seconds."),
+    memory_limit_gib: float = typer.Option(2.0, "--memory-limit-gib",
+                                           help="DuckDB memory limit; beyond it DuckDB spills to disk."),
+    threads: int = typer.Option(2, "--threads", help="DuckDB and spatial-pass threads."),
+    report: bool = typer.Option(False, "--report", help="Also write RUN_DIR/report.html."),
+    json_out: bool = typer.Option(False, "--json", help="Print every headline figure as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
+) -> None:
+    """Compute every analysis of the paper's characterization and write them into RUN_DIR/analysis/.
+
+    Example: kvtrace analyze ../shared/traces/mooncake_conversation.jsonl -o runs/conv --only hit_ratio
+    """
+
+    def go() -> tuple[AnalysisReport, str | None]:
+        models = resolve_models(
+            [m.strip() for m in model.split(",") if m.strip()], num_layers=layers, num_kv_heads=kv_heads,
+            head_dim=head_dim, dtype_bytes=dtype_bytes, params_b=params_b, gpu_mem_gib=gpu_mem_gib, tp=tp,
+            reserve_gib=reserve_gib, utilization=gpu_util)
+        opts = AnalysisOptions(models=models, top_n=top_n, window_s=window_s,
+                               memory_limit_gib=memory_limit_gib, threads=threads)
+        run = ensure_run(trace_or_run, out)
+        with progress(quiet or json_out) as bar:
+            task = bar.add_task("analyzing", total=len(parse_only(only)))
+            rep = run_analyses(run, only=only, options=opts, on_done=lambda r: bar.advance(task))
+        html = None
+        if report:
+            from tongyi_trace.report import render_report
+
+            html = str(render_report(run))
+        return rep, html
+
+    rep, html = run_cli(go)
+    summary = rep.summary()
+    if json_out:
+        print_json({**summary, "report": html})
+        return
+    if quiet:
+        return
+    console.print(_table(rep))
+    for name, r in rep.results.items():
+        if not r.ok:
+            console.print(f"[yellow]{name} absent[/]: {r.reason}", highlight=False)
+        for part, why in r.absent_parts.items():
+            console.print(f"[yellow]{name}.{part} absent[/]: {why}", highlight=False)
+    console.print(f"artifacts: [bold]{rep.out_dir}[/] ({rep.elapsed_s:.1f} s)")
+    if html:
+        console.print(f"report: [bold]{html}[/]")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _headlines(name: str, h: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The few figures of each analysis worth a line in the terminal summary."""
+    picks: dict[str, list[str]] = {
+        "hit_ratio": ["hit_ratio", "token_hit_ratio", "content_hit_ratio"],
+        "request_mix": ["multi_turn_share", "turn_p50", "turn_p90", "turn_max", "top10_turn_ratio"],
+        "turn_hits": ["single_turn_hit_share", "multi_turn_hit_share"],
+        "user_heatmap": ["key_kind", "diagonal_share"],
+        "skew": ["top10_block_reuse_share", "key_share_for_90pct_hits"],
+        "next_turn": ["single_turn_next_prob", "multi_turn_next_prob", "next_turn_prob"],
+        "reuse_time": ["share_within_10s", "share_within_600s", "reuse_prob"],
+        "spatial": ["head_50pct_hit_ratio", "tail_50pct_hit_ratio"],
+        "lifespan": ["p50_s", "p90_s", "p99_s"],
+        "live_set": ["peak_live_blocks"],
+    }
+    out = [(k, h.get(k)) for k in picks.get(name, []) if k in h]
+    models = h.get("models") or {}
+    for m, rec in list(models.items())[:3]:
+        if name == "kv_size":
+            out.append((f"{m} p99 x HBM", rec.get("total_p99_x_hbm")))
+        elif name == "live_set":
+            out.append((f"{m} peak x HBM", rec.get("peak_x_hbm")))
+    return out
+
+
+def _table(rep: AnalysisReport) -> Table:
+    t = Table(title=f"kvtrace analyze: {rep.run.path}")
+    t.add_column("analysis (paper figure)")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for name, r in rep.results.items():
+        label = f"{name} ({r.figure})"
+        if not r.ok:
+            t.add_row(label, "[yellow]absent (see below)[/]", "-")
+            continue
+        rows = _headlines(name, r.headline) or [("", "")]
+        for i, (k, v) in enumerate(rows):
+            t.add_row(label if i == 0 else "", k, _fmt(v))
+    return t

@@ -1,1 +1,77 @@
-"""`kvtrace fit` (being written)."""
+"""`kvtrace fit`: per-category reuse models -> the WA policy file (kvtrace.policy/1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
+
+
+@app.command()
+def fit(
+    run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest'."),
+    output: Path | None = typer.Option(None, "-o", "--output",
+                                       help="Policy file to write (default: RUN_DIR/fit/policy.json)."),
+    train: str | None = typer.Option(None, "--train", metavar="START:END",
+                                     help="Fit window, seconds from the trace start (default: all)."),
+    test: str | None = typer.Option(None, "--test", metavar="START:END",
+                                    help="Held-out window: KS of the train fit on it, beside its own fit."),
+    min_samples: int = typer.Option(DEFAULT_MIN_SAMPLES, "--min-samples",
+                                    help="Below this many samples a category takes its type's pooled fit, "
+                                         "then the fit over all."),
+    life_quantile: float = typer.Option(DEFAULT_LIFE_QUANTILE, "--life-quantile",
+                                        help="life_s = this quantile of block lifespans (train window)."),
+    life_s: float | None = typer.Option(None, "--life-s", help="Use this life_s (s) for every category."),
+    json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
+) -> None:
+    """Fit F_w(d) = p_w (1 - exp(-lambda_w d)) per category (right-censored MLE) and write the policy file."""
+    with progress(quiet or json_out) as bar:
+        task = bar.add_task("fit", total=None)
+        outcome = run_cli(lambda: fit_policy(
+            run_dir, output if output is not None else run_dir / "fit" / "policy.json", train=train,
+            test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
+            on_step=lambda msg: bar.update(task, description=msg)))
+    if json_out:
+        print_json({"policy": str(outcome.policy_path), "artifacts": str(outcome.artifact_dir),
+                    "train": outcome.train.to_json(),
+                    "test": outcome.test.to_json() if outcome.test else None, "rows": outcome.rows})
+    elif not quiet:
+        for table in _tables(outcome):
+            console.print(table)
+        console.print(f"policy written to [bold]{outcome.policy_path}[/]; table and CDFs in "
+                      f"{outcome.artifact_dir}")
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _tables(outcome: FitOutcome) -> list[Table]:
+    w = outcome.train
+    train = Table(title=f"reuse fit F(d) = p (1 - exp(-d / mean)), train window {w.start_s:g}-{w.end_s:g} s")
+    for col in ("category", "samples", "p", "mean reuse s", "life s", "KS", "fallback"):
+        train.add_column(col, justify="left" if col == "category" else "right")
+    for r in outcome.rows:
+        if r["train_num_samples"] is not None:
+            train.add_row(r["category"], _fmt(r["train_num_samples"], ","), _fmt(r["reuse_prob"], ".3f"),
+                          _fmt(r["mean_reuse_s"], ".1f"), _fmt(r["life_s"], ".1f"),
+                          _fmt(r["train_ks"], ".3f"), r["pool"] if r["fallback"] else "")
+    if outcome.test is None:
+        return [train]
+    t = outcome.test
+    test = Table(title=f"held-out window {t.start_s:g}-{t.end_s:g} s: own fit, and KS of the train fit")
+    for col in ("category", "samples", "p", "mean reuse s", "KS own", "KS train fit"):
+        test.add_column(col, justify="left" if col == "category" else "right")
+    for r in outcome.rows:
+        if r["test_num_samples"] is not None:
+            test.add_row(r["category"], _fmt(r["test_num_samples"], ","), _fmt(r["test_reuse_prob"], ".3f"),
+                         _fmt(r["test_mean_reuse_s"], ".1f"), _fmt(r["test_ks_own"], ".3f"),
+                         _fmt(r["test_ks_policy"], ".3f"))
+    return [train, test]

@@ -1,1 +1,136 @@
-"""`kvtrace replay` (being written)."""
+"""`kvtrace replay RUN_DIR --server URL`: live replay against a vLLM server, with reconciliation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, err_console, print_json, run_cli
+from tongyi_trace.errors import UsageError
+from tongyi_trace.replay.dispatch import DispatchState
+from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID
+from tongyi_trace.replay.runner import ReplayOptions, ReplayResult, ServerInfo, run_replay
+from tongyi_trace.replay.schedule import Schedule, ScheduleOptions
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    if pct:
+        return f"{100 * v:.2f}%"
+    return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+
+
+def _render(res: ReplayResult) -> None:
+    s = res.summary
+    c = s.get("counts", {})
+    console.print(f"replay [bold]{s['name']}[/] {s['status']}: {c.get('num_ok', 0)} ok, "
+                  f"{c.get('num_error', 0)} failed, {c.get('num_not_finished', 0)} not finished "
+                  f"in {s.get('wall_s') or 0:.1f} s -> {res.out_dir}", highlight=False)
+    t = Table(title="hit ratio (tokens)", show_header=True)
+    t.add_column("source")
+    t.add_column("hit ratio", justify="right")
+    t.add_row("engine /metrics delta", _fmt(s["metrics"]["hit_ratio"], pct=True))
+    t.add_row("engine cached_tokens (records)", _fmt(s.get("records_hit_ratio"), pct=True))
+    rec = s.get("reconciliation")
+    if rec and "predicted_hit_ratio" in rec:
+        t.add_row("simulator LRU at engine capacity", _fmt(rec["predicted_hit_ratio"], pct=True))
+        t.add_row("trace ideal (unlimited cache)", _fmt(rec["ideal_hit_ratio"], pct=True))
+    console.print(t)
+    if rec and "exact_share" in rec:
+        console.print(f"engine == simulator for {100 * rec['exact_share']:.1f}% of requests; mean |gap| "
+                      f"{rec['mean_abs_gap_tokens']:.1f} tokens; engine - simulator "
+                      f"{rec['engine_minus_predicted_pp']:+.2f} pp", highlight=False)
+    elif s.get("reconciliation_note"):
+        console.print(f"reconciliation skipped: {s['reconciliation_note']}", highlight=False)
+    lat = Table(title="latency (ms)")
+    for col in ("", "p50", "p90", "p99", "max"):
+        lat.add_column(col, justify="right")
+    for key in ("ttft_ms", "e2e_ms", "drift_ms"):
+        d = s[key]
+        lat.add_row(key.removesuffix("_ms"), *(_fmt(d[k]) for k in ("p50", "p90", "p99", "max")))
+    console.print(lat)
+    for e in s.get("errors", [])[:5]:
+        console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
+
+
+@app.command()
+def replay(
+    run_dir: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest' (or 'kvtrace synth')."),
+    server: str = typer.Option(..., "--server", help="Base URL of a vLLM OpenAI-compatible server."),
+    model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
+    name: str = typer.Option("default", "--name", help="Artifacts go to RUN_DIR/replay/NAME/."),
+    speedup: float = typer.Option(1.0, "--speedup", help="Divide the trace's inter-arrival times by this."),
+    start_s: float = typer.Option(0.0, "--start", help="Replay arrivals from this trace second on."),
+    duration_s: float | None = typer.Option(None, "--duration", help="Replay this many trace seconds."),
+    max_requests: int | None = typer.Option(None, "--max-requests", help="Send at most this many requests."),
+    sample_sessions: float | None = typer.Option(None, "--sample-sessions",
+                                                 help="Keep this fraction of whole sessions (0-1]."),
+    closed_sessions: bool = typer.Option(False, "--closed-sessions",
+                                         help="A child request waits until its parent has finished."),
+    max_output: int | None = typer.Option(None, "--max-output", help="Cap each request's output tokens."),
+    max_in_flight: int | None = typer.Option(None, "--max-in-flight",
+                                             help="Cap on concurrent requests (1 = one at a time)."),
+    vocab_size: int = typer.Option(32000, "--vocab-size",
+                                   help="Token ids are drawn below this (the model's ordinary tokens)."),
+    min_token_id: int = typer.Option(DEFAULT_MIN_TOKEN_ID, "--min-token-id",
+                                     help="Lowest token id used (keeps clear of BOS/EOS/pad)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of prompt synthesis and session sampling."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env",
+                                           help="Name of the environment variable holding the API key."),
+    timeout_s: float = typer.Option(600.0, "--request-timeout-s", help="Per-request timeout."),
+    engine_block_size: int | None = typer.Option(None, "--engine-block-size",
+                                                 help="Engine block size when /metrics does not say."),
+    engine_num_blocks: int | None = typer.Option(None, "--engine-num-blocks",
+                                                 help="Engine KV blocks when /metrics does not say."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing replay of this name."),
+    json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no tables."),
+) -> None:
+    """Replay a trace against a live vLLM server and reconcile its cache hits with the simulator."""
+
+    def build() -> ReplayOptions:
+        api_key = None
+        if api_key_env is not None:
+            api_key = os.environ.get(api_key_env)
+            if not api_key:
+                raise UsageError(f"--api-key-env {api_key_env}: that environment variable is empty or unset")
+        return ReplayOptions(
+            name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
+            max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
+            engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
+            schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
+                                     max_requests=max_requests, sample_sessions=sample_sessions,
+                                     closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))
+
+    opts = run_cli(build)
+    bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("sent {task.fields[sent]} errors {task.fields[errors]} hit {task.fields[hit]}"),
+                   TimeElapsedColumn(), console=err_console, disable=quiet or json_out, transient=True)
+    task: list[TaskID] = []
+
+    def on_start(sched: Schedule, info: ServerInfo) -> None:
+        task.append(bar.add_task(f"replay -> {info.model}", total=len(sched.requests), sent=0, errors=0,
+                                 hit="-"))
+
+    def on_update(st: DispatchState) -> None:
+        if task:
+            hr = st.hit_ratio
+            bar.update(task[0], completed=st.num_done, sent=st.num_sent, errors=st.num_errors,
+                       hit="-" if hr is None else f"{100 * hr:.1f}%")
+
+    with bar:
+        res = run_cli(lambda: run_replay(run_dir, server, opts, on_start=on_start, on_update=on_update))
+    if json_out:
+        print_json(res.summary)
+    elif not quiet:
+        _render(res)
+    if res.summary["status"] == "interrupted":
+        err_console.print("[yellow]interrupted[/]: finished requests are in records.jsonl")
+        raise typer.Exit(130)

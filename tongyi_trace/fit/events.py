@@ -1,27 +1,33 @@
-"""Reuse events of a run and their right-censored reuse times inside a time window.
+"""Reuse-time samples of a run inside a time window, right-censored at the window's end.
 
-Each block access (queries/reuse_events.sql: one row per block reference, with the time of the same
-block's next access) gives one sample of the reuse time d of the accessing request's category w
-(paper section 3, "Reuse time", Fig 12-15). Inside a window [start_s, end_s), an access at time a is a
-sample when start_s <= a < end_s; it is OBSERVED with d = next_access_s - a when the next access happens
-by end_s, and otherwise RIGHT-CENSORED at c = end_s - a (we only know that d > c, or that the block is
-never reused): dropping or truncating those would bias the fit towards short reuse times.
+Each block access (a row of blocks.parquet) gives one sample of the reuse time d of the accessing
+request's category w: the time until the same block (chain_idx) is next accessed, by the next request
+in arrival order holding it (paper section 3, "Reuse time", Fig 12-15; the same definition as
+queries/reuse_events.sql, computed here with one stable numpy sort because the fit must stay within
+seconds on a 2-hour trace; tests/fit/test_events.py checks the two agree).
 
-Blocks of one request share the access time, so the samples are aggregated to (category, time,
-observed) -> count: the fit and the Kaplan-Meier estimator work on weighted distinct times.
+Inside a window [start_s, end_s), an access at time a is a sample when start_s <= a < end_s; it is
+OBSERVED with d = next_access_s - a when the next access happens by end_s, and otherwise
+RIGHT-CENSORED at c = end_s - a (we only know that d > c, or that the block is never reused): dropping
+or truncating those would bias the fit towards short reuse times.
+
+All blocks of one request share the access time, so accesses are aggregated to (request, next request)
+pairs with a count: the fit and the Kaplan-Meier estimator work on weighted samples.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-import duckdb
 import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunDir
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,19 +39,35 @@ class Window:
     end_s: float
     include_end: bool = False
 
-    def contains(self, col: pl.Expr) -> pl.Expr:
-        """Polars predicate: the time in COL lies inside the window."""
-        upper = col <= self.end_s if self.include_end else col < self.end_s
-        return (col >= self.start_s) & upper
+    def contains(self, t_s: np.ndarray) -> np.ndarray:
+        """Mask of the times T_S inside the window."""
+        upper = t_s <= self.end_s if self.include_end else t_s < self.end_s
+        return (t_s >= self.start_s) & upper
 
     def to_json(self) -> dict[str, float]:
         """{"start_s", "end_s"} as in the policy file."""
         return {"start_s": self.start_s, "end_s": self.end_s}
 
 
+def parse_window(text: str, trace_end_s: float, option: str) -> Window:
+    """Parse START:END (seconds; either side may be empty: trace start / trace end)."""
+    start_txt, sep, end_txt = text.partition(":")
+    if not sep:
+        raise UsageError(f"{option} {text!r}: expected START:END in seconds, e.g. {option} 0:3600")
+    try:
+        start_s = float(start_txt) if start_txt.strip() else 0.0
+        end_s = float(end_txt) if end_txt.strip() else trace_end_s
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: START and END must be numbers of seconds, "
+                         f"e.g. {option} 0:3600") from None
+    if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
+        raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
+    return Window(start_s, end_s, include_end=end_s >= trace_end_s)
+
+
 @dataclass(frozen=True)
 class Samples:
-    """Weighted reuse-time samples of one category: distinct times, observed flag, count of each."""
+    """Weighted reuse-time samples of one category: times, observed flags, count of each."""
 
     time_s: np.ndarray  # float64: reuse time d when observed, censoring time c otherwise
     observed: np.ndarray  # bool
@@ -71,90 +93,108 @@ class Samples:
                        np.concatenate([p.count for p in parts]))
 
 
-def parse_window(text: str, trace_end_s: float, option: str) -> Window:
-    """Parse START:END (seconds; either side may be empty: trace start / trace end)."""
-    start_txt, sep, end_txt = text.partition(":")
-    if not sep:
-        raise UsageError(f"{option} {text!r}: expected START:END in seconds, e.g. {option} 0:3600")
-    try:
-        start_s = float(start_txt) if start_txt.strip() else 0.0
-        end_s = float(end_txt) if end_txt.strip() else trace_end_s
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: START and END must be numbers of seconds, "
-                         f"e.g. {option} 0:3600") from None
-    if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
-        raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
-    return Window(start_s, end_s, include_end=end_s >= trace_end_s)
+@dataclass(frozen=True)
+class Accesses:
+    """Every block access of a run with its next access, ready to be cut into windows.
+
+    Per request: arrival_s, category code. Per (request, next request) pair: count of blocks.
+    Per access, sorted by (chain_idx, req_idx): req_idx and chain_idx (for block lifespans)."""
+
+    arrival_s: np.ndarray  # float64 per request
+    category_code: np.ndarray  # int64 per request, index into category_names
+    category_names: list[str]
+    category_type: dict[str, str | None]
+    pair_req: np.ndarray  # int64
+    pair_next: np.ndarray  # int64, -1 = never accessed again
+    pair_count: np.ndarray  # int64
+    sorted_req: np.ndarray  # int64 per access, sorted by (chain_idx, req_idx)
+    sorted_chain: np.ndarray  # int64 per access, same order
+
+    @property
+    def trace_end_s(self) -> float:
+        """Arrival time of the last request."""
+        return float(self.arrival_s.max()) if len(self.arrival_s) else 0.0
 
 
-def connect(run: RunDir) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the views `requests` and `blocks` over the run's Parquet."""
-    con = duckdb.connect()
-    con.read_parquet(str(run.requests_path)).create_view("requests")
-    con.read_parquet(str(run.blocks_path)).create_view("blocks")
-    return con
+def load_accesses(run: RunDir) -> Accesses:
+    """Read RUN's tables and link every block access to the block's next access (vectorized)."""
+    req = pl.read_parquet(run.requests_path, columns=["req_idx", "arrival_s", "category", "type"])
+    req = req.sort("req_idx")
+    num_requests = req.height
+    if num_requests and not np.array_equal(req["req_idx"].to_numpy(), np.arange(num_requests)):
+        raise UsageError(f"{run.requests_path}: column 'req_idx' is not 0..N-1; re-run 'kvtrace ingest'")
+    names_and_types = req.select("category", "type").unique().sort("category")
+    names = [str(c) for c in names_and_types["category"].unique(maintain_order=True).to_list()]
+    code_of = {name: i for i, name in enumerate(names)}
+    codes = req["category"].replace_strict(code_of, return_dtype=pl.Int64).to_numpy() if num_requests \
+        else np.empty(0, dtype=np.int64)
+    types = {str(c): (None if t is None else str(t)) for c, t in names_and_types.iter_rows()}
 
-
-def reuse_events(run: RunDir) -> pl.DataFrame:
-    """queries/reuse_events.sql over RUN: one row per block access with its next access (see the SQL)."""
-    con = connect(run)
-    try:
-        df = con.sql(read_query("reuse_events")).pl()
-        assert isinstance(df, pl.DataFrame)
-        return df
-    finally:
-        con.close()
-
-
-def window_samples(events: pl.DataFrame, window: Window) -> pl.DataFrame:
-    """Aggregated samples of the accesses inside WINDOW: category, type, time_s, observed, count."""
-    end = window.end_s
-    inside = events.lazy().filter(window.contains(pl.col("access_s")))
-    observed = pl.col("next_access_s").is_not_null() & (pl.col("next_access_s") <= end)
-    return (
-        inside.with_columns(
-            observed.alias("observed"),
-            pl.when(observed).then(pl.col("next_access_s") - pl.col("access_s"))
-            .otherwise(end - pl.col("access_s")).alias("time_s"),
-        )
-        .group_by("category", "type", "time_s", "observed")
-        .agg(pl.len().cast(pl.Int64).alias("count"))
-        .sort("category", "time_s", "observed")
-        .collect()
+    blocks = pl.read_parquet(run.blocks_path, columns=["req_idx", "chain_idx"])
+    req_idx = blocks["req_idx"].to_numpy()
+    chain = blocks["chain_idx"].to_numpy()
+    del blocks
+    # blocks.parquet is sorted by (req_idx, pos): a STABLE sort by chain keeps each chain's accesses in
+    # arrival order, so an access's next access is the following row when it has the same chain.
+    order = np.argsort(chain, kind="stable")
+    sorted_req = req_idx[order]
+    sorted_chain = chain[order]
+    del order, req_idx, chain
+    nxt = np.full(len(sorted_req), -1, dtype=np.int64)
+    if len(sorted_req) > 1:
+        same = sorted_chain[1:] == sorted_chain[:-1]
+        nxt[:-1] = np.where(same, sorted_req[1:], -1)
+    key = pl.Series("key", sorted_req * (num_requests + 1) + (nxt + 1))
+    pairs = key.value_counts(name="count")
+    keys = pairs["key"].to_numpy()
+    return Accesses(
+        arrival_s=req["arrival_s"].to_numpy().astype(np.float64),
+        category_code=codes.astype(np.int64),
+        category_names=names,
+        category_type=types,
+        pair_req=keys // (num_requests + 1),
+        pair_next=keys % (num_requests + 1) - 1,
+        pair_count=pairs["count"].to_numpy().astype(np.int64),
+        sorted_req=sorted_req,
+        sorted_chain=sorted_chain,
     )
 
 
-def split_by_category(samples: pl.DataFrame) -> dict[str, Samples]:
-    """The aggregated samples of `window_samples` as one Samples per category."""
-    out: dict[str, Samples] = {}
-    for (name,), part in samples.partition_by("category", as_dict=True, maintain_order=True).items():
-        out[str(name)] = Samples(part["time_s"].to_numpy().astype(np.float64),
-                                 part["observed"].to_numpy().astype(bool),
-                                 part["count"].to_numpy().astype(np.int64))
+def window_samples(acc: Accesses, window: Window) -> dict[str, Samples]:
+    """Per category, the (censored) reuse-time samples of the accesses inside WINDOW."""
+    access_s = acc.arrival_s[acc.pair_req]
+    inside = window.contains(access_s)
+    req, nxt, cnt = acc.pair_req[inside], acc.pair_next[inside], acc.pair_count[inside]
+    access_s = access_s[inside]
+    next_s = np.where(nxt >= 0, acc.arrival_s[np.maximum(nxt, 0)], np.inf)
+    observed = next_s <= window.end_s
+    time_s = np.where(observed, next_s - access_s, window.end_s - access_s)
+    return _by_category(acc.category_names, acc.category_code[req],
+                        lambda m: Samples(time_s[m], observed[m], cnt[m]))
+
+
+def block_lifespans(acc: Accesses, window: Window) -> dict[str, np.ndarray]:
+    """Per category, the lifespans (s) of the blocks reused inside WINDOW: last access - first access
+    there (paper Fig 19-20: a block lives from its first access to its last reuse), attributed to the
+    category of the block's first access there. Blocks accessed once in the window are left out."""
+    inside = window.contains(acc.arrival_s[acc.sorted_req])
+    req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
+    if len(req) == 0:
+        return {}
+    starts = np.flatnonzero(np.concatenate([[True], chain[1:] != chain[:-1]]))
+    ends = np.concatenate([starts[1:], [len(req)]]) - 1
+    reused = ends > starts
+    first, last = req[starts[reused]], req[ends[reused]]
+    lifespan_s = acc.arrival_s[last] - acc.arrival_s[first]
+    return _by_category(acc.category_names, acc.category_code[first], lambda m: lifespan_s[m])
+
+
+def _by_category(names: list[str], codes: np.ndarray, take: Callable[[np.ndarray], T]) -> dict[str, T]:
+    """TAKE(indices of the items of category i) for every category i present in CODES."""
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    out: dict[str, T] = {}
+    for i, name in enumerate(names):
+        if bounds[i + 1] > bounds[i]:
+            out[name] = take(order[bounds[i]:bounds[i + 1]])
     return out
-
-
-def category_types(samples: pl.DataFrame) -> dict[str, str | None]:
-    """category -> request type (None for traces without types)."""
-    pairs = samples.select("category", "type").unique()
-    return {str(c): (None if t is None else str(t)) for c, t in pairs.iter_rows()}
-
-
-def block_lifespans(events: pl.DataFrame, window: Window) -> pl.DataFrame:
-    """Per block reused inside WINDOW: category/type of its first access there and its lifespan_s
-    (last access - first access inside the window; paper Fig 19-20: a block lives from its first access
-    to its last reuse). Blocks accessed once in the window have no lifespan and are left out."""
-    return (
-        events.lazy()
-        .filter(window.contains(pl.col("access_s")))
-        .group_by("chain_idx")
-        .agg(
-            pl.col("category").first(),
-            pl.col("type").first(),
-            (pl.col("access_s").max() - pl.col("access_s").min()).alias("lifespan_s"),
-            pl.len().alias("num_accesses"),
-        )
-        .filter(pl.col("num_accesses") > 1)
-        .select("category", "type", "lifespan_s")
-        .collect()
-    )

@@ -34,16 +34,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.events import (
-    Samples,
-    Window,
-    block_lifespans,
-    category_types,
-    parse_window,
-    reuse_events,
-    split_by_category,
-    window_samples,
-)
+from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
 from tongyi_trace.run import RunDir, open_run, write_json
@@ -93,26 +84,25 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     step = on_step or (lambda _msg: None)
     run = open_run(run_path)
     prov = run.provenance()
-    step("reading reuse events")
-    events = reuse_events(run)
-    trace_end_s = _trace_end_s(run, prov)
+    step("linking block accesses")
+    acc = load_accesses(run)
+    trace_end_s = max(acc.trace_end_s, float(prov.get("duration_s") or 0.0))
     train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
     test_w = parse_window(test, trace_end_s, "--test") if test else None
 
     step("fitting the train window")
-    train_agg = window_samples(events, train_w)
-    if train_agg.height == 0:
+    train_samples = window_samples(acc, train_w)
+    if not train_samples:
         raise UsageError(f"--train {train_w.start_s:g}:{train_w.end_s:g}: no block access in this window "
                          f"(the trace spans 0:{trace_end_s:g} s)")
-    types = category_types(train_agg)
-    train_fits = _own_fits(split_by_category(train_agg))
-    lifes = block_lifespans(events, train_w)
-    policy_cats, rows, default = _fit_categories(train_fits, types, lifes, min_samples, life_quantile,
-                                                 life_s)
+    train_fits = _own_fits(train_samples)
+    lifes = block_lifespans(acc, train_w)
+    policy_cats, rows, default = _fit_categories(train_fits, acc.category_type, lifes, min_samples,
+                                                 life_quantile, life_s)
     test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
     if test_w is not None:
         step("checking on the test window")
-        test_fits = _own_fits(split_by_category(window_samples(events, test_w)))
+        test_fits = _own_fits(window_samples(acc, test_w))
         _add_test_columns(rows, test_fits, policy_cats, default)
 
     policy = PolicyParams(
@@ -146,19 +136,12 @@ def _own_fits(by_cat: dict[str, Samples]) -> dict[str, tuple[Samples, ReuseFit]]
     return {name: (samples, fit_reuse(samples)) for name, samples in named.items()}
 
 
-def _trace_end_s(run: RunDir, prov: dict[str, Any]) -> float:
-    arrivals = pl.read_parquet(run.requests_path, columns=["arrival_s"])["arrival_s"]
-    last_arrival = float(arrivals.max() or 0.0) if len(arrivals) else 0.0  # type: ignore[arg-type]
-    return max(last_arrival, float(prov.get("duration_s") or 0.0))
-
-
 def _fit_categories(fits: dict[str, tuple[Samples, ReuseFit]], types: dict[str, str | None],
-                    lifes: pl.DataFrame, min_samples: int, life_quantile: float, life_s: float | None,
+                    life_by_cat: dict[str, np.ndarray], min_samples: int, life_quantile: float,
+                    life_s: float | None,
                     ) -> tuple[dict[str, CategoryParams], list[dict[str, Any]], CategoryParams]:
-    life_by_cat = {str(c): part["lifespan_s"].to_numpy()
-                   for (c,), part in lifes.partition_by("category", as_dict=True).items()}
-    all_lifes = lifes["lifespan_s"].to_numpy()
     empty = np.empty(0)
+    all_lifes = np.concatenate([empty, *life_by_cat.values()])
 
     def life_of(lifespans_s: np.ndarray) -> float:
         if life_s is not None:

@@ -8,7 +8,8 @@ Likelihood of weighted samples: an observed reuse after d seconds contributes lo
 an access censored at c (no next access by the window end) contributes log(1 - F(c)) =
 log(1 - p + p exp(-lambda c)). Closed forms: no observed reuse -> p = 0 (lambda is then meaningless and
 set to 0); nothing censored -> p = 1, lambda = n_obs / sum(d) (the plain exponential MLE). Otherwise
-scipy L-BFGS-B on (p, log lambda) with the analytic gradient, started from the censoring-naive estimate.
+scipy's trust-region Newton (trust-exact) on (logit p, log lambda) with the analytic gradient and
+Hessian, started from the censoring-naive estimate.
 
 Goodness of fit: the Kolmogorov-Smirnov distance sup_d |F(d) - F_KM(d)| against the Kaplan-Meier
 estimate of the CDF (the empirical CDF when nothing is censored), over d up to the largest sample time.
@@ -21,13 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import minimize
+from scipy.special import expit
 
 from tongyi_trace.fit.events import Samples
 
 # Bounds of lambda (1/s): reuses at the same timestamp (d = 0) would otherwise drive it to infinity.
 MIN_RATE_PER_S = 1e-9
 MAX_RATE_PER_S = 1e4
-_MIN_P = 1e-12
+_LOG_RATE_MIN, _LOG_RATE_MAX = math.log(MIN_RATE_PER_S), math.log(MAX_RATE_PER_S)
+_MAX_LOGIT = 40.0  # p within 4e-18 of 0 or 1
 
 
 @dataclass(frozen=True)
@@ -51,17 +54,54 @@ def model_cdf(reuse_prob: float, rate_per_s: float, d_s: np.ndarray) -> np.ndarr
     return reuse_prob * -np.expm1(-rate_per_s * np.asarray(d_s, dtype=np.float64))
 
 
-def _neg_loglik(x: np.ndarray, n_obs: float, sum_d: float, c: np.ndarray, w: np.ndarray,
-                n_total: float) -> tuple[float, np.ndarray]:
-    p, rate = float(x[0]), math.exp(float(x[1]))
-    e = np.exp(-rate * c)
-    surv = 1.0 - p + p * e  # 1 - F(c) > 0 for p < 1 or c finite
-    surv = np.maximum(surv, 1e-300)
-    ll = n_obs * (math.log(p) + math.log(rate)) - rate * sum_d + float(np.dot(w, np.log(surv)))
-    dp = n_obs / p + float(np.dot(w, (e - 1.0) / surv))
-    drate = n_obs / rate - sum_d - float(np.dot(w, p * c * e / surv))
-    # minimize -ll / n (scaled so the tolerances mean the same for every sample size)
-    return -ll / n_total, np.array([-dp / n_total, -drate * rate / n_total])
+class _Objective:
+    """-loglik / n of (u, v) = (logit p, log lambda) with its gradient and Hessian, cached per point.
+
+    With S = 1 - p + p e, e = exp(-lambda c), a = 1 - e, per censored weight w:
+    l_p = n_obs/p - sum w a/S,           l_lam = n_obs/lambda - sum_d - sum w p c e/S,
+    l_pp = -n_obs/p^2 - sum w a^2/S^2,   l_lamlam = -n_obs/lambda^2 + sum w p (1-p) c^2 e/S^2,
+    l_plam = -sum w c e/S^2."""
+
+    def __init__(self, n_obs: float, sum_d: float, c: np.ndarray, w: np.ndarray, n_total: float) -> None:
+        self.n_obs, self.sum_d, self.c, self.w, self.n = n_obs, sum_d, c, w, n_total
+        self._at: tuple[float, float] | None = None
+        self._val: tuple[float, np.ndarray, np.ndarray] = (0.0, np.zeros(2), np.zeros((2, 2)))
+
+    def _eval(self, x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        u = float(np.clip(x[0], -_MAX_LOGIT, _MAX_LOGIT))
+        v = float(np.clip(x[1], _LOG_RATE_MIN, _LOG_RATE_MAX))
+        if self._at == (u, v):
+            return self._val
+        p, q = float(expit(u)), float(expit(-u))  # q = 1 - p without cancellation
+        rate = math.exp(v)
+        c, w, n_obs = self.c, self.w, self.n_obs
+        e = np.exp(-rate * c)
+        s = np.maximum(q + p * e, 1e-300)
+        a = -np.expm1(-rate * c)
+        ll = n_obs * (math.log(p) + v) - rate * self.sum_d + float(np.sum(w * np.log(s)))
+        w_s = w / s
+        w_s2 = w_s / s
+        l_p = n_obs / p - float(np.sum(w_s * a))
+        l_r = n_obs / rate - self.sum_d - p * float(np.sum(w_s * c * e))
+        l_pp = -n_obs / p**2 - float(np.sum(w_s2 * a * a))
+        l_rr = -n_obs / rate**2 + p * q * float(np.sum(w_s2 * c * c * e))
+        l_pr = -float(np.sum(w_s2 * c * e))
+        dp = p * q
+        grad = np.array([l_p * dp, l_r * rate])
+        hess = np.array([[l_pp * dp * dp + l_p * dp * (q - p), l_pr * dp * rate],
+                         [l_pr * dp * rate, l_rr * rate * rate + l_r * rate]])
+        self._at = (u, v)
+        self._val = (-ll / self.n, -grad / self.n, -hess / self.n)
+        return self._val
+
+    def fun(self, x: np.ndarray) -> float:
+        return self._eval(x)[0]
+
+    def jac(self, x: np.ndarray) -> np.ndarray:
+        return self._eval(x)[1]
+
+    def hess(self, x: np.ndarray) -> np.ndarray:
+        return self._eval(x)[2]
 
 
 def fit_reuse(samples: Samples) -> ReuseFit:
@@ -69,7 +109,7 @@ def fit_reuse(samples: Samples) -> ReuseFit:
     n_total = samples.num_samples
     obs = samples.observed
     n_obs = float(samples.count[obs].sum())
-    sum_d = float(np.dot(samples.time_s[obs], samples.count[obs]))
+    sum_d = float(np.sum(samples.time_s[obs] * samples.count[obs]))
     cens_t = samples.time_s[~obs]
     cens_w = samples.count[~obs].astype(np.float64)
     if n_total == 0 or n_obs == 0:
@@ -79,11 +119,11 @@ def fit_reuse(samples: Samples) -> ReuseFit:
     else:
         p0 = min(max(n_obs / n_total, 1e-6), 1.0 - 1e-6)
         rate0 = float(np.clip(n_obs / max(sum_d, 1e-300), MIN_RATE_PER_S, MAX_RATE_PER_S))
-        res = minimize(_neg_loglik, np.array([p0, math.log(rate0)]), jac=True, method="L-BFGS-B",
-                       args=(n_obs, sum_d, cens_t, cens_w, float(n_total)),
-                       bounds=[(_MIN_P, 1.0), (math.log(MIN_RATE_PER_S), math.log(MAX_RATE_PER_S))],
-                       options={"ftol": 1e-13, "gtol": 1e-9, "maxiter": 500})
-        p, rate = float(res.x[0]), math.exp(float(res.x[1]))
+        obj = _Objective(n_obs, sum_d, cens_t, cens_w, float(n_total))
+        res = minimize(obj.fun, np.array([math.log(p0 / (1 - p0)), math.log(rate0)]), jac=obj.jac,
+                       hess=obj.hess, method="trust-exact", options={"gtol": 1e-10, "maxiter": 200})
+        p = float(expit(np.clip(res.x[0], -_MAX_LOGIT, _MAX_LOGIT)))
+        rate = math.exp(float(np.clip(res.x[1], _LOG_RATE_MIN, _LOG_RATE_MAX)))
     return ReuseFit(p, rate, n_total, int(n_obs), ks_distance(samples, p, rate))
 
 

@@ -25,14 +25,29 @@ _SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
-def label(text: object) -> str:
-    """TEXT (from a trace) escaped so that Plotly shows it literally instead of interpreting tags."""
-    return html.escape(str(text), quote=True)
+MAX_LABEL_CHARS = 40
 
 
-def labels(texts: Sequence[object]) -> list[str]:
-    """`label()` of each of TEXTS."""
-    return [label(t) for t in texts]
+def label(text: object, max_chars: int = MAX_LABEL_CHARS) -> str:
+    """TEXT (from a trace) escaped so that Plotly shows it literally instead of interpreting tags;
+    longer than MAX_CHARS it is cut and ends with an ellipsis."""
+    s = str(text)
+    if len(s) > max_chars:
+        s = s[: max_chars - 1] + "\u2026"
+    return html.escape(s, quote=True)
+
+
+def labels(texts: Sequence[object], max_chars: int = MAX_LABEL_CHARS) -> list[str]:
+    """`label()` of each of TEXTS, kept distinct: a cut label that collides gets its index appended."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, t in enumerate(texts):
+        lab = label(t, max_chars)
+        if lab in seen:
+            lab = f"{lab} #{i}"
+        seen.add(lab)
+        out.append(lab)
+    return out
 
 
 def script_safe_json(text: str) -> str:
@@ -79,8 +94,34 @@ def downsample(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
 def new_figure(*, x_title: str = "", y_title: str = "", height_px: int = 360, **layout: Any) -> go.Figure:
     """An empty figure with the report's common layout (axis titles, height, margins, legend)."""
     fig = go.Figure()
-    fig.update_layout(height=height_px, margin={"l": 60, "r": 20, "t": 30, "b": 50},
-                      legend={"orientation": "h", "y": -0.2}, **layout)
+    defaults: dict[str, Any] = {"margin": {"l": 60, "r": 20, "t": 30, "b": 50},
+                                "legend": {"orientation": "h", "y": -0.2, "traceorder": "normal"}}
+    fig.update_layout(height=height_px, **(defaults | layout))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def downsample_max(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+                   max_points: int = MAX_CURVE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most MAX_POINTS of the time series (X, Y): per run of consecutive points, the one with the
+    largest Y (so peaks survive), first and last point kept."""
+    xa, ya = np.asarray(x), np.asarray(y)
+    if len(xa) != len(ya):
+        raise ValueError(f"series has {len(xa)} x values and {len(ya)} y values")
+    if len(xa) <= max_points:
+        return xa, ya
+    starts = np.linspace(0, len(xa), max_points - 1, endpoint=False).astype(np.int64)
+    ends = np.append(starts[1:], len(xa))
+    idx = np.array([s + int(np.argmax(ya[s:e])) for s, e in zip(starts, ends, strict=True)])
+    idx = np.unique(np.concatenate(([0], idx, [len(xa) - 1])))
+    return xa[idx], ya[idx]
+
+
+def add_curves(fig: go.Figure, groups: dict[str, tuple[np.ndarray, np.ndarray]], *, mode: str = "lines",
+               shape: str = "linear", max_points: int = MAX_CURVE_POINTS) -> go.Figure:
+    """Add one line per group (name -> (x, y)), downsampled, names from the trace escaped."""
+    for name, (x, y) in groups.items():
+        xs, ys = downsample(x, y, max_points)
+        fig.add_scatter(x=xs, y=ys, name=label(name), mode=mode, line={"shape": shape})
     return fig

@@ -39,6 +39,14 @@ def num(x: float | None, digits: int = 3) -> str:
     return NA if v is None else f"{v:.{digits}g}"
 
 
+def multiple(x: float | None) -> str:
+    """A multiple of a capacity: 4.21 -> '4.21x'; below 0.01 as a percentage: 9.37e-05 -> '0.0094%'."""
+    v = _value(x)
+    if v is None:
+        return NA
+    return f"{v:.3g}x" if abs(v) >= 0.01 else f"{100 * v:.2g}%"
+
+
 def seconds(s: float | None) -> str:
     """A duration in seconds, human scaled: 0.31 -> '0.31 s', 612 -> '612 s (10.2 min)'."""
     v = _value(s)

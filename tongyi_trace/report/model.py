@@ -35,13 +35,16 @@ class Section:
     """One section of the report (one analysis, or provenance, fit, simulation...).
 
     `absent_reason` set means the section is shown only as a note saying why it has no content
-    (e.g. "the trace has no request types"). `values` holds figures the template's prose quotes.
+    (e.g. "the trace has no request types"); `absent_parts` names parts left out, each with its reason.
+    `values` holds figures the template's prose quotes.
     """
 
     key: str
     title: str
     paper_ref: str = ""
     absent_reason: str | None = None
+    absent_parts: dict[str, str] = field(default_factory=dict)
+    definition: str = ""
     figures: dict[str, go.Figure] = field(default_factory=dict)
     tables: dict[str, Table] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)

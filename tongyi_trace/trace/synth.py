@@ -47,8 +47,7 @@ class TypeParams:
     """Per-request-type parameters of the to-C profile (lengths are lognormal: median, sigma)."""
 
     session_share: float  # share of sessions of this type (Fig 5, request mix)
-    multi_turn_prob: float  # P(a 2nd turn) after turn 1 (Fig 5, Fig 11: ~0.5 after single turn)
-    turn2_continue_prob: float  # P(a 3rd turn | 2 turns) (Fig 11: ~0.8 inside conversations)
+    multi_turn_prob: float  # P(a 2nd turn) after turn 1 (Fig 5, Fig 9, Fig 11)
     first_input_tokens: tuple[float, float]  # new input of turn 1
     next_input_tokens: tuple[float, float]  # new input of turns 2+
     output_tokens: tuple[float, float]
@@ -60,19 +59,19 @@ class ToCParams:
     """The to-C (chatbot, Trace A) generative model; see docs/synth.md for each value's source."""
 
     types: dict[str, TypeParams] = field(default_factory=lambda: {
-        "text": TypeParams(0.58, 0.55, 0.78, (220, 1.0), (90, 1.0), (380, 0.8), (55.0, 70.0, 85.0)),
-        "image": TypeParams(0.14, 0.25, 0.65, (1000, 0.4), (300, 1.2), (220, 0.8), (40.0, 50.0, 60.0)),
-        "file": TypeParams(0.12, 0.50, 0.75, (3200, 0.9), (90, 1.0), (450, 0.8), (90.0, 100.0, 110.0)),
-        "search": TypeParams(0.16, 0.45, 0.72, (1600, 0.5), (1200, 0.6), (500, 0.6), (45.0, 55.0, 65.0)),
+        "text": TypeParams(0.58, 0.37, (240, 1.0), (170, 1.0), (240, 0.8), (90.0, 110.0, 130.0)),
+        "image": TypeParams(0.14, 0.14, (800, 0.4), (340, 1.2), (160, 0.8), (60.0, 80.0, 100.0)),
+        "file": TypeParams(0.12, 0.35, (2560, 0.9), (170, 1.0), (280, 0.8), (140.0, 160.0, 180.0)),
+        "search": TypeParams(0.16, 0.35, (1280, 0.5), (1340, 0.6), (320, 0.6), (70.0, 90.0, 110.0)),
     })
-    engagement_beta: tuple[float, float] = (4.0, 1.3)  # continuation prob. at turn 3+ ~ Beta (Fig 9, 11)
+    engagement_beta: tuple[float, float] = (5.3, 3.9)  # continuation prob. at turn 3+ ~ Beta (Fig 9, 11)
     max_turns: int = 250  # Fig 9: max 232 turns in A
     max_context_tokens: int = 32_768  # the served model's window: a longer chat is a new session
     requests_per_user: float = 12.0  # users = requests / this (Fig 10)
     user_activity_sigma: float = 2.0  # lognormal spread of user activity (Fig 8: top 10% users 8.9x turns)
     num_system_prompts: int = 24  # shared system prompts (Fig 6: the little cross-user reuse there is)
     system_prompt_prob: float = 0.6  # share of sessions that start with a shared system prompt
-    system_prompt_tokens: tuple[float, float] = (70, 0.6)
+    system_prompt_tokens: tuple[float, float] = (60, 0.6)
     system_prompt_zipf: float = 1.2  # popularity of the shared prompts (Zipf exponent)
 
 
@@ -80,10 +79,10 @@ class ToCParams:
 class ToBParams:
     """The to-B (API, Trace B) generative model; see docs/synth.md for each value's source."""
 
-    requests_per_program: float = 700.0  # programs = requests / this
-    program_activity_sigma: float = 1.5  # lognormal spread of program request rates (Fig 7-8: B skew)
-    system_prompt_tokens: tuple[float, float] = (1500, 0.7)  # per program (Fig 4: B ideal hit 54%)
-    input_tokens_median: tuple[float, float] = (1200, 0.7)  # per-program median of the new input
+    requests_per_program: float = 200.0  # programs = requests / this
+    program_activity_sigma: float = 1.2  # lognormal spread of program request rates (Fig 7-8: B skew)
+    system_prompt_tokens: tuple[float, float] = (800, 0.6)  # per program (Fig 4: B ideal hit 54%)
+    input_to_prompt_ratio: tuple[float, float] = (0.6, 0.3)  # per program: median new input / prompt
     input_tokens_sigma: float = 0.6  # spread of one program's new inputs
     output_tokens: tuple[float, float] = (150, 0.8)
     always_on_share: float = 0.5  # programs active the whole trace; the others run one batch job
@@ -105,7 +104,7 @@ class SynthSummary:
     num_sessions: int
     num_users: int
     duration_s: float
-    multi_turn_share: float
+    multi_turn_share: float  # requests with turn >= 2 (as request_mix counts them)
     type_share: dict[str, float]
 
     def to_json(self) -> dict[str, Any]:
@@ -162,14 +161,12 @@ def _draw_toc_sessions(rng: np.random.Generator, num_sessions: int, num_users: i
     ranks = np.arange(1, p.num_system_prompts + 1, dtype=np.float64) ** -p.system_prompt_zipf
     s_sys = np.where(rng.random(num_sessions) < p.system_prompt_prob,
                      rng.choice(p.num_system_prompts, size=num_sessions, p=ranks / ranks.sum()), -1)
-    # turn count: 2nd turn w.p. multi_turn_prob, 3rd w.p. turn2_continue_prob, then geometric with a
-    # per-session engagement c ~ Beta (a mixture of geometrics: the long tail of Fig 9)
+    # turn count: a 2nd turn w.p. multi_turn_prob, then each further turn w.p. a per-session
+    # engagement c ~ Beta (a mixture of geometrics: the long tail of Fig 9)
     multi = np.array([t.multi_turn_prob for t in tp])[s_type]
-    cont2 = np.array([t.turn2_continue_prob for t in tp])[s_type]
     engage = rng.beta(*p.engagement_beta, size=num_sessions)
-    u1, u2 = rng.random(num_sessions), rng.random(num_sessions)
-    extra = rng.geometric(1.0 - np.minimum(engage, 0.999)) - 1
-    turns = np.where(u1 >= multi, 1, np.where(u2 >= cont2, 2, 3 + extra))
+    more = rng.geometric(1.0 - np.minimum(engage, 0.999))  # turns after the first, >= 1
+    turns = np.where(rng.random(num_sessions) >= multi, 1, 1 + more)
     turns = np.minimum(turns, p.max_turns).astype(np.int64)
 
     total = int(turns.sum())
@@ -234,7 +231,8 @@ def draw_to_b(rng: np.random.Generator, num_requests: int, duration_s: float,
     weights = w / w.sum()
     sys_tokens = _tokens(_lognormal(rng, p.system_prompt_tokens[0], p.system_prompt_tokens[1], num_programs),
                          lo=BLOCK_SIZE_TOKENS)
-    in_median = _lognormal(rng, p.input_tokens_median[0], p.input_tokens_median[1], num_programs)
+    in_median = sys_tokens * _lognormal(rng, p.input_to_prompt_ratio[0], p.input_to_prompt_ratio[1],
+                                        num_programs)
     always = rng.random(num_programs) < p.always_on_share
     batch_ms = np.minimum(_lognormal(rng, p.batch_minutes[0] * 60_000, p.batch_minutes[1], num_programs),
                           duration_ms)
@@ -291,9 +289,6 @@ def generate(profile: str, seed: int, num_requests: int | None = None, duration_
 def summarize(trace: SynthTrace, path: Path, profile: str, seed: int) -> SynthSummary:
     """Headline counts of a generated trace."""
     roots = trace.parent_chat_id < 0
-    # a request belongs to a multi-turn session when it has a parent or a child
-    has_child = np.zeros(trace.num_requests, dtype=bool)
-    has_child[trace.parent_chat_id[~roots]] = True
     counts = np.bincount(trace.type_code, minlength=len(trace.type_names))
     span_ms = int(trace.arrival_ms.max() - trace.arrival_ms.min()) if trace.num_requests else 0
     return SynthSummary(
@@ -301,7 +296,7 @@ def summarize(trace: SynthTrace, path: Path, profile: str, seed: int) -> SynthSu
         num_block_refs=trace.num_block_refs, num_distinct_block_ids=int(trace.hash_ids.max()) + 1,
         num_sessions=int(roots.sum()), num_users=int(np.unique(trace.user[trace.user >= 0]).size),
         duration_s=span_ms / 1000.0,
-        multi_turn_share=float(np.mean(~roots | has_child)) if trace.num_requests else 0.0,
+        multi_turn_share=float(np.mean(trace.turn >= 2)) if trace.num_requests else 0.0,
         type_share={name: float(c / trace.num_requests) for name, c in zip(trace.type_names, counts,
                                                                             strict=True) if c},
     )

@@ -24,8 +24,15 @@ _REPORTED_ENV = "KVTRACE_PLUGIN_REPORTED"  # set after logging once; child proce
 
 
 def _logger() -> logging.Logger:
-    # A child of vLLM's "vllm" logger, so lines carry vLLM's format and reach its handler.
-    return logging.getLogger("vllm.kvtrace_wa")
+    """The plugin's logger: its own stderr handler, as vLLM configures its logging after loading plugins."""
+    log = logging.getLogger("kvtrace.vllm_plugin")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [kvtrace pid=%(process)d] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
 
 
 def _report_once(level: int, message: str) -> None:

@@ -6,11 +6,39 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tongyi_trace.report.model import Section
-from tongyi_trace.report.sections import provenance
+from tongyi_trace.report.sections import (
+    fit,
+    hit_ratio,
+    kv_size,
+    lifespan,
+    live_set,
+    next_turn,
+    provenance,
+    request_mix,
+    reuse_time,
+    skew,
+    spatial,
+    turn_hits,
+    user_heatmap,
+)
 from tongyi_trace.run import RunDir
 
 Builder = Callable[[RunDir], list[Section]]
 
 BUILDERS: list[Builder] = [
     provenance.build,
+    # characterization (`kvtrace analyze`), in the paper's figure order
+    hit_ratio.build,
+    request_mix.build,
+    turn_hits.build,
+    user_heatmap.build,
+    skew.build,
+    next_turn.build,
+    reuse_time.build,
+    spatial.build,
+    lifespan.build,
+    kv_size.build,
+    live_set.build,
+    # the reuse model (`kvtrace fit`)
+    fit.build,
 ]

@@ -1,0 +1,100 @@
+"""Property tests: on random small traces the analyses agree with a brute-force reference and with
+each other (hits + misses = references, content >= prefix hits, spatial full window = ideal, ...)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tongyi_trace.analysis import run_analyses
+from tongyi_trace.run import RunDir
+from tongyi_trace.trace.ingest import ingest_trace
+
+request = st.tuples(
+    st.lists(st.integers(0, 4), min_size=1, max_size=6),  # hash ids from a small alphabet: much sharing
+    st.integers(0, 200).map(lambda q: q / 4),  # gap to the previous request, s (exact binary fractions)
+    st.sampled_from(["text", "file"]),
+)
+
+
+def _brute_force(reqs: list[tuple[list[int], float, str]]) -> dict[str, Any]:
+    """Ideal prefix/content hits, reuse gaps, head-half spatial hits and the live-set peak, by hand."""
+    seen_prefix: set[tuple[int, ...]] = set()
+    seen_ids: set[int] = set()
+    head_cached: set[tuple[int, ...]] = set()
+    last_seen: dict[tuple[int, ...], float] = {}
+    hits = content = head_hits = 0
+    gaps: list[float] = []
+    t = 0.0
+    times = []
+    for ids, gap, _ in reqs:
+        t += gap
+        times.append(t)
+        prefixes = [tuple(ids[: p + 1]) for p in range(len(ids))]
+        hits += sum(p in seen_prefix for p in prefixes)
+        content += sum(i in seen_ids for i in ids)
+        for p in prefixes:
+            if p in last_seen:
+                gaps.append(t - last_seen[p])
+            last_seen[p] = t
+        for p in prefixes:  # prefix matching against the head-half cache
+            if p not in head_cached:
+                break
+            head_hits += 1
+        head_cached.update(p for i, p in enumerate(prefixes) if 2 * i < len(ids))
+        seen_prefix.update(prefixes)
+        seen_ids.update(ids)
+    # live set: a block is live from its first request to its last one (exclusive)
+    first: dict[tuple[int, ...], int] = {}
+    last: dict[tuple[int, ...], int] = {}
+    for r, (ids, _, _) in enumerate(reqs):
+        for p in range(len(ids)):
+            first.setdefault(tuple(ids[: p + 1]), r)
+            last[tuple(ids[: p + 1])] = r
+    peak = max(sum(first[b] <= r < last[b] for b in first) for r in range(len(reqs)))
+    return {"hits": hits, "content": content, "gaps": gaps, "head_hits": head_hits, "peak": peak,
+            "refs": sum(len(ids) for ids, _, _ in reqs)}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=st.lists(request, min_size=1, max_size=10))
+def test_analyses_match_brute_force(tmp_path: Path, reqs: list[tuple[list[int], float, str]]) -> None:
+    t = 0.0
+    lines = []
+    for i, (ids, gap, typ) in enumerate(reqs):
+        t += gap
+        lines.append(json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": t,
+                                 "input_length": 16 * len(ids), "output_length": 1, "type": typ, "turn": 1,
+                                 "hash_ids": ids}))
+    trace = tmp_path / f"p{abs(hash(tuple(lines)))}.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    run_dir = trace.with_suffix(".run")
+    ingest_trace(trace, run_dir)
+    rep = run_analyses(RunDir(run_dir), write=False)
+    ref = _brute_force(reqs)
+    hr = rep.results["hit_ratio"].headline
+    assert hr["num_block_refs"] == ref["refs"]
+    assert hr["num_hit_blocks"] == ref["hits"]
+    assert hr["content_hit_ratio"] == pytest.approx(ref["content"] / ref["refs"])
+    assert hr["content_hit_ratio"] >= hr["hit_ratio"]
+    assert 0.0 <= hr["token_hit_ratio"] <= 1.0
+    rt = rep.results["reuse_time"].headline
+    assert rt["num_reuses"] == ref["hits"] == rep.results["skew"].headline["num_reuses"]
+    if ref["gaps"]:
+        within = sum(g <= 10.0 for g in ref["gaps"]) / len(ref["gaps"])
+        assert rt["share_within_10s"] == pytest.approx(within)
+    sp = rep.results["spatial"]
+    assert sp.headline["full_window_hit_ratio"] == pytest.approx(hr["hit_ratio"])
+    assert sp.headline["head_50pct_hit_ratio"] == pytest.approx(ref["head_hits"] / ref["refs"])
+    heat = sp.tables["heatmap"].filter(sp.tables["heatmap"]["type"].is_null(),
+                                       sp.tables["heatmap"]["offset_pct"] == 0).sort("stride_pct")
+    assert heat["num_hit_blocks"].is_sorted()  # a longer head window caches a superset
+    assert rep.results["live_set"].headline["peak_live_blocks"] == ref["peak"]
+    life = rep.results["lifespan"].headline
+    assert life["num_blocks"] == len({tuple(ids[: p + 1]) for ids, _, _ in reqs for p in range(len(ids))})
+    assert 0.0 <= life["p50_s"] <= life["p90_s"] <= life["p99_s"]

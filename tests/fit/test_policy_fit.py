@@ -1,0 +1,214 @@
+"""`fit_policy`: accuracy on a generator with known parameters, fallback, life_s, artifacts, policy file."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.fit.events import load_accesses, parse_window, window_samples
+from tongyi_trace.fit.params import POLICY_SCHEMA, load_policy
+from tongyi_trace.fit.policy_fit import fit_policy
+from tongyi_trace.run import open_run
+
+KNOWN = {  # the generator's parameters (tests/fit/conftest.py KNOWN_SPEC): p, lambda
+    "text-1": (0.5, 1 / 60), "text-2": (0.7, 1 / 120), "text-3+": (0.8, 1 / 200),
+    "file-1": (0.6, 1 / 600), "file-2": (0.4, 1 / 300), "file-3+": (0.5, 1 / 100),
+}
+
+
+def check_recovery(rows: list[dict]) -> None:
+    checked = 0
+    for r in rows:
+        if r["category"] == "default" or r["train_num_samples"] < 2000:
+            continue
+        p, rate = KNOWN[r["category"]]
+        assert abs(r["reuse_prob"] - p) <= 0.05, r
+        assert abs(r["rate_per_s"] / rate - 1) <= 0.10, r
+        assert r["mean_reuse_s"] == pytest.approx(1 / r["rate_per_s"])
+        assert not r["fallback"]
+        checked += 1
+    assert checked == len(KNOWN)  # every category is well sampled: nothing was skipped
+
+
+def test_recovers_known_parameters_over_the_whole_trace(known_run: Path, tmp_path: Path) -> None:
+    out = fit_policy(known_run, tmp_path / "policy.json")
+    check_recovery(out.rows)
+    assert out.train.start_s == 0.0 and out.train.include_end
+
+
+def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path, tmp_path: Path) -> None:
+    out = fit_policy(known_run, tmp_path / "policy.json", train="0:4800")
+    check_recovery(out.rows)
+    file1 = next(r for r in out.rows if r["category"] == "file-1")
+    assert file1["train_num_samples"] >= 2000
+    # censoring matters there: ignoring it (mean of the observed reuse times) is off by far more than 10%
+    acc = load_accesses(open_run(known_run))
+    s = window_samples(acc, parse_window("0:4800", acc.trace_end_s, "--train"))["file-1"]
+    naive_rate = s.num_observed / float(np.sum(s.time_s[s.observed] * s.count[s.observed]))
+    assert naive_rate / KNOWN["file-1"][1] - 1 > 0.2
+    assert file1["train_num_observed"] < file1["train_num_samples"] * KNOWN["file-1"][0]
+
+
+def test_test_window_reports_both_fits(known_run: Path, tmp_path: Path) -> None:
+    out = fit_policy(known_run, tmp_path / "p.json", train="0:3600", test="3600:")
+    rows = {r["category"]: r for r in out.rows}
+    assert list(rows)[-1] == "default"
+    for name in KNOWN:
+        r = rows[name]
+        assert r["test_num_samples"] > 1000
+        assert abs(r["test_reuse_prob"] - KNOWN[name][0]) < 0.1
+        # the same process in both halves: the train fit predicts the test data almost as well as its own
+        assert r["test_ks_policy"] < 0.06 and r["test_ks_own"] < 0.06
+    table = json.loads((known_run / "fit" / "train_test.json").read_text())
+    assert table["schema"] == "kvtrace.fit-table/1"
+    assert table["test"]["start_s"] == 3600.0 and table["rows"] == json.loads(json.dumps(out.rows))
+    cdf = pl.read_parquet(known_run / "fit" / "cdf.parquet")
+    assert cdf.columns == ["category", "window", "d_s", "empirical_cdf", "fitted_cdf", "policy_cdf"]
+    assert set(cdf["window"]) == {"train", "test"}
+    assert set(cdf["category"]) == {*KNOWN, "default"}
+    one = cdf.filter((pl.col("category") == "text-1") & (pl.col("window") == "train")).drop_nulls()
+    # the CDF curves: monotone, and the KM curve stays within the KS distance of the fit
+    assert (one["empirical_cdf"].diff().drop_nulls() >= 0).all()
+    assert (one["empirical_cdf"] - one["fitted_cdf"]).abs().max() <= rows["text-1"]["train_ks"] + 1e-12
+
+
+def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path) -> None:
+    out = fit_policy(known_run, tmp_path / "sub" / "policy.json", min_samples=10)
+    pol = load_policy(tmp_path / "sub" / "policy.json")
+    assert pol == out.policy
+    assert load_policy(known_run / "fit" / "policy.json") == pol
+    doc = json.loads((tmp_path / "sub" / "policy.json").read_text())
+    assert doc["schema"] == POLICY_SCHEMA
+    assert doc["trace"] == {"source": "tests/fit generator", "sha256": "0" * 64, "format": "bailian",
+                            "block_size": 16}
+    assert doc["turn_buckets"] == [1, 2, 3]
+    assert set(doc["categories"]) == set(KNOWN)
+    assert set(doc["categories"]["text-1"]) == {"reuse_prob", "rate_per_s", "mean_reuse_s", "life_s",
+                                                "num_samples", "ks", "fallback"}
+    assert "workload" in doc
+    assert doc["default"]["num_samples"] == sum(c["num_samples"] for c in doc["categories"].values())
+
+
+# ---- small hand-made runs -------------------------------------------------------------------------
+
+def conversation(start_s: float, gaps_s: list[float], type_: str | None, first_id: int,
+                 ) -> list[tuple[float, str | None, int | None, list[int]]]:
+    """One conversation: a turn per gap boundary, each holding the previous turn's blocks plus one."""
+    out, t = [], start_s
+    for k in range(len(gaps_s) + 1):
+        out.append((t, type_, (k + 1) if type_ else None, list(range(first_id, first_id + k + 1))))
+        if k < len(gaps_s):
+            t += gaps_s[k]
+    return out
+
+
+def test_fallback_to_type_then_to_all(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    reqs = []
+    for i in range(40):  # text: 40 two-turn conversations (text-1: 40 samples, text-2: 80)
+        reqs += conversation(i * 10.0, [5.0], "text", 1000 * i)
+    reqs += conversation(5.0, [], "file", 10**6)  # file-1: a single sample
+    out = fit_policy(make_run(reqs), tmp_path / "p.json", min_samples=100)
+    rows = {r["category"]: r for r in out.rows}
+    assert rows["text-1"]["pool"] == "type:text" and rows["text-2"]["pool"] == "type:text"
+    assert rows["file-1"]["pool"] == "all"  # its type's pool (1 sample) is too small too
+    cats = out.policy.categories
+    assert all(c.fallback for c in cats.values())
+    assert cats["text-1"].rate_per_s == cats["text-2"].rate_per_s  # the same pooled fit
+    assert (cats["file-1"].reuse_prob, cats["file-1"].rate_per_s) == (out.policy.default.reuse_prob,
+                                                                        out.policy.default.rate_per_s)
+    assert cats["file-1"].num_samples == 1  # its own count, not the pool's
+    assert rows["text-1"]["own_reuse_prob"] != cats["text-1"].reuse_prob
+    # pooled text fit: 40 reuses after 5 s (text-1), 40 + 80 + 1 censored: exactly p = 40/121 (closed form)
+    assert cats["text-1"].reuse_prob == pytest.approx(40 / 120, abs=0.01)
+    assert cats["text-1"].rate_per_s == pytest.approx(1 / 5, rel=0.01)
+    # default: not a fallback as long as the whole trace has enough samples
+    assert out.policy.default.fallback is False
+
+
+def test_traces_without_types_have_one_category(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    reqs = conversation(0.0, [2.0, 4.0], None, 0) + conversation(1.0, [8.0], None, 100)
+    out = fit_policy(make_run(reqs), tmp_path / "p.json", min_samples=1)
+    assert list(out.policy.categories) == ["all"]
+    assert out.policy.categories["all"].reuse_prob == out.policy.default.reuse_prob
+
+
+def test_life_s_quantile_and_override(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    # text conversations with gaps: lifespans of their blocks are known exactly
+    reqs = conversation(0.0, [10.0, 10.0], "text", 0) + conversation(100.0, [40.0], "text", 100)
+    run = make_run(reqs)
+    # text-1 blocks: first conv block 0 lives 0..20 -> 20; second conv block 100 lives 100..140 -> 40
+    # text-2 block 1 (first seen at 10) lives 10..20 -> 10
+    out = fit_policy(run, tmp_path / "p.json", min_samples=1, life_quantile=1.0)
+    assert out.policy.categories["text-1"].life_s == 40.0
+    assert out.policy.categories["text-2"].life_s == 10.0
+    assert out.policy.default.life_s == 40.0
+    out = fit_policy(run, tmp_path / "p.json", min_samples=1, life_quantile=0.0)
+    assert out.policy.categories["text-1"].life_s == 20.0
+    out = fit_policy(run, tmp_path / "p.json", min_samples=1, life_s=123.0)
+    assert {c.life_s for c in out.policy.categories.values()} == {123.0}
+    assert out.policy.default.life_s == 123.0
+    # text-3+ (turn 3 of the first conversation) reuses nothing: p = 0, mean reuse written as null
+    cat = out.policy.categories["text-3+"]
+    assert cat.reuse_prob == 0.0 and math.isinf(cat.mean_reuse_s)
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["categories"]["text-3+"]["mean_reuse_s"] is None
+    assert math.isinf(load_policy(tmp_path / "p.json").categories["text-3+"].mean_reuse_s)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"min_samples": 0}, "--min-samples"),
+    ({"life_quantile": 1.5}, "--life-quantile"),
+    ({"life_s": -1.0}, "--life-s"),
+    ({"train": "500:600"}, "no block access in this window"),
+    ({"train": "0:x"}, "must be numbers"),
+    ({"test": "9:3"}, "--test"),
+])
+def test_bad_options(make_run: Callable[..., Path], tmp_path: Path, kwargs: dict, message: str) -> None:
+    run = make_run(conversation(0.0, [2.0], "text", 0))
+    with pytest.raises(UsageError, match=message):
+        fit_policy(run, tmp_path / "p.json", **kwargs)
+
+
+def test_not_a_run_folder(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a kvtrace run folder"):
+        fit_policy(tmp_path, tmp_path / "p.json")
+
+
+# ---- policy file errors (load_policy) ------------------------------------------------------------
+
+@pytest.fixture
+def policy_doc(make_run: Callable[..., Path], tmp_path: Path) -> dict:
+    fit_policy(make_run(conversation(0.0, [2.0, 3.0], "text", 0)), tmp_path / "good.json", min_samples=1)
+    return json.loads((tmp_path / "good.json").read_text())
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(schema="kvtrace.policy/2"), r"field 'schema' is 'kvtrace.policy/2'"),
+    (lambda d: d.pop("default"), r"field 'default' is missing"),
+    (lambda d: d["categories"]["text-1"].pop("rate_per_s"), r"field 'categories.text-1.rate_per_s' is missing"),
+    (lambda d: d["categories"]["text-2"].update(rate_per_s=-0.5), r"'categories.text-2.rate_per_s' is negative"),
+    (lambda d: d["default"].update(reuse_prob=1.5), r"'default.reuse_prob' is 1.5 > 1"),
+    (lambda d: d["default"].update(life_s="10"), r"'default.life_s' must be a finite number"),
+])
+def test_policy_file_errors(policy_doc: dict, tmp_path: Path, edit: Callable[[dict], object],
+                            message: str) -> None:
+    edit(policy_doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(policy_doc))
+    with pytest.raises(InputError, match=message) as e:
+        load_policy(bad)
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_policy_file_not_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "kvtrace.policy/1",\n  oops}')
+    with pytest.raises(InputError, match=r"bad.json:2: invalid JSON"):
+        load_policy(bad)

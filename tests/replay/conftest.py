@@ -1,0 +1,47 @@
+"""Fixtures of the replay tests: the tiny Bailian fixture ingested once, and the stand-in endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tongyi_trace.replay.standin import StandInState, serve
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_bailian_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fixtures/tiny_bailian.jsonl ingested (6 requests, 16-token blocks); replays go elsewhere."""
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    ingest_trace(tiny_bailian_path, out)
+    return out
+
+
+@pytest.fixture
+def fresh_tiny_run(tiny_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny run folder (each replay test writes its own replay/ artifacts)."""
+    import shutil
+
+    dst = tmp_path / "run"
+    shutil.copytree(tiny_run, dst)
+    return dst
+
+
+@pytest.fixture
+def standin() -> Iterator[Callable[..., tuple[str, StandInState]]]:
+    """Factory: start a stand-in OpenAI-compatible endpoint (NOT vLLM) on a free port; stopped at teardown."""
+    servers = []
+
+    def start(**kwargs: float) -> tuple[str, StandInState]:
+        state = StandInState(**kwargs)  # type: ignore[arg-type]
+        httpd = serve(state)
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}", state
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()

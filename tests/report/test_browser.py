@@ -1,0 +1,70 @@
+"""The report in a real headless Chromium (Debian's, via Playwright): it loads offline with no console
+error, every figure has drawn data, hostile trace strings show as text and run nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tongyi_trace.report import render_report, screenshot
+from tongyi_trace.report.browser import find_chromium, open_page, wait_until_drawn
+from tongyi_trace.run import RunDir
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(find_chromium() is None,
+                       reason="chromium is not installed: run 'make browser' (Debian chromium, chromium-driver)"),
+]
+
+EVIL = "<script>alert(1)</script>"
+
+# Per figure: number of traces, and per trace how many finite points it drew (calcdata) and its type;
+# plus how many SVG/canvas marks the plot holds.
+_FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+  id: gd.id,
+  traces: (gd.calcdata || []).map((cd, i) => ({
+    type: gd._fullData[i].type,
+    visible: gd._fullData[i].visible,
+    points: cd.filter(p => [p.x, p.y, p.z, p.s, p.v].some(v => v !== undefined && v !== null &&
+                                                               (typeof v !== 'number' || isFinite(v)))).length,
+  })),
+  marks: gd.querySelectorAll('path.js-line, .point, .bars path, .heatmaplayer image, .hm image').length,
+}))"""
+
+
+def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
+    html = render_report(evil_run)
+    errors: list[str] = []
+    dialogs: list[str] = []
+    refused: list[str] = []
+    with open_page(html) as page:
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.on("requestfailed", lambda r: refused.append(r.url))
+        page.reload(wait_until="load")  # listeners are attached: load again so nothing is missed
+        wait_until_drawn(page)
+        figures: list[dict[str, Any]] = page.evaluate(_FIGURES_JS)
+        expected = page.evaluate("() => window.kvReport.numFigures")
+        body_text = page.inner_text("body")
+    assert errors == []
+    assert dialogs == []  # the hostile type never ran
+    assert refused == []  # nothing outside the file was requested: the page is self-contained
+    assert len(figures) == expected
+    for fig in figures:
+        assert fig["traces"], f"{fig['id']}: no traces"
+        drawn = [t for t in fig["traces"] if t["visible"] is True]
+        assert drawn and all(t["points"] > 0 for t in drawn), f"{fig['id']}: a trace without points {fig}"
+        assert fig["marks"] > 0, f"{fig['id']}: nothing drawn on the plot"
+    assert EVIL in body_text  # the hostile string is shown, literally, as text
+
+
+def test_screenshot_is_a_png_of_the_drawn_page(evil_run: RunDir, tmp_path: Path) -> None:
+    png = screenshot(render_report(evil_run), tmp_path / "report.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(data[16:20], "big")
+    height = int.from_bytes(data[20:24], "big")
+    assert width == 1280 and height > 900  # full page, taller than one viewport

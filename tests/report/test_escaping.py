@@ -1,0 +1,84 @@
+"""Strings from the trace can never become markup: HTML text is escaped, embedded JSON cannot close
+its <script> element, and Plotly labels are entity-escaped (shown literally)."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tongyi_trace.report import render_report
+from tongyi_trace.report.figures import dumps_script_safe, figure_json, label, new_figure
+from tongyi_trace.run import RunDir
+
+EVIL = "<script>alert(1)</script>"  # the type the fixture trace uses (conftest.py)
+EVIL_USER = "</script><img src=x onerror=alert(2)>"  # and one user id
+
+
+class _Scripts(HTMLParser):
+    """Collects every <script> element (attributes and text) and every element name seen."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self.tags: list[str] = []
+        self._in_script: dict[str, str | None] | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "script":
+            self._in_script, self._text = dict(attrs), []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._in_script is not None:
+            self.scripts.append((self._in_script, "".join(self._text)))
+            self._in_script = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script is not None:
+            self._text.append(data)
+
+
+def _parse(html: str) -> _Scripts:
+    p = _Scripts()
+    p.feed(html)
+    p.close()
+    return p
+
+
+def test_hostile_trace_strings_render_as_text(evil_run: RunDir) -> None:
+    html = render_report(evil_run).read_text()
+    assert EVIL not in html and EVIL_USER not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown, as text (source path, findings...)
+    parsed = _parse(html)
+    # Exactly the page's own scripts: plotly.js, the template, the figures, the drawing code.
+    kinds = [attrs.get("type") or "js" for attrs, _ in parsed.scripts]
+    assert kinds == ["js", "application/json", "application/json", "js"]
+    assert "img" not in parsed.tags
+    for attrs, text in parsed.scripts:
+        if attrs.get("type") == "application/json":
+            json.loads(text)  # each JSON payload is intact: nothing closed it early
+
+
+@given(st.text())
+def test_script_safe_json_round_trips_and_cannot_close_a_script(s: str) -> None:
+    out = dumps_script_safe({"k": s, "evil": EVIL})
+    assert "<" not in out and ">" not in out and "&" not in out
+    assert "\u2028" not in out and "\u2029" not in out
+    assert json.loads(out) == {"k": s, "evil": EVIL}
+
+
+def test_figure_json_escapes_labels_and_script_breakouts() -> None:
+    fig = new_figure(x_title=label(EVIL))
+    fig.add_bar(x=[label(EVIL), label(EVIL_USER)], y=[1, 2], name=label(EVIL))
+    text = figure_json(fig)
+    assert "<" not in text and ">" not in text
+    data = json.loads(text)
+    # Plotly renders entities literally, so the label shows the original string and no tag is parsed.
+    assert data["data"][0]["name"] == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert data["data"][0]["x"] == ["&lt;script&gt;alert(1)&lt;/script&gt;",
+                                    "&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;"]
+    assert "template" not in data["layout"] or not data["layout"]["template"]

@@ -1,0 +1,179 @@
+"""The plugin inside the real CPU vLLM engine: it decides evictions, and refuses cleanly when it must."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.vllm_plugin.conftest import HAND_POLICY, require_engine
+from tongyi_trace.replay import engine
+from tongyi_trace.vllm_plugin.stats import read_stats
+
+pytestmark = pytest.mark.engine
+
+NUM_BLOCKS = 64          # x 32 tokens: room for 4 of the 16-block prompts below
+PROMPT_TOKENS = 512
+
+
+def complete(url: str, model: str, prompt: list[int], category: str | None) -> int:
+    """Send one streamed completion; return the engine's cached_tokens for it."""
+    body: dict[str, object] = {"model": model, "prompt": prompt, "max_tokens": 1, "min_tokens": 1,
+                               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if category is not None:
+        body["vllm_xargs"] = {"kv_category": category}
+    cached = -1
+    with httpx.Client(timeout=300) as c, c.stream("POST", f"{url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return cached
+
+
+def cyclic_workload(url: str, model: str) -> dict[str, list[int]]:
+    """6 distinct 16-block prompts (2 text-2, 2 text-1, 2 with no category) sent 3 times round-robin
+    into a 64-block cache: under LRU every repeat misses (the cyclic pattern); WA keeps text-2."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, 30000) for _ in range(PROMPT_TOKENS)] for _ in range(6)]
+    cats = ["text-2", "text-1", None, "text-2", "text-1", None]
+    hits: dict[str, list[int]] = {}
+    for rnd in range(3):
+        for p, cat in zip(prompts, cats, strict=True):
+            got = complete(url, model, p, cat)
+            if rnd > 0:
+                hits.setdefault(str(cat), []).append(got)
+    return hits
+
+
+@pytest.fixture(scope="module")
+def wa_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[engine.EngineState, Path]]:
+    require_engine()
+    d = tmp_path_factory.mktemp("wa_engine")
+    policy = d / "policy.json"
+    policy.write_text(json.dumps(HAND_POLICY))
+    stats_dir = d / "stats"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVTRACE_STATS_DIR", str(stats_dir))
+        st = engine.start(num_blocks=NUM_BLOCKS, block_size=32, max_model_len=1024, eviction="wa",
+                          policy=policy, name="test-plugin-wa")
+    try:
+        yield st, stats_dir
+    finally:
+        engine.stop("test-plugin-wa")
+
+
+def test_plugin_decides_evictions_and_keeps_the_hot_category(wa_engine: tuple[engine.EngineState, Path]) -> None:
+    st, stats_dir = wa_engine
+    hits = cyclic_workload(st.url, st.served_model_name)
+    # text-2 repeats hit all but the last block (vLLM recomputes the last token): 15 x 32 tokens
+    assert hits["text-2"] == [480] * 4
+    assert hits["text-1"] == [0] * 4
+    stats = None
+    for _ in range(50):  # the engine writes its stats file within a second
+        stats = read_stats(stats_dir)
+        if stats and stats["evictions"] >= 16 * 4:
+            break
+        subprocess.run(["sleep", "0.2"], check=True)
+    assert stats is not None, f"no stats file in {stats_dir}"
+    assert stats["mode"] == "wa" and stats["fallbacks"] == 0
+    assert stats["evictions"] > 0
+    assert set(stats["evictions_by_category"]) <= {"text-1", "default"}
+    assert stats["decision_mean_us"] is not None and stats["decision_p99_us"] >= stats["decision_p50_us"]
+    log = Path(st.log_path).read_text()
+    assert log.count("kvtrace plugin: eviction 'wa' active") == 1
+
+
+def _plugin_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if "kvtrace plugin:" in ln]
+
+
+def test_wrong_schema_policy_serves_with_lru_and_says_why_once(tmp_path: Path) -> None:
+    require_engine()
+    bad = tmp_path / "policy.json"
+    bad.write_text(json.dumps({**HAND_POLICY, "schema": "kvtrace.policy/0"}))
+    log_path = tmp_path / "engine.log"
+    port = engine.free_port()
+    cmd = [str(engine.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(engine.write_model_dir(1024)), "--served-model-name", "m",
+           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", "32",
+           "--max-model-len", "1024", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+           "--host", "127.0.0.1", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_")}
+    env.update(KVTRACE_POLICY=str(bad), KVTRACE_STATS_DIR=str(tmp_path / "stats"), VLLM_CPU_KVCACHE_SPACE="1")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    with log_path.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):
+            assert proc.poll() is None, f"engine died: {engine.tail_text(log_path)}"
+            if engine._healthy(url):
+                break
+            subprocess.run(["sleep", "0.5"], check=True)
+        hits = cyclic_workload(url, "m")
+    finally:
+        engine._kill_group(proc.pid)
+    assert hits["text-2"] == [0] * 4, "LRU on a cyclic pattern: every repeat misses"
+    lines = _plugin_lines(log_path.read_text())
+    assert len(lines) == 1, lines
+    assert "'schema' is 'kvtrace.policy/0'" in lines[0] and "stays vLLM's LRU" in lines[0]
+    assert not (tmp_path / "stats").exists()
+
+
+PROBE = r"""
+import multiprocessing as mp, sys
+def probe():
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.v1.core import block_pool, kv_cache_utils
+    pool = block_pool.BlockPool(8, True, 32)
+    return type(pool.free_block_queue) is kv_cache_utils.FreeKVCacheBlockQueue
+def child(q):
+    q.put(probe())
+if __name__ == "__main__":
+    ok = probe()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start(); child_ok = q.get(); p.join()
+    print("STOCK_QUEUE", ok, child_ok)
+"""
+
+
+@pytest.mark.parametrize("case", ["unsupported_version", "wrong_schema"])
+def test_refusal_leaves_vllm_untouched_and_logs_once_per_process_tree(case: str, tmp_path: Path) -> None:
+    """vLLM's own plugin loader in a parent and a spawned child (as API server and EngineCore)."""
+    require_engine()
+    policy = tmp_path / "policy.json"
+    doc = dict(HAND_POLICY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_")}
+    if case == "unsupported_version":
+        env["KVTRACE_SUPPORTED_VLLM"] = "0.31.0"
+    else:
+        doc["schema"] = "something-else/9"
+    policy.write_text(json.dumps(doc))
+    env.update(KVTRACE_POLICY=str(policy), KVTRACE_STATS_DIR=str(tmp_path / "stats"))
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    out = subprocess.run([str(engine.venv_python()), str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "STOCK_QUEUE True True" in out.stdout
+    lines = _plugin_lines(out.stderr)
+    assert len(lines) == 1, lines
+    expect = "vLLM 0.32.0 is not the version this plugin was written against (0.31.0)" \
+        if case == "unsupported_version" else "field 'schema' is 'something-else/9'"
+    assert expect in lines[0] and "stays vLLM's LRU" in lines[0]
+    assert not (tmp_path / "stats").exists()

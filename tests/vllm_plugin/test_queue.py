@@ -1,0 +1,195 @@
+"""The shared WA priority and the plugin's free-block queue, outside vLLM (pure Python, real code)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.wa_priority import evicts_before, reuse_prob
+
+
+@dataclass
+class Block:
+    """The two attributes of vLLM's KVCacheBlock the queue reads."""
+
+    block_id: int
+    block_hash: object = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+HOT = CategoryPriority(reuse_prob=0.9, rate_per_s=0.1, life_s=10.0)
+COLD = CategoryPriority(reuse_prob=0.1, rate_per_s=0.1, life_s=10.0)
+
+
+def make(mode: str, num_blocks: int = 8, cats: dict[str, CategoryPriority] | None = None,
+         **kw: object) -> tuple[PolicyFreeQueue, list[Block], Clock]:
+    clock = Clock()
+    blocks = [Block(i) for i in range(num_blocks)]
+    policy = QueuePolicy(mode=mode, categories=cats if cats is not None else {"hot": HOT, "cold": COLD},
+                         default=COLD, **kw)  # type: ignore[arg-type]
+    return PolicyFreeQueue(blocks, policy, clock_s=clock), blocks, clock
+
+
+def release(q: PolicyFreeQueue, blocks: list[Block], category: str | None) -> None:
+    """What vLLM does when a request finishes: annotate, then append its cached blocks tail first."""
+    for b in blocks:
+        b.block_hash = ("h", b.block_id)
+    q.note_request(blocks, category)
+    q.append_n(list(reversed(blocks)))
+
+
+def test_reuse_prob_known_values() -> None:
+    # p exp(-lambda t) (1 - exp(-lambda life)) with p=0.5, lambda=ln 2, t=1, life=1 -> 0.5 * 0.5 * 0.5
+    assert reuse_prob(0.5, math.log(2), 1.0, 1.0, True, False) == pytest.approx(0.125)
+    # without the lifespan regulator the window is unbounded: 0.5 * 0.5
+    assert reuse_prob(0.5, math.log(2), 1.0, 1.0, False, False) == pytest.approx(0.25)
+    # conditional: divided by 1 - F(t) = 1 - 0.5 * (1 - 0.5) = 0.75
+    assert reuse_prob(0.5, math.log(2), 1.0, 1.0, True, True) == pytest.approx(0.125 / 0.75)
+
+
+def test_evicts_before_known_order() -> None:
+    # Lower probability first; on equal probability the deeper block (larger offset) first.
+    cands = [(0.3, 0), (0.1, 0), (0.3, 5), (0.1, 2)]
+    order = sorted(range(4), key=lambda i: (cands[i][0], -cands[i][1]))
+    assert order == [3, 1, 2, 0]
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            assert evicts_before(*cands[a], *cands[b], use_offset=True)
+            assert not evicts_before(*cands[b], *cands[a], use_offset=True)
+    assert not evicts_before(0.2, 9, 0.2, 1, use_offset=False)
+
+
+def test_wa_evicts_cold_category_first_even_if_more_recent() -> None:
+    q, b, clock = make("wa")
+    q.popleft_n(8)  # allocate everything
+    release(q, b[0:2], "hot")       # older, but a hot category
+    clock.now_s = 1.0
+    release(q, b[2:4], "cold")      # newer, but cold
+    clock.now_s = 2.0
+    got = [x.block_id for x in q.popleft_n(4)]
+    # cold first, deeper block (offset 1 = block 3) before offset 0; then hot, deeper first
+    assert got == [3, 2, 1, 0]
+    assert q.stats.evictions == 4
+    assert q.stats.evictions_by_category == {"cold": 2, "hot": 2}
+
+
+def test_wa_old_hot_block_loses_to_fresh_cold_block() -> None:
+    # After 60 s the hot block's reuse prob 0.9 e^-6 (..) falls under a fresh cold block's 0.1 (..).
+    q, b, clock = make("wa")
+    q.popleft_n(8)
+    release(q, b[0:1], "hot")
+    clock.now_s = 60.0
+    release(q, b[1:2], "cold")
+    assert [x.block_id for x in q.popleft_n(2)] == [0, 1]
+
+
+def test_unknown_or_missing_category_is_default() -> None:
+    q, b, _ = make("wa")
+    q.popleft_n(8)
+    release(q, b[0:1], "no-such-category")
+    release(q, b[1:2], None)
+    assert q.free_cached_blocks_by_category() == {"default": 2}
+
+
+def test_lru_matches_vllm_order() -> None:
+    # vLLM: least recently freed first; within one request the tail block first.
+    q, b, clock = make("lru")
+    q.popleft_n(8)
+    release(q, b[0:3], "hot")
+    clock.now_s = 1.0
+    release(q, b[3:5], "cold")
+    q.remove(b[1])                   # a prefix hit pins block 1 again
+    clock.now_s = 2.0
+    release(q, [b[1]], "hot")
+    assert [x.block_id for x in q.popleft_n(5)] == [2, 0, 4, 3, 1]
+
+
+def test_fifo_ignores_hits() -> None:
+    q, b, clock = make("fifo")
+    q.popleft_n(8)
+    release(q, b[0:2], "hot")        # cached first: 1 then 0 (tail first)
+    clock.now_s = 1.0
+    release(q, b[2:3], "cold")
+    q.remove(b[0])
+    clock.now_s = 2.0
+    release(q, [b[0]], "cold")       # re-released after a hit: keeps its place in FIFO
+    assert [x.block_id for x in q.popleft_n(3)] == [1, 0, 2]
+
+
+def test_uncached_blocks_go_first_and_null_block_order() -> None:
+    q, b, _ = make("wa", num_blocks=4)
+    assert q.popleft().block_id == 0           # the null block, as in vLLM
+    got = q.popleft_n(3)
+    release(q, got[:1], "hot")
+    q.prepend_n(got[1:])                        # blocks with no hash: reused first, in the given order
+    assert [x.block_id for x in q.popleft_n(3)] == [2, 3, 1]
+    assert q.num_free_blocks == 0
+    with pytest.raises(ValueError):
+        q.popleft()
+
+
+def test_error_in_decision_falls_back_to_lru_and_is_counted() -> None:
+    q, b, clock = make("wa")
+    q.popleft_n(8)
+    release(q, b[0:1], "hot")
+    clock.now_s = 5.0
+    release(q, b[1:2], "cold")      # WA would evict block 1 (cold) first
+    q._p[q.category_index("hot")] = "corrupt"  # type: ignore[call-overload]  # an internal error
+    assert q.popleft().block_id == 0  # LRU's choice: the least recently freed
+    assert q.stats.fallbacks == 1 and "TypeError" in q.stats.fallback_reasons[0]
+
+
+def test_remove_of_a_busy_block_raises_like_vllm() -> None:
+    q, b, _ = make("wa", num_blocks=2)
+    blk = q.popleft()
+    with pytest.raises(RuntimeError):
+        q.remove(blk)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "hit", "tick"]), st.integers(0, 7),
+                         st.sampled_from(["hot", "cold", "x", None])), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, mode=st.sampled_from(["wa", "lru", "fifo"]))
+def test_queue_accounting_property(ops: list[tuple[str, int, str | None]], mode: str) -> None:
+    """Whatever happens, free + busy = all blocks, nothing is handed out twice, LRU = vLLM order."""
+    q, blocks, clock = make(mode, num_blocks=8)
+    busy: set[int] = set()
+    free_cached: list[int] = []     # release order, for the LRU reference
+    for op, k, cat in ops:
+        if op == "alloc" and q.num_free_blocks > 0:
+            n = min(q.num_free_blocks, 1 + k % 3)
+            got = [x.block_id for x in q.popleft_n(n)]
+            assert not busy & set(got) and len(set(got)) == n
+            if mode == "lru":  # uncached blocks first, then cached ones in release order
+                reused = [i for i in got if i in free_cached]
+                assert reused == free_cached[: len(reused)]
+            free_cached = [i for i in free_cached if i not in got]
+            busy |= set(got)
+        elif op == "free" and busy:
+            rel = sorted(busy)[: 1 + k % 3]
+            release(q, [blocks[i] for i in rel], cat)
+            free_cached += list(reversed(rel))
+            busy -= set(rel)
+        elif op == "hit" and free_cached:
+            i = free_cached[k % len(free_cached)]
+            q.remove(blocks[i])
+            free_cached.remove(i)
+            busy.add(i)
+        elif op == "tick":
+            clock.now_s += k
+        assert q.num_free_blocks + len(busy) == 8
+    assert len(q.get_all_free_blocks()) == q.num_free_blocks

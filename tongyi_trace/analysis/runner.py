@@ -1,0 +1,160 @@
+"""Run the characterization analyses over one run folder and write their artifacts.
+
+Each analysis (one module of this package, one paper figure) takes the shared AnalysisContext and
+returns an AnalysisResult; run_analyses writes RUN_DIR/analysis/NAME.json (+ NAME_KEY.parquet per
+table) as each one finishes, then analysis/summary.json with every headline figure.
+Artifact layout: docs/artifacts/analysis.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tongyi_trace.analysis.common import (
+    ANALYSIS_SCHEMA,
+    AnalysisContext,
+    AnalysisOptions,
+    AnalysisResult,
+    model_record,
+    open_context,
+)
+from tongyi_trace.analysis.hit_ratio import hit_ratio
+from tongyi_trace.analysis.kv_size import kv_size
+from tongyi_trace.analysis.lifespan import lifespan
+from tongyi_trace.analysis.live_set import live_set
+from tongyi_trace.analysis.next_turn import next_turn
+from tongyi_trace.analysis.request_mix import request_mix
+from tongyi_trace.analysis.reuse_time import reuse_time
+from tongyi_trace.analysis.skew import skew
+from tongyi_trace.analysis.spatial import spatial
+from tongyi_trace.analysis.turn_hits import turn_hits
+from tongyi_trace.analysis.user_heatmap import user_heatmap
+from tongyi_trace.errors import UsageError
+from tongyi_trace.run import RunDir, load_provenance, write_json
+
+AnalysisFn = Callable[[AnalysisContext], AnalysisResult]
+
+# Report order (paper figure order).
+ANALYSES: dict[str, AnalysisFn] = {
+    "hit_ratio": hit_ratio,
+    "request_mix": request_mix,
+    "turn_hits": turn_hits,
+    "user_heatmap": user_heatmap,
+    "skew": skew,
+    "next_turn": next_turn,
+    "reuse_time": reuse_time,
+    "spatial": spatial,
+    "lifespan": lifespan,
+    "kv_size": kv_size,
+    "live_set": live_set,
+}
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class AnalysisReport:
+    """Everything one `analyze` call produced: the results in report order and where they were written."""
+
+    run: RunDir
+    results: dict[str, AnalysisResult]
+    out_dir: Path
+    elapsed_s: float
+    models: list[dict[str, Any]]
+
+    def summary(self) -> dict[str, Any]:
+        """The summary.json document: provenance digest, models and every headline figure."""
+        return summary_doc(self.run, self.results, self.elapsed_s, self.out_dir, self.models)
+
+
+def parse_only(only: str | Sequence[str] | None) -> list[str]:
+    """Analysis names to run, in report order; all when ONLY is empty. Unknown names are a UsageError."""
+    if only is None:
+        return list(ANALYSES)
+    names = [n.strip() for n in (only.split(",") if isinstance(only, str) else only) if n.strip()]
+    unknown = [n for n in names if n not in ANALYSES]
+    if unknown:
+        raise UsageError(f"--only: unknown analysis {', '.join(unknown)}; choose from {', '.join(ANALYSES)}")
+    return [n for n in ANALYSES if n in names] or list(ANALYSES)
+
+
+def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: AnalysisOptions | None = None,
+                 on_done: Callable[[AnalysisResult], None] | None = None,
+                 write: bool = True) -> AnalysisReport:
+    """Run the analyses ONLY (default all) over RUN; write artifacts into RUN/analysis/ unless WRITE is False.
+
+    ON_DONE is called after each analysis (progress). Returns the results in report order."""
+    opts = options or AnalysisOptions()
+    names = parse_only(only)
+    prov = load_provenance(run)
+    out_dir = run.subdir("analysis") if write else run.path / "analysis"
+    results: dict[str, AnalysisResult] = {}
+    models = models_doc(opts, int(prov.get("block_size") or 16))
+    t0 = time.perf_counter()
+    with open_context(run, prov, opts, temp_dir=out_dir if write else None) as ctx:
+        for name in names:
+            t = time.perf_counter()
+            res = ANALYSES[name](ctx)
+            res.elapsed_s = time.perf_counter() - t
+            results[name] = res
+            if write:
+                write_result(out_dir, res)
+                write_json(out_dir / SUMMARY_FILE, summary_doc(run, results, time.perf_counter() - t0, out_dir,
+                                                                    models))
+            if on_done is not None:
+                on_done(res)
+    return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models)
+
+
+def write_result(out_dir: Path, res: AnalysisResult) -> None:
+    """Write RES as out_dir/NAME.json plus one Parquet file per table (stale tables of NAME removed)."""
+    for old in out_dir.glob(f"{res.name}_*.parquet"):
+        if old.name not in {res.table_file(k) for k in res.tables}:
+            old.unlink()
+    for key, df in res.tables.items():
+        tmp = out_dir / (res.table_file(key) + ".tmp")
+        df.write_parquet(tmp)
+        tmp.replace(out_dir / res.table_file(key))
+    write_json(out_dir / f"{res.name}.json", res.to_json())
+
+
+def summary_doc(run: RunDir, results: dict[str, AnalysisResult], elapsed_s: float, out_dir: Path,
+                models: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary.json document (what `kvtrace analyze --json` prints)."""
+    prov = load_provenance(run)
+    keys = ("source", "sha256", "format", "block_size", "num_requests", "num_block_refs",
+            "num_distinct_blocks", "duration_s", "has_types", "has_turns", "has_users", "has_sessions")
+    previous = _previous_summary(out_dir)
+    analyses = dict(previous.get("analyses", {}))
+    for name, r in results.items():
+        analyses[name] = {"title": r.title, "figure": r.figure, "status": r.status, "reason": r.reason,
+                          "headline": r.headline, "absent_parts": r.absent_parts,
+                          "elapsed_s": round(r.elapsed_s, 3), "file": f"{name}.json"}
+    order = [n for n in ANALYSES if n in analyses]
+    return {
+        "schema": ANALYSIS_SCHEMA,
+        "run": str(run.path),
+        "trace": {k: prov.get(k) for k in keys},
+        "models": models,
+        "elapsed_s": round(elapsed_s, 3),
+        "analyses": {n: analyses[n] for n in order},
+    }
+
+
+def _previous_summary(out_dir: Path) -> dict[str, Any]:
+    """The summary already in OUT_DIR (analyses run earlier with --only are kept), or {}."""
+    p = out_dir / SUMMARY_FILE
+    try:
+        doc: dict[str, Any] = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if doc.get("schema") == ANALYSIS_SCHEMA else {}
+
+
+def models_doc(opts: AnalysisOptions, block_size: int) -> list[dict[str, Any]]:
+    """JSON records of the model presets used."""
+    return [model_record(m, block_size) for m in opts.models]

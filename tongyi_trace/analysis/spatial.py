@@ -1,0 +1,151 @@
+"""Spatial locality: stride x offset ideal-hit heatmap (paper Fig 16-18; paper-notes item 8).
+
+Offset o and stride s run over 0%, 10%, ..., 90% and 10%, ..., 100% of a request (o + s <= 100%).
+For a window (o, s), a block reference at position pos of a request with num_blocks blocks is
+CACHED (kept after the request) only when its relative position pos / num_blocks lies in [o, o + s);
+a later reference hits when an earlier request cached the same prefix-chained block AND every block
+before it in the request hit too (prefix matching: the first miss ends the hits of a request). The
+value is the resulting infinite-cache hit ratio; (o = 0, s = 100%) equals the ideal hit ratio.
+Head windows win; a window that skips the head yields almost nothing. Also per request type.
+The per-window pass is a compiled (numba) loop over blocks.parquet in (req_idx, pos) order;
+query spatial_requests.sql gives each request's size and type.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow.parquet as pq
+
+from tongyi_trace.analysis.common import AnalysisContext, AnalysisResult, ratio
+from tongyi_trace.errors import InputError
+
+NAME = "spatial"
+STEPS = 10  # windows in tenths of a request
+NEVER = np.int32(np.iinfo(np.int32).max)
+
+
+def windows() -> list[tuple[int, int]]:
+    """(offset, stride) pairs in tenths of a request: offset 0..9, stride 1..10, offset + stride <= 10."""
+    return [(o, s) for s in range(1, STEPS + 1) for o in range(0, STEPS - s + 1)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_hits(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], chain: npt.NDArray[np.int32],
+                 req_blocks: npt.NDArray[np.int64], req_type: npt.NDArray[np.int32], num_chains: int,
+                 num_types: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
+    """Hits per request type when only blocks at relative positions [lo, hi) tenths are cached."""
+    out = np.zeros(num_types, np.int64)
+    first = np.full(num_chains, NEVER, np.int32)  # request that first cached the chain
+    cur = -1
+    matching = False
+    for i in range(req.shape[0]):
+        r = req[i]
+        if r != cur:
+            cur = r
+            matching = True
+        c = chain[i]
+        if matching:
+            if first[c] < r:
+                out[req_type[r]] += 1
+            else:
+                matching = False
+        nb = req_blocks[r]
+        p10 = STEPS * np.int64(pos[i])
+        if first[c] == NEVER and p10 >= lo * nb and p10 < hi * nb:
+            first[c] = r
+    return out
+
+
+@numba.njit(cache=True)
+def _first_unsorted(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32]) -> int:
+    for i in range(1, req.shape[0]):
+        if req[i] < req[i - 1] or (req[i] == req[i - 1] and pos[i] <= pos[i - 1]):
+            return i
+    return -1
+
+
+def _read_blocks(path: str, num_refs: int) -> tuple[npt.NDArray[np.int32], ...]:
+    """req_idx, pos, chain_idx of blocks.parquet as int32 arrays, filled batch by batch (file order)."""
+    cols = ("req_idx", "pos", "chain_idx")
+    arrays = tuple(np.empty(num_refs, np.int32) for _ in cols)
+    at = 0
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(columns=list(cols), batch_size=1 << 20):
+        n = batch.num_rows
+        if at + n > num_refs:
+            raise InputError(f"{path}: more block rows than the requests' num_blocks ({num_refs}); "
+                             "re-run 'kvtrace ingest'")
+        for arr, col in zip(arrays, cols, strict=True):
+            arr[at:at + n] = batch.column(col).to_numpy()
+        at += n
+    if at != num_refs:
+        raise InputError(f"{path}: {at} block rows but the requests' num_blocks sum to {num_refs}; "
+                         "re-run 'kvtrace ingest'")
+    return arrays
+
+
+def spatial(ctx: AnalysisContext) -> AnalysisResult:
+    """Ideal hit ratio when only blocks in the relative window [o, o+s) of each request are cached."""
+    res = AnalysisResult(
+        NAME, "Spatial locality (stride x offset)", "Fig 16-18",
+        "Ideal prefix hit ratio when each request caches only its blocks whose relative position "
+        "pos/num_blocks lies in [offset, offset + stride); prefix matching still applies.")
+    reqs = ctx.query("spatial_requests")
+    req_blocks = reqs["num_blocks"].to_numpy().astype(np.int64)
+    num_refs = int(req_blocks.sum())
+    if reqs.height >= NEVER or num_refs == 0:
+        res.headline = {"num_block_refs": num_refs}
+        if num_refs == 0:
+            return res
+        raise InputError(f"{ctx.run.requests_path}: too many requests for the spatial pass (>= 2^31)")
+    type_names = reqs["type"].fill_null("(none)").to_list()
+    names = sorted(set(type_names))
+    code = {n: i for i, n in enumerate(names)}
+    req_type = np.array([code[t] for t in type_names], np.int32)
+    req, pos, chain = _read_blocks(str(ctx.run.blocks_path), num_refs)
+    bad = _first_unsorted(req, pos)
+    if bad >= 0:
+        raise InputError(f"{ctx.run.blocks_path}: row {bad} breaks the (req_idx, pos) order; re-run 'kvtrace ingest'")
+    num_chains = int(chain.max()) + 1
+    wins = windows()
+    def one_window(w: tuple[int, int]) -> npt.NDArray[np.int64]:
+        return _window_hits(req, pos, chain, req_blocks, req_type, num_chains, len(names), w[0], w[0] + w[1])
+
+    with ThreadPoolExecutor(max_workers=ctx.options.threads) as pool:  # the kernel releases the GIL
+        hits = np.stack(list(pool.map(one_window, wins)))
+    blocks_per_type = np.bincount(req_type, weights=req_blocks, minlength=len(names)).astype(np.int64)
+    rows = []
+    for w, (o, s) in enumerate(wins):
+        total_hits = int(hits[w].sum())
+        rows.append({"offset_pct": o * 10, "stride_pct": s * 10, "type": None, "num_blocks": num_refs,
+                     "num_hit_blocks": total_hits, "hit_ratio": total_hits / num_refs})
+        if ctx.flag("has_types"):
+            for t, name in enumerate(names):
+                nb = int(blocks_per_type[t])
+                rows.append({"offset_pct": o * 10, "stride_pct": s * 10, "type": name, "num_blocks": nb,
+                             "num_hit_blocks": int(hits[w, t]), "hit_ratio": ratio(int(hits[w, t]), nb)})
+    table = pl.DataFrame(rows, schema={"offset_pct": pl.Int64, "stride_pct": pl.Int64, "type": pl.Utf8,
+                                       "num_blocks": pl.Int64, "num_hit_blocks": pl.Int64,
+                                       "hit_ratio": pl.Float64})
+    res.tables["heatmap"] = table
+    overall = table.filter(pl.col("type").is_null())
+    at = {(r["offset_pct"], r["stride_pct"]): r["hit_ratio"] for r in overall.iter_rows(named=True)}
+    res.headline = {
+        "num_block_refs": num_refs,
+        "full_window_hit_ratio": at[(0, 100)],
+        "head_50pct_hit_ratio": at[(0, 50)],
+        "tail_50pct_hit_ratio": at[(50, 50)],
+        "best_partial_window": next(
+            ({"offset_pct": r["offset_pct"], "stride_pct": r["stride_pct"], "hit_ratio": r["hit_ratio"]}
+             for r in overall.sort(["hit_ratio", "stride_pct", "offset_pct"],
+                                  descending=[True, False, False]).iter_rows(named=True) if r["stride_pct"] < 100),
+            None),
+    }
+    if not ctx.flag("has_types"):
+        res.absent_parts["by_type"] = "the trace has no request types"
+    return res

@@ -1,0 +1,188 @@
+"""Open-loop dispatch of the schedule to an OpenAI-compatible vLLM server (async HTTP, streaming).
+
+Each request is sent at its scheduled time (drift = actual - scheduled send time is recorded) as
+POST /v1/completions with the token-id prompt, max_tokens = min_tokens = the trace's output length,
+ignore_eos, stream with stream_options.include_usage (the final usage chunk carries
+prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category}` (arrives in the engine
+as SamplingParams.extra_args, read by the WA plugin). TTFT = first chunk with a choice - send time.
+A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
+(a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from tongyi_trace.replay.records import RecordWriter, RequestRecord
+from tongyi_trace.replay.schedule import ScheduledRequest
+
+PromptFn = Callable[[ScheduledRequest], np.ndarray]
+COMPLETIONS_PATH = "/v1/completions"
+
+
+@dataclass
+class DispatchState:
+    """Live counters (read by the progress callback)."""
+
+    num_scheduled: int
+    num_sent: int = 0
+    num_done: int = 0
+    num_errors: int = 0
+    prompt_tokens_ok: int = 0
+    cached_tokens_ok: int = 0
+    records: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Cached / prompt tokens over the requests finished so far (engine's own per-request counts)."""
+        return self.cached_tokens_ok / self.prompt_tokens_ok if self.prompt_tokens_ok else None
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    """How requests are sent."""
+
+    model: str
+    api_key: str | None = None
+    max_in_flight: int | None = None
+    closed_sessions: bool = False
+    request_timeout_s: float = 600.0
+    start_delay_s: float = 0.05
+
+
+def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest) -> bytes:
+    """The JSON body of one completion request."""
+    return json.dumps({
+        "model": model,
+        "prompt": prompt.tolist(),
+        "max_tokens": sr.max_tokens,
+        "min_tokens": sr.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "vllm_xargs": {"kv_category": sr.category},
+    }, separators=(",", ":")).encode()
+
+
+def _error_text(raw: str) -> str:
+    try:
+        obj = json.loads(raw)
+        err = obj.get("error", obj)
+        msg = err.get("message", raw) if isinstance(err, dict) else str(err)
+    except (json.JSONDecodeError, AttributeError):
+        msg = raw
+    return " ".join(str(msg).split())[:300]
+
+
+async def _send(client: httpx.AsyncClient, body: bytes, sr: ScheduledRequest, num_prompt: int,
+                t0: float, headers: dict[str, str]) -> RequestRecord:
+    sent = time.perf_counter()
+    ttft: float | None = None
+    usage: dict[str, object] | None = None
+    status, http_status, error = "ok", None, None
+    try:
+        async with client.stream("POST", COMPLETIONS_PATH, content=body,
+                                 headers={**headers, "X-Request-Id": f"kvtrace-{sr.req_idx}"}) as resp:
+            http_status = resp.status_code
+            if resp.status_code != 200:
+                status, error = "error", f"HTTP {resp.status_code}: {_error_text((await resp.aread()).decode())}"
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    obj = json.loads(data)
+                    if "error" in obj:
+                        status, error = "error", f"stream error: {_error_text(data)}"
+                        break
+                    if ttft is None and obj.get("choices"):
+                        ttft = time.perf_counter() - sent
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                if status == "ok" and usage is None:
+                    status, error = "error", "stream ended without a usage chunk"
+    except (httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    end = time.perf_counter()
+    details = usage.get("prompt_tokens_details") if usage else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return RequestRecord(
+        req_idx=sr.req_idx, session_id=sr.session_id, category=sr.category, scheduled_s=sr.scheduled_s,
+        sent_s=sent - t0, drift_ms=(sent - t0 - sr.scheduled_s) * 1e3,
+        ttft_ms=ttft * 1e3 if ttft is not None else None,
+        e2e_ms=(end - sent) * 1e3 if status == "ok" else None, prompt_tokens=num_prompt,
+        engine_prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
+        cached_tokens=_int(cached), output_tokens=_int(usage.get("completion_tokens")) if usage else None,
+        max_tokens=sr.max_tokens, status=status, http_status=http_status, error=error)
+
+
+def _int(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) else None
+
+
+async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: PromptFn, opts: DispatchOptions,
+                   writer: RecordWriter, state: DispatchState,
+                   on_update: Callable[[DispatchState], None] | None = None) -> None:
+    """Send REQUESTS at their scheduled times; write each finished request's record as it completes."""
+    headers = {"Content-Type": "application/json"}
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(opts.request_timeout_s, connect=30.0)
+    sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
+    finished: dict[int, asyncio.Event] = {}
+    tasks: set[asyncio.Task[None]] = set()
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        t0 = time.perf_counter() + opts.start_delay_s
+
+        async def one(sr: ScheduledRequest, body: bytes, num_prompt: int, parent: asyncio.Event | None) -> None:
+            try:
+                if parent is not None:
+                    await parent.wait()
+                state.num_sent += 1
+                rec = await _send(client, body, sr, num_prompt, t0, headers)
+                writer.write(rec)
+                state.records.append(rec)
+                state.num_done += 1
+                if rec.ok:
+                    state.prompt_tokens_ok += rec.prompt_tokens
+                    state.cached_tokens_ok += rec.cached_tokens or 0
+                else:
+                    state.num_errors += 1
+                if on_update is not None:
+                    on_update(state)
+            finally:
+                if sr.req_idx in finished:
+                    finished[sr.req_idx].set()
+                if sem is not None:
+                    sem.release()
+
+        for sr in requests:
+            prompt = prompt_fn(sr)
+            body = request_body(opts.model, prompt, sr)
+            if opts.closed_sessions:
+                finished[sr.req_idx] = asyncio.Event()
+            parent = finished.get(sr.parent_req_idx) if (
+                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
+            ) else None
+            delay = t0 + sr.scheduled_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()
+            task = asyncio.create_task(one(sr, body, len(prompt), parent))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)

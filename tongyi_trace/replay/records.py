@@ -1,0 +1,86 @@
+"""Per-request replay records: one JSON line per finished request, appended and flushed as it completes.
+
+Fields (docs/artifacts/replay.md): req_idx, session_id, category, scheduled_s, sent_s, drift_ms, ttft_ms,
+e2e_ms, prompt_tokens (sent), engine_prompt_tokens (usage.prompt_tokens), cached_tokens
+(usage.prompt_tokens_details.cached_tokens), output_tokens (usage.completion_tokens), max_tokens,
+status ("ok" | "error"), http_status, error. Times are seconds / milliseconds from the replay's start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import polars as pl
+
+from tongyi_trace.errors import InputError
+
+RECORD_SCHEMA: dict[str, type[pl.DataType]] = {
+    "req_idx": pl.Int64, "session_id": pl.Int64, "category": pl.Utf8, "scheduled_s": pl.Float64,
+    "sent_s": pl.Float64, "drift_ms": pl.Float64, "ttft_ms": pl.Float64, "e2e_ms": pl.Float64,
+    "prompt_tokens": pl.Int64, "engine_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
+    "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.Utf8, "http_status": pl.Int64,
+    "error": pl.Utf8,
+}
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request."""
+
+    req_idx: int
+    session_id: int
+    category: str
+    scheduled_s: float
+    sent_s: float
+    drift_ms: float
+    ttft_ms: float | None
+    e2e_ms: float | None
+    prompt_tokens: int
+    engine_prompt_tokens: int | None
+    cached_tokens: int | None
+    output_tokens: int | None
+    max_tokens: int
+    status: str
+    http_status: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request completed and reported its usage."""
+        return self.status == "ok"
+
+
+class RecordWriter:
+    """Appends records to records.jsonl, one flushed line each (a crash keeps every finished request)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, rec: RequestRecord) -> None:
+        """Append REC as one JSON line and flush it to the OS."""
+        self._fh.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
+
+
+def read_records(path: Path) -> pl.DataFrame:
+    """records.jsonl as a table (RECORD_SCHEMA); a truncated last line (crash mid-write) is an error."""
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        with path.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}:{i}: not a JSON record ({e.msg}); the replay was cut "
+                                     "mid-write: delete that line") from e
+    return pl.DataFrame(rows, schema=RECORD_SCHEMA)

@@ -1,0 +1,278 @@
+"""`kvtrace replay`: replay a run folder's requests against a live vLLM server and reconcile the hits.
+
+Order of work: probe the server (GET /v1/models: model name, max_model_len; unreachable -> one-line
+error before anything starts), scrape /metrics, build the schedule, dispatch (records.jsonl grows as
+requests finish), scrape /metrics again, then write the reconciliation against the simulator
+(reconcile.parquet), the TTFT cost fit (cost_model.json) and summary.json. summary.json is written with
+status "running" first and rewritten at the end ("complete", "interrupted" after Ctrl-C, "failed" after a
+crash), so every outcome leaves the finished records and a summary. Artifacts: docs/artifacts/replay.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import polars as pl
+
+from tongyi_trace import __version__
+from tongyi_trace.errors import EngineError, KvtraceError, UsageError
+from tongyi_trace.replay.cost import fit_ttft_cost
+from tongyi_trace.replay.dispatch import DispatchOptions, DispatchState, dispatch
+from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, snapshot_from_text
+from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
+from tongyi_trace.replay.reconcile import reconcile
+from tongyi_trace.replay.records import RecordWriter, read_records
+from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOptions, build_schedule
+from tongyi_trace.run import RunDir, open_run, write_json
+
+REPLAY_SCHEMA = "kvtrace.replay/1"
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Everything `kvtrace replay` takes besides the run folder and server."""
+
+    name: str = "default"
+    model: str | None = None
+    schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
+    vocab_size: int = 32000
+    min_token_id: int = DEFAULT_MIN_TOKEN_ID
+    seed: int = 0
+    max_in_flight: int | None = None
+    api_key: str | None = None
+    request_timeout_s: float = 600.0
+    engine_block_size: int | None = None
+    engine_num_blocks: int | None = None
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the server says about itself before the replay."""
+
+    url: str
+    model: str
+    max_model_len: int | None
+    metrics: MetricsSnapshot | None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Where the artifacts are and the summary that was written."""
+
+    out_dir: Path
+    summary: dict[str, Any]
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def scrape_metrics(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> MetricsSnapshot | None:
+    """One /metrics scrape, or None when the server exports none."""
+    try:
+        r = httpx.get(f"{url}/metrics", headers=_headers(api_key), timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    return snapshot_from_text(r.text) if r.status_code == 200 else None
+
+
+def probe_server(url: str, model: str | None, api_key: str | None) -> ServerInfo:
+    """Check the server answers and serves MODEL (or pick its only/first model); raise EngineError if not."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
+    try:
+        r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10.0)
+    except httpx.HTTPError as e:
+        raise EngineError(f"server {url} unreachable ({type(e).__name__}: {' '.join(str(e).split())}); "
+                          "start one with 'kvtrace engine start' or check --server") from None
+    if r.status_code in (401, 403):
+        raise EngineError(f"server {url} refused GET /v1/models (HTTP {r.status_code}); "
+                          "pass the key's environment variable with --api-key-env VAR")
+    if r.status_code != 200:
+        raise EngineError(f"server {url}: GET /v1/models answered HTTP {r.status_code}; is it an "
+                          "OpenAI-compatible vLLM server?")
+    try:
+        cards = r.json()["data"]
+        ids = [c["id"] for c in cards]
+    except (ValueError, KeyError, TypeError) as e:
+        raise EngineError(f"server {url}: GET /v1/models returned no model list ({e})") from None
+    if model is None:
+        if not ids:
+            raise EngineError(f"server {url} serves no model")
+        model = ids[0]
+    elif model not in ids:
+        raise UsageError(f"--model {model!r}: server {url} serves {', '.join(ids) or 'nothing'}")
+    card = cards[ids.index(model)]
+    mml = card.get("max_model_len")
+    return ServerInfo(url=url, model=model, max_model_len=int(mml) if isinstance(mml, int) else None,
+                      metrics=scrape_metrics(url, api_key))
+
+
+class BlockIndex:
+    """The block ids and token counts of each request (blocks.parquet), looked up by req_idx."""
+
+    def __init__(self, run: RunDir, req_idx: list[int]) -> None:
+        wanted = pl.Series("req_idx", sorted(set(req_idx)), dtype=pl.Int64)
+        df = (pl.scan_parquet(run.blocks_path).select("req_idx", "pos", "block_id", "num_tokens")
+              .filter(pl.col("req_idx").is_in(wanted)).sort(["req_idx", "pos"]).collect())
+        self._req = df["req_idx"].to_numpy()
+        self._block = df["block_id"].to_numpy()
+        self._ntok = df["num_tokens"].to_numpy()
+
+    def blocks_of(self, req_idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block ids, tokens in each block) of request REQ_IDX."""
+        lo, hi = np.searchsorted(self._req, [req_idx, req_idx + 1])
+        return self._block[lo:hi], self._ntok[lo:hi]
+
+
+def _pcts(values: pl.Series) -> dict[str, float | None]:
+    v = values.drop_nulls()
+    if v.len() == 0:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    arr = v.to_numpy().astype(np.float64)
+    return {"p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
+            "p99": float(np.percentile(arr, 99)), "max": float(arr.max()), "mean": float(arr.mean())}
+
+
+def _counters(m: MetricsSnapshot | None) -> dict[str, Any] | None:
+    return None if m is None else {"hits_tokens": m.hits_tokens, "queries_tokens": m.queries_tokens,
+                                   "block_size": m.block_size, "num_gpu_blocks": m.num_gpu_blocks}
+
+
+def _selection(s: Schedule) -> dict[str, int]:
+    return {"num_in_window": s.num_in_window, "num_sampled_out": s.num_sampled_out,
+            "num_too_long": s.num_too_long, "num_over_max_requests": s.num_over_max_requests,
+            "num_scheduled": len(s.requests)}
+
+
+def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
+               on_start: Callable[[Schedule, ServerInfo], None] | None = None,
+               on_update: Callable[[DispatchState], None] | None = None) -> ReplayResult:
+    """Replay RUN_DIR's requests against SERVER; write records, reconciliation, cost fit and summary."""
+    run = open_run(run_dir)
+    prov = run.provenance()
+    if not opts.name or "/" in opts.name or opts.name.startswith("."):
+        raise UsageError(f"--name {opts.name!r}: use a plain folder name")
+    if opts.max_in_flight is not None and opts.max_in_flight < 1:
+        raise UsageError(f"--max-in-flight {opts.max_in_flight} must be >= 1")
+    out_dir = run.path / "replay" / opts.name
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not opts.overwrite:
+            raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
+        shutil.rmtree(out_dir)
+    info = probe_server(server, opts.model, opts.api_key)  # unreachable -> error before anything starts
+    sched = build_schedule(run.requests(), opts.schedule, info.max_model_len)
+    if not sched.requests:
+        raise UsageError(f"no request to replay after selection ({_selection(sched)}); widen --start/"
+                         "--duration/--sample-sessions or raise the server's --max-model-len")
+    synth = PromptSynth(opts.seed, opts.vocab_size, int(prov["block_size"]), opts.min_token_id)
+    index = BlockIndex(run, [r.req_idx for r in sched.requests])
+
+    def prompt_of(sr: ScheduledRequest) -> np.ndarray:
+        ids, ntok = index.blocks_of(sr.req_idx)
+        return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records_path = out_dir / "records.jsonl"
+    summary: dict[str, Any] = {
+        "schema": REPLAY_SCHEMA, "name": opts.name, "status": "running", "error": None,
+        "created_by": f"kvtrace {__version__}", "server": info.url, "model": info.model,
+        "started_at": time.time(), "finished_at": None, "wall_s": None,
+        "trace": {"source": prov.get("source"), "block_size": prov.get("block_size"),
+                  "num_requests": prov.get("num_requests")},
+        "options": {**{k: v for k, v in asdict(opts).items() if k not in ("schedule", "api_key")},
+                    **asdict(opts.schedule), "api_key_set": opts.api_key is not None},
+        "selection": _selection(sched),
+        "engine": {"max_model_len": info.max_model_len,
+                   "block_size": opts.engine_block_size or (info.metrics.block_size if info.metrics else None),
+                   "num_gpu_blocks": opts.engine_num_blocks
+                   or (info.metrics.num_gpu_blocks if info.metrics else None),
+                   "cache_config": info.metrics.cache_info if info.metrics else {}},
+    }
+    write_json(out_dir / "summary.json", summary)
+    if on_start is not None:
+        on_start(sched, info)
+    state = DispatchState(num_scheduled=len(sched.requests))
+    dopts = DispatchOptions(model=info.model, api_key=opts.api_key, max_in_flight=opts.max_in_flight,
+                            closed_sessions=opts.schedule.closed_sessions,
+                            request_timeout_s=opts.request_timeout_s)
+    writer = RecordWriter(records_path)
+    t_start = time.monotonic()
+    status, error = "complete", None
+    try:
+        asyncio.run(dispatch(info.url, sched.requests, prompt_of, dopts, writer, state, on_update))
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except Exception as e:
+        status, error = "failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        writer.close()
+        summary.update(_finish(run, out_dir, info, opts, summary, status, error, time.monotonic() - t_start))
+        write_json(out_dir / "summary.json", summary)
+    return ReplayResult(out_dir, summary)
+
+
+def _finish(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],
+            status: str, error: str | None, wall_s: float) -> dict[str, Any]:
+    """Everything summary.json gets after the dispatch (also after Ctrl-C or a crash)."""
+    after = scrape_metrics(info.url, opts.api_key)
+    recs = read_records(out_dir / "records.jsonl")
+    ok = recs.filter(pl.col("status") == "ok")
+    hit_ratio, hit_tok, query_tok = (delta_hit_ratio(info.metrics, after) if info.metrics and after
+                                     else (None, 0.0, 0.0))
+    prompt_ok = int(ok["prompt_tokens"].sum() or 0)
+    cached_known = ok.filter(pl.col("cached_tokens").is_not_null())
+    out: dict[str, Any] = {
+        "status": status, "error": error, "finished_at": time.time(), "wall_s": wall_s,
+        "counts": {"num_done": recs.height, "num_ok": ok.height, "num_error": recs.height - ok.height,
+                   "num_not_finished": summary["selection"]["num_scheduled"] - recs.height},
+        "metrics": {"before": _counters(info.metrics), "after": _counters(after),
+                    "hit_ratio": hit_ratio, "hit_tokens": hit_tok, "query_tokens": query_tok},
+        "records_hit_ratio": (int(cached_known["cached_tokens"].sum()) / int(cached_known["prompt_tokens"].sum())
+                              if cached_known.height and int(cached_known["prompt_tokens"].sum()) else None),
+        "prompt_tokens_ok": prompt_ok,
+        "cached_tokens_reported": cached_known.height == ok.height,
+        "drift_ms": _pcts(recs["drift_ms"]),
+        "ttft_ms": _pcts(ok["ttft_ms"]),
+        "e2e_ms": _pcts(ok["e2e_ms"]),
+        "errors": (recs.filter(pl.col("status") != "ok").group_by("error").len()
+                   .sort("len", descending=True).head(10).rename({"len": "count"}).to_dicts()),
+    }
+    cost = fit_ttft_cost(ok)
+    out["cost_model"] = cost
+    if cost is not None:
+        write_json(out_dir / "cost_model.json", cost)
+        write_json(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
+    out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, summary["engine"])
+    return out
+
+
+def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame,
+               engine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    bs, nb = engine.get("block_size"), engine.get("num_gpu_blocks")
+    if bs is None or nb is None:
+        return None, ("the server exported no vllm:cache_config_info (block size, block count): pass "
+                      "--engine-block-size and --engine-num-blocks")
+    if ok.height == 0:
+        return None, "no request completed"
+    if ok["cached_tokens"].null_count():
+        return None, ("the server reported no cached_tokens: start vLLM with --enable-prompt-tokens-details")
+    try:
+        rec = reconcile(run, ok, int(bs), int(nb))
+    except ImportError as e:
+        return None, f"simulator engine model unavailable ({e})"
+    except KvtraceError as e:
+        return None, f"simulator prediction failed: {e}"
+    rec.table.write_parquet(out_dir / "reconcile.parquet")
+    return rec.aggregate, None

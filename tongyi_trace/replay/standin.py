@@ -1,0 +1,158 @@
+"""A stand-in OpenAI-compatible endpoint for tests and benchmarks of the replay CLIENT (not an engine).
+
+It speaks the subset of vLLM's API that replay uses: GET /health, GET /v1/models (with max_model_len),
+GET /metrics (vllm:prefix_cache_{queries,hits}_total, vllm:cache_config_info), and streaming
+POST /v1/completions with a final usage chunk. Its "cache" is an unlimited prefix cache of full blocks
+(chained hashes of block_size-token blocks; a hit never covers the last prompt token), enough to check
+that identical block ids reach the server as identical tokens. Every `fail_every`-th completion request
+is answered with HTTP 500, to exercise failure records. Run: python -m tongyi_trace.replay.standin --port N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODEL_NAME = "stand-in"
+
+
+class StandInState:
+    """Counters and the block cache shared by the handler threads."""
+
+    def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
+                 token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.fail_every = fail_every
+        self.token_delay_s = token_delay_s
+        self.num_gpu_blocks = num_gpu_blocks
+        self.lock = threading.Lock()
+        self.cache: set[bytes] = set()
+        self.num_completions = 0
+        self.queries_tokens = 0
+        self.hits_tokens = 0
+        self.completed: list[str] = []  # X-Request-Id of every fully answered request
+
+    def lookup_and_insert(self, prompt: list[int]) -> int:
+        """Cached tokens of PROMPT (full chained blocks, never the last token); caches its full blocks."""
+        bs = self.block_size
+        h = b""
+        hashes = []
+        for i in range(len(prompt) // bs):
+            h = hashlib.blake2b(h + json.dumps(prompt[i * bs:(i + 1) * bs]).encode(), digest_size=16).digest()
+            hashes.append(h)
+        max_blocks = (len(prompt) - 1) // bs
+        with self.lock:
+            hit = 0
+            while hit < min(len(hashes), max_blocks) and hashes[hit] in self.cache:
+                hit += 1
+            self.cache.update(hashes)
+            self.queries_tokens += len(prompt)
+            self.hits_tokens += hit * bs
+        return hit * bs
+
+
+def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+        def _json(self, code: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._json(200, {})
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
+                                                             "max_model_len": state.max_model_len}]})
+            elif self.path == "/metrics":
+                text = (f"vllm:prefix_cache_queries_total{{engine=\"0\"}} {float(state.queries_tokens)}\n"
+                        f"vllm:prefix_cache_hits_total{{engine=\"0\"}} {float(state.hits_tokens)}\n"
+                        f"vllm:cache_config_info{{block_size=\"{state.block_size}\","
+                        f"num_gpu_blocks=\"{state.num_gpu_blocks}\"}} 1.0\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+            else:
+                self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:
+            if self.path != "/v1/completions":
+                self._json(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            with state.lock:
+                state.num_completions += 1
+                n = state.num_completions
+            if state.fail_every and n % state.fail_every == 0:
+                self._json(500, {"error": {"message": f"stand-in failure of request #{n}"}})
+                return
+            prompt = req["prompt"]
+            if len(prompt) + req["max_tokens"] > state.max_model_len:
+                self._json(400, {"error": {"message": "prompt too long for max_model_len"}})
+                return
+            cached = state.lookup_and_insert(prompt)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(req["max_tokens"]):
+                if state.token_delay_s:
+                    time.sleep(state.token_delay_s)
+                chunk = {"choices": [{"index": 0, "text": "", "finish_reason":
+                                      "length" if i == req["max_tokens"] - 1 else None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            usage = {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": req["max_tokens"],
+                                              "prompt_tokens_details": {"cached_tokens": cached}}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            self.wfile.flush()
+            with state.lock:
+                state.completed.append(self.headers.get("X-Request-Id", ""))
+
+    return Handler
+
+
+def serve(state: StandInState, port: int = 0) -> ThreadingHTTPServer:
+    """Start the stand-in on 127.0.0.1:PORT (0 = free port) in a daemon thread; return the server."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(state))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def main() -> None:
+    """Command line: serve until killed, printing the URL first."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--max-model-len", type=int, default=1 << 20)
+    ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--token-delay-ms", type=float, default=0.0)
+    a = ap.parse_args()
+    httpd = serve(StandInState(a.block_size, a.max_model_len, a.fail_every, a.token_delay_ms / 1e3), a.port)
+    print(f"http://127.0.0.1:{httpd.server_address[1]}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        httpd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

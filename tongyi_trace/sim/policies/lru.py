@@ -1,0 +1,49 @@
+"""LRU: evict the least recently used unpinned block.
+
+    access(x):  unlink x from the queue (pinned while the request runs)
+    release(x): append x at the newest end (called deepest-first, so the prefix head is most recent)
+    evict():    pop the oldest block of the queue
+
+Definition: least-recently-used replacement (textbook); with vLLM's ordering of a finished request's
+blocks (vllm/v1/core/block_pool.py FreeKVCacheBlockQueue: freed tail-first), this is exactly vLLM's
+prefix-cache eviction order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace.sim.policy_base import NoParams, PolicySpec
+from tongyi_trace.sim.structs import q_append, q_head, q_unlink
+
+PID = 0
+SPEC = PolicySpec("lru", PID, NoParams, "least recently used (vLLM's order)")
+
+
+@njit(cache=True, inline="always")
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    q_unlink(bk, qs, x)
+
+
+@njit(cache=True, inline="always")
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    pass
+
+
+@njit(cache=True, inline="always")
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
+    q_append(bk, qs, 0, x)
+
+
+@njit(cache=True, inline="always")
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+    x = q_head(bk, qs, 0)
+    if x >= 0:
+        q_unlink(bk, qs, x)
+    return x

@@ -1,0 +1,151 @@
+"""S3-FIFO: a small FIFO S (10% of the cache) filters one-hit blocks, a main FIFO M with lazy
+re-insertion keeps the rest, a ghost FIFO G of recently evicted ids sends returning blocks straight to M.
+
+    access(x):  freq[x] = min(freq[x] + 1, freq_cap)
+    insert(x):  freq[x] = 0; destination = M if x in G else S (queued at release, deepest first)
+    evict():    if |S| >= small_ratio x capacity: evictS() (falls back to evictM() when S has no victim)
+                else: evictM() (falls back to evictS())
+    evictS():   t = oldest of S
+                if freq[t] >= move_to_main_threshold: move t to M (freq kept), continue
+                else: remove t, add t to G, return t
+    evictM():   t = oldest of M
+                if freq[t] > 0: freq[t] -= 1, re-insert t at M's newest end, continue
+                else: remove t, return t
+    G holds the last ghost_ratio x capacity evicted-from-S ids (a counter, no list: x is in G when
+    fewer than |G| ids were added after it).
+Pinned blocks (the running request's) met at a queue's oldest end are moved to its newest end.
+
+Source: Yang, Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache eviction", SOSP'23,
+Algorithm 1; defaults as libCacheSim S3FIFO.c (fifo-size-ratio 0.10, ghost-size-ratio 0.90,
+move-to-main-threshold 1: "if object in the small is accessed, reinsert to main FIFO"), frequency capped at 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace.sim.policy_base import PolicySpec
+from tongyi_trace.sim.structs import AUX, AUX2, FREQ, G_GHOST, PINNED, QID, q_append, q_head, q_unlink
+
+PID = 3
+_S = 0
+_M = 1
+
+
+@dataclass(frozen=True)
+class S3FifoParams:
+    """S3-FIFO queue sizes and thresholds."""
+
+    small_ratio: float = field(default=0.10, metadata={"help": "small FIFO share of the capacity"})
+    ghost_ratio: float = field(default=0.90, metadata={"help": "ghost entries as a share of the capacity"})
+    move_to_main_threshold: int = field(default=1, metadata={
+        "help": "hits while in S needed to move to M"})
+    freq_cap: int = field(default=3, metadata={"help": "frequency counter saturates here"})
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ip, fp) for the kernel."""
+        ip = np.zeros(8, np.int64)
+        fp = np.zeros(8, np.float64)
+        ip[0] = self.move_to_main_threshold
+        ip[1] = self.freq_cap
+        fp[0] = self.small_ratio
+        fp[1] = self.ghost_ratio
+        return ip, fp
+
+
+SPEC = PolicySpec("s3fifo", PID, S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost",
+                  per_block=True, num_queues=2)
+
+
+@njit(cache=True, inline="always")
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    if bk[FREQ, x] < ip[1]:
+        bk[FREQ, x] += 1
+
+
+@njit(cache=True, inline="always")
+def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, fp: np.ndarray, x: int) -> bool:
+    if bk[AUX, x] == 0:
+        return False
+    ghost_size = max(1, int(fp[1] * ip[7]))  # ip[7] = capacity (set by the kernel)
+    return g[G_GHOST] - bk[AUX, x] < ghost_size
+
+
+@njit(cache=True, inline="always")
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    bk[FREQ, x] = 0
+    if _in_ghost(bk, g, ip, fp, x):
+        bk[AUX2, x] = _M
+        bk[AUX, x] = 0
+    else:
+        bk[AUX2, x] = _S
+
+
+@njit(cache=True, inline="always")
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
+    if bk[QID, x] < 0:
+        q_append(bk, qs, bk[AUX2, x], x)
+
+
+@njit(cache=True)
+def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
+    guard = qs[_S]
+    while qs[_S] > 0:
+        t = q_head(bk, qs, _S)
+        q_unlink(bk, qs, t)
+        if bk[PINNED, t] == 1:
+            q_append(bk, qs, _S, t)
+            guard -= 1
+            if guard < 0:
+                return -1
+            continue
+        if bk[FREQ, t] >= ip[0]:
+            q_append(bk, qs, _M, t)
+            continue
+        g[G_GHOST] += 1
+        bk[AUX, t] = g[G_GHOST]
+        return t
+    return -1
+
+
+@njit(cache=True)
+def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
+    guard = qs[_M] * (ip[1] + 2)
+    while qs[_M] > 0:
+        t = q_head(bk, qs, _M)
+        q_unlink(bk, qs, t)
+        guard -= 1
+        if guard < 0:
+            q_append(bk, qs, _M, t)
+            return -1
+        if bk[PINNED, t] == 1:
+            q_append(bk, qs, _M, t)
+            continue
+        if bk[FREQ, t] > 0:
+            bk[FREQ, t] -= 1
+            q_append(bk, qs, _M, t)
+            continue
+        return t
+    return -1
+
+
+@njit(cache=True)
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+    small_target = max(1, int(fp[0] * ip[7]))
+    if qs[_S] >= small_target or qs[_M] == 0:
+        x = _evict_small(bk, g, qs, ip)
+        if x < 0:
+            x = _evict_main(bk, qs, ip)
+    else:
+        x = _evict_main(bk, qs, ip)
+        if x < 0:
+            x = _evict_small(bk, g, qs, ip)
+    return x

@@ -1,0 +1,101 @@
+"""WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
+to evict, compare only the W queue heads by (ReuseProb_w(t, life), -offset) and drop the lowest.
+
+    release(x) by a request of category w at time now: last[x] = now; cat[x] = w; offset[x] = pos;
+                append x to queue w (deepest first, so on equal time the deeper block is nearer the head)
+    access(x):  unlink x (pinned while the request runs)
+    evict(now): for each non-empty queue w: h = its head (its lowest priority: ReuseProb falls with t)
+                    prob = ReuseProb_w(now - last[h], life_w)     (tongyi_trace.wa_priority.reuse_prob)
+                victim = the head that evicts_before all others (lower prob; equal prob: larger offset)
+    ReuseProb_w(t, life) = p_w exp(-lambda_w t) (1 - exp(-lambda_w life)); categories unknown to the fit
+    use its `default`. Switches: use_life=False (--wa-no-life: window unbounded), conditional=True
+    (--wa-conditional: divide by 1 - F_w(t)), use_offset=False (--wa-no-offset: no depth tie-break).
+
+The priority functions are the plain-Python ones of tongyi_trace/wa_priority.py compiled here with
+numba, the same definitions the vLLM plugin runs. Cost: O(W) per eviction.
+
+Source: Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 4.2; vLLM PR #22236.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace import wa_priority
+from tongyi_trace.sim.policy_base import PolicySpec
+from tongyi_trace.sim.structs import BPOS, CAT, q_append, q_head, q_unlink
+
+PID = 5
+reuse_prob = njit(cache=True, inline="always")(wa_priority.reuse_prob)
+evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
+
+
+@dataclass(frozen=True)
+class WaParams:
+    """Ablation switches of WA (the fitted per-category parameters come from --params)."""
+
+    use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
+    conditional: bool = field(default=False, metadata={
+        "help": "condition on no reuse by t (--wa-conditional)"})
+    use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ip, fp) for the kernel."""
+        ip = np.zeros(8, np.int64)
+        ip[0] = int(self.use_life)
+        ip[1] = int(self.conditional)
+        ip[2] = int(self.use_offset)
+        return ip, np.zeros(8, np.float64)
+
+
+SPEC = PolicySpec("wa", PID, WaParams, "workload-aware (paper 4.2): per-category ReuseProb queues",
+                  per_block=True, queues_per_category=True, needs_fit=True)
+
+
+@njit(cache=True, inline="always")
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    q_unlink(bk, qs, x)
+
+
+@njit(cache=True, inline="always")
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+    pass
+
+
+@njit(cache=True, inline="always")
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
+    ft[x] = now
+    bk[CAT, x] = c
+    bk[BPOS, x] = pos
+    q_append(bk, qs, c, x)
+
+
+@njit(cache=True)
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+    use_life = ip[0] == 1
+    conditional = ip[1] == 1
+    use_offset = ip[2] == 1
+    best = -1
+    best_prob = 0.0
+    best_off = 0
+    for w in range(qs.shape[0]):
+        if qs[w] == 0:
+            continue
+        h = q_head(bk, qs, w)
+        prob = reuse_prob(cw[0, w], cw[1, w], now - ft[h], cw[2, w], use_life,
+                          conditional)
+        if best < 0 or evicts_before(prob, bk[BPOS, h], best_prob, best_off, use_offset):
+            best = h
+            best_prob = prob
+            best_off = bk[BPOS, h]
+    if best >= 0:
+        q_unlink(bk, qs, best)
+    return best

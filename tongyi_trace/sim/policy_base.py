@@ -1,0 +1,98 @@
+"""What every policy file declares: its kernel id, typed parameter set and state needs (the registry in
+`registry.py` collects them). The compiled hooks of a policy all share one signature:
+
+    access(st, x, kp)                                 a cached block is used by the current request
+    insert(st, x, kp)                                 a missing block enters the cache (pinned)
+    release(st, x, ref, pos, num_tokens, cat, now_s, kp)   the request is served: unpin x (called
+                                                      deepest block first, so the head is most recent)
+    evict(st, now_s, kp) -> victim id or -1           choose an unpinned cached block to drop
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tongyi_trace.errors import UsageError
+
+
+class KernelParams(NamedTuple):
+    """Policy parameters as arrays for the compiled kernel."""
+
+    ip: np.ndarray  # int64[8]: integer/boolean parameters (meaning per policy)
+    fp: np.ndarray  # float64[8]: float parameters (meaning per policy)
+    cat_p: np.ndarray  # float64[W]: WA reuse_prob per category index
+    cat_rate: np.ndarray  # float64[W]: WA rate_per_s per category index
+    cat_life: np.ndarray  # float64[W]: WA life_s per category index
+    next_req: np.ndarray  # int64[R]: ORACLE: next request using the block of each reference
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """This policy has no parameters."""
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ip, fp) arrays for the kernel."""
+        return np.zeros(8, np.int64), np.zeros(8, np.float64)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy: name, kernel id, parameter class and what state it needs."""
+
+    name: str
+    pid: int
+    params_cls: type
+    summary: str
+    uses_heap: bool = False
+    per_block: bool = False  # needs cat/tlast/bpos/aux arrays
+    queues_per_category: bool = False
+    num_queues: int = 1
+    needs_next_use: bool = False
+    needs_fit: bool = False
+
+    def make_params(self, values: dict[str, Any] | None = None) -> Any:
+        """Typed parameters from VALUES (str or typed), defaults for the rest; unknown keys are errors."""
+        values = dict(values or {})
+        fields = {f.name: f for f in dataclasses.fields(self.params_cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            known = ", ".join(fields) or "none"
+            raise UsageError(f"policy {self.name}: unknown parameter(s) {', '.join(unknown)}; "
+                             f"known: {known}")
+        typed: dict[str, Any] = {}
+        for k, v in values.items():
+            typed[k] = _coerce(self.name, k, fields[k].type, v)
+        return self.params_cls(**typed)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each parameter: name, type, default, help (from the dataclass field metadata)."""
+        out = []
+        for f in dataclasses.fields(self.params_cls):
+            out.append({"name": f.name, "type": str(f.type), "default": f.default,
+                        "help": f.metadata.get("help", "")})
+        return out
+
+
+def _coerce(policy: str, key: str, typ: Any, v: Any) -> Any:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t == "bool":
+            if isinstance(v, bool):
+                return v
+            s = str(v).lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(v)
+        if t == "int":
+            return int(v)
+        if t == "float":
+            return float(v)
+    except (TypeError, ValueError):
+        raise UsageError(f"policy {policy}: parameter {key} must be {t}, got {v!r}") from None
+    return v

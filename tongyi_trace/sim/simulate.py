@@ -1,0 +1,170 @@
+"""Run one policy at one capacity over a Stream: the typed entry point over the compiled kernel."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.params import PolicyParams
+from tongyi_trace.sim.kernel import (
+    S_BYPASS,
+    S_EVICT_CYCLES,
+    S_EVICTIONS,
+    S_HIT_TOKENS,
+    S_HITS,
+    S_REFS,
+    S_TOUCHED,
+    run_kernel,
+)
+from tongyi_trace.sim.registry import Policy, get_policy
+from tongyi_trace.sim.stream import Stream, next_request_of_refs
+from tongyi_trace.sim.structs import cycles_now, make_state
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """Per-request engine details (see engine_model.py); absent = plain trace semantics."""
+
+    req_maxhit: np.ndarray  # int64[N]: at most this many leading blocks may hit
+    req_nstat: np.ndarray  # int64[N]: leading blocks that count in the statistics
+    req_extra: np.ndarray  # int64[N]: slots held while running, free afterwards
+
+
+@dataclass
+class PolicyResult:
+    """Hit statistics of one policy at one capacity."""
+
+    policy: str
+    capacity_blocks: int
+    num_refs: int
+    num_hits: int
+    num_tokens: int
+    num_hit_tokens: int
+    num_evictions: int
+    num_bypassed: int
+    num_touched_misses: int
+    evict_decision_ns: float  # mean time per eviction, measured inside the kernel
+    elapsed_s: float
+    params: dict[str, Any]
+    per_category: dict[str, dict[str, float]] = field(default_factory=dict)
+    req_hit_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    req_hit_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    @property
+    def hit_ratio(self) -> float:
+        """Block hit ratio."""
+        return self.num_hits / self.num_refs if self.num_refs else 0.0
+
+    @property
+    def token_hit_ratio(self) -> float:
+        """Hit tokens over prompt tokens."""
+        return self.num_hit_tokens / self.num_tokens if self.num_tokens else 0.0
+
+    @property
+    def refs_per_s(self) -> float:
+        """Simulation speed."""
+        return self.num_refs / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """A flat JSON-able row (no per-request arrays)."""
+        return {"policy": self.policy, "capacity_blocks": self.capacity_blocks, "num_refs": self.num_refs,
+                "num_hits": self.num_hits, "hit_ratio": self.hit_ratio, "num_tokens": self.num_tokens,
+                "num_hit_tokens": self.num_hit_tokens, "token_hit_ratio": self.token_hit_ratio,
+                "num_evictions": self.num_evictions, "num_bypassed": self.num_bypassed,
+                "num_touched_misses": self.num_touched_misses,
+                "evict_decision_ns": self.evict_decision_ns, "elapsed_s": self.elapsed_s,
+                "params": self.params, "per_category": self.per_category}
+
+
+@lru_cache(maxsize=1)
+def cycles_per_ns() -> float:
+    """CPU cycle-counter ticks per nanosecond (calibrated once per process)."""
+    cycles_now()
+    t0, c0 = time.perf_counter_ns(), cycles_now()
+    while time.perf_counter_ns() - t0 < 20_000_000:
+        pass
+    t1, c1 = time.perf_counter_ns(), cycles_now()
+    return max((c1 - c0) / (t1 - t0), 1e-9)
+
+
+def category_arrays(stream: Stream, fit: PolicyParams | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """WA's (reuse_prob, rate_per_s, life_s) per category index of STREAM (`default` when unknown)."""
+    w = max(len(stream.categories), 1)
+    p = np.zeros(w)
+    rate = np.zeros(w)
+    life = np.zeros(w)
+    if fit is not None:
+        for i, name in enumerate(stream.categories):
+            c = fit.for_category(name)
+            p[i], rate[i], life[i] = c.reuse_prob, c.rate_per_s, c.life_s
+    return p, rate, life
+
+
+def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, *,
+                    params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
+                    engine: EngineShape | None = None, next_req: np.ndarray | None = None,
+                    timing: bool = True) -> PolicyResult:
+    """Replay STREAM through POLICY with a cache of CAPACITY_BLOCKS blocks.
+
+    PARAMS: the policy's own parameters (typed, unknown keys are errors); FIT: the policy file (WA needs
+    it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent)."""
+    spec = get_policy(policy)
+    typed = spec.make_params(params)
+    if spec.needs_fit and fit is None:
+        raise UsageError(f"policy {spec.name} needs fitted parameters: pass --params policy.json "
+                         "(from 'kvtrace fit')")
+    if capacity_blocks < 0:
+        raise UsageError(f"capacity must be >= 0 blocks, got {capacity_blocks}")
+    ip, fp = typed.to_arrays()
+    ip[7] = capacity_blocks
+    if spec.name == "gdsf" and fp[1] <= 0:
+        fp[1] = float(stream.block_size)
+    cp, cr, cl = category_arrays(stream, fit)
+    if spec.needs_next_use:
+        nxt = next_req if next_req is not None else next_request_of_refs(stream.req_off, stream.blk,
+                                                                         stream.num_ids)
+    else:
+        nxt = np.zeros(1, np.int64)
+    cw = np.stack([cp, cr, cl])
+    n = stream.num_requests
+    if engine is None:
+        lens = np.diff(stream.req_off)
+        engine = EngineShape(lens, lens, np.zeros(n, np.int64))
+    num_queues = len(stream.categories) if spec.queues_per_category else spec.num_queues
+    max_req = int(np.diff(stream.req_off).max()) if n else 0
+    cap_eff = min(capacity_blocks, stream.num_ids)
+    heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1
+    t0 = time.perf_counter()
+    bk, ft, hp, hk, g, gf, qs = make_state(stream.num_ids, num_queues, heap_size, spec.per_block)
+    stats, req_hits, req_hit_tok, cat_stats = run_kernel(
+        spec.pid, stream.req_off, stream.blk, stream.ntok, stream.req_cat, stream.req_time_s,
+        engine.req_maxhit, engine.req_nstat, engine.req_extra, capacity_blocks,
+        bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, timing)
+    elapsed = time.perf_counter() - t0
+    num_tokens = int(stream.req_tokens.sum())
+    cat_stats = np.vstack([cat_stats, np.zeros((max(0, len(stream.categories) - len(cat_stats)), 4), np.int64)])
+    cat_tokens = np.bincount(stream.req_cat, weights=stream.req_tokens, minlength=len(stream.categories))
+    per_cat = {}
+    for i, name in enumerate(stream.categories):
+        refs, hits, _, htok = (int(v) for v in cat_stats[i])
+        per_cat[name] = {"num_refs": refs, "num_hits": hits, "hit_ratio": hits / refs if refs else 0.0,
+                         "token_hit_ratio": htok / cat_tokens[i] if cat_tokens[i] else 0.0}
+    nev = int(stats[S_EVICTIONS])
+    ev_ns = float(stats[S_EVICT_CYCLES]) / cycles_per_ns() / nev if (timing and nev) else 0.0
+    return PolicyResult(
+        policy=spec.name, capacity_blocks=int(capacity_blocks), num_refs=int(stats[S_REFS]),
+        num_hits=int(stats[S_HITS]), num_tokens=num_tokens, num_hit_tokens=int(stats[S_HIT_TOKENS]),
+        num_evictions=nev, num_bypassed=int(stats[S_BYPASS]), num_touched_misses=int(stats[S_TOUCHED]),
+        evict_decision_ns=ev_ns, elapsed_s=elapsed, params=_params_dict(typed),
+        per_category=per_cat, req_hit_blocks=req_hits, req_hit_tokens=req_hit_tok)
+
+
+def _params_dict(typed: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(typed)
