@@ -97,3 +97,10 @@ def test_mooncake_synthetic_ideal_hit_ratio(mooncake_synthetic_path: Path, tmp_p
     hr = rep.results["hit_ratio"].headline
     assert hr["num_block_refs"] == 121_877
     assert hr["hit_ratio"] == pytest.approx(0.6396, abs=0.0005)
+
+
+def test_cli_report_flag_writes_the_html(tmp_path: Path, tiny_bailian_path: Path) -> None:
+    res = runner.invoke(app, ["analyze", str(tiny_bailian_path), "-o", str(tmp_path / "r"), "--report", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["report"] == str(tmp_path / "r" / "report.html")
+    assert (tmp_path / "r" / "report.html").stat().st_size > 0

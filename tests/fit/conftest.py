@@ -110,8 +110,9 @@ def generate_requests(spec: ReuseSpec, num_sessions_per_type: int, duration_s: f
 
 @pytest.fixture(scope="session")
 def known_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-hour run with KNOWN_SPEC (about 200k block accesses)."""
-    reqs = generate_requests(KNOWN_SPEC, num_sessions_per_type=6000, duration_s=7200.0, seed=7)
+    """A 2-hour run with KNOWN_SPEC: 12,000 conversations per type, about 60,000 requests and 190,000
+    block accesses (every category has 5,000+ samples even in a 3,000 s window)."""
+    reqs = generate_requests(KNOWN_SPEC, num_sessions_per_type=12000, duration_s=7200.0, seed=7)
     return write_run(tmp_path_factory.mktemp("known") / "run", reqs)
 
 

@@ -13,7 +13,7 @@ vllm:prefix_cache_queries_total{engine="0",model_name="kvtrace-tiny-qwen2"} 2100
 vllm:prefix_cache_queries_total{engine="1",model_name="kvtrace-tiny-qwen2"} 100.0
 vllm:prefix_cache_hits_total{engine="0",model_name="kvtrace-tiny-qwen2"} 992.0
 vllm:external_prefix_cache_hits_total{engine="0",model_name="kvtrace-tiny-qwen2"} 5.0
-vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",num_gpu_blocks="300",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="300",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tongyi_trace.errors import EngineError, UsageError
@@ -42,6 +43,20 @@ def test_identical_block_ids_reach_the_server_as_identical_tokens(fresh_tiny_run
     assert s["records_hit_ratio"] == pytest.approx(160 / 360)
     assert sorted(state.completed) == sorted(f"kvtrace-{i}" for i in range(6))
     assert (res.out_dir / "cost_model.json").is_file()
+
+
+def test_reconciliation_against_an_independent_unlimited_cache(fresh_tiny_run: Path, standin: Standin) -> None:
+    # The stand-in's cache is unlimited and hashes the tokens it receives: the simulator's engine model
+    # (ideal, and LRU at a capacity far beyond the trace) must predict exactly what it reports.
+    url, _ = standin(block_size=32)
+    res = run_replay(fresh_tiny_run, url, ReplayOptions(name="r", max_in_flight=1, schedule=FAST))
+    rec = pl.read_parquet(res.out_dir / "reconcile.parquet").sort("order")
+    assert rec["req_idx"].to_list() == [0, 1, 2, 3, 4, 5]
+    assert rec["engine_cached_tokens"].to_list() == [0, 0, 32, 0, 64, 64]
+    assert rec["ideal_hit_tokens"].to_list() == rec["engine_cached_tokens"].to_list()
+    assert rec["predicted_hit_tokens"].to_list() == rec["engine_cached_tokens"].to_list()
+    agg = res.summary["reconciliation"]
+    assert (agg["exact_share"], agg["worst"], agg["engine_hit_ratio"]) == (1.0, [], pytest.approx(160 / 360))
 
 
 def test_failed_requests_are_recorded_and_the_run_goes_on(fresh_tiny_run: Path, standin: Standin) -> None:

@@ -1,4 +1,6 @@
-"""Fixtures of the report tests: a tiny trace whose strings are hostile, run through the real pipeline."""
+"""Fixtures of the report tests: a tiny trace whose strings are hostile, run through the real pipeline
+(ingest, analyze, fit, two replays against the stand-in endpoint, compare), and a run with nothing but
+the ingest."""
 
 from __future__ import annotations
 
@@ -8,6 +10,11 @@ from pathlib import Path
 import pytest
 
 from tongyi_trace.analysis import run_analyses
+from tongyi_trace.fit.policy_fit import fit_policy
+from tongyi_trace.replay.compare import compare_replays
+from tongyi_trace.replay.runner import ReplayOptions, run_replay
+from tongyi_trace.replay.schedule import ScheduleOptions
+from tongyi_trace.replay.standin import StandInState, serve
 from tongyi_trace.run import RunDir, open_run
 from tongyi_trace.trace.ingest import ingest_trace
 
@@ -33,9 +40,34 @@ def evil_trace(tiny_bailian_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def evil_run(evil_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> RunDir:
-    """EVIL trace ingested and analyzed (every artifact the report reads that exists so far)."""
+    """The EVIL trace with every artifact the report reads: analyses, fit (train/test), two replays
+    against the stand-in endpoint (one with failed requests) and their comparison."""
     out = tmp_path_factory.mktemp("evil_run")
     ingest_trace(evil_trace, out)
     run = open_run(out)
     run_analyses(run)
+    fit_policy(out, out / "fit" / "policy.json", train="0:15", test="15:", min_samples=2)
+    httpd = serve(StandInState(block_size=32, fail_every=5))
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        for name in ("first", "second"):
+            run_replay(out, url, ReplayOptions(name=name, schedule=ScheduleOptions(speedup=20.0)))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    compare_replays(out / "replay" / "first", out / "replay" / "second")
     return run
+
+
+@pytest.fixture(scope="session")
+def bare_run(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
+    """A Mooncake-format trace (no types, turns, users or sessions) ingested, nothing else run."""
+    trace = tmp_path_factory.mktemp("bare_trace") / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 1536, "output_length": 8, "hash_ids": [1, 2, 3]},
+        {"timestamp": 2000, "input_length": 512, "output_length": 8, "hash_ids": [4]},
+    ]))
+    out = tmp_path_factory.mktemp("bare_run")
+    ingest_trace(trace, out)
+    return open_run(out)

@@ -20,18 +20,22 @@ pytestmark = [
 
 EVIL = "<script>alert(1)</script>"
 
-# Per figure: number of traces, and per trace how many finite points it drew (calcdata) and its type;
-# plus how many SVG/canvas marks the plot holds.
-_FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
-  id: gd.id,
-  traces: (gd.calcdata || []).map((cd, i) => ({
-    type: gd._fullData[i].type,
-    visible: gd._fullData[i].visible,
-    points: cd.filter(p => [p.x, p.y, p.z, p.s, p.v].some(v => v !== undefined && v !== null &&
-                                                               (typeof v !== 'number' || isFinite(v)))).length,
-  })),
-  marks: gd.querySelectorAll('path.js-line, .point, .bars path, .heatmaplayer image, .hm image').length,
-}))"""
+# Per figure: per trace its type and how many finite values it drew (from plotly's calcdata: points of
+# a line or bar, cells of a heatmap), plus how many marks (lines, points, bars, heatmap images) it holds.
+_FIGURES_JS = """() => {
+  const finite = v => typeof v === 'number' && isFinite(v);
+  const cells = z => Array.from(z || []).reduce((n, row) => n + Array.from(row).filter(finite).length, 0);
+  return Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+    id: gd.id,
+    traces: (gd.calcdata || []).map((cd, i) => ({
+      type: gd._fullData[i].type,
+      visible: gd._fullData[i].visible,
+      points: gd._fullData[i].type === 'heatmap' ? cells(cd[0].z)
+                                                 : cd.filter(p => finite(p.x) && finite(p.y)).length,
+    })),
+    marks: gd.querySelectorAll('path.js-line, .point, .hm image').length,
+  }));
+}"""
 
 
 def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:

@@ -129,7 +129,7 @@ def test_fifo_ignores_hits() -> None:
 
 
 def test_uncached_blocks_go_first_and_null_block_order() -> None:
-    q, b, _ = make("wa", num_blocks=4)
+    q, _, _ = make("wa", num_blocks=4)
     assert q.popleft().block_id == 0           # the null block, as in vLLM
     got = q.popleft_n(3)
     release(q, got[:1], "hot")
@@ -152,7 +152,7 @@ def test_error_in_decision_falls_back_to_lru_and_is_counted() -> None:
 
 
 def test_remove_of_a_busy_block_raises_like_vllm() -> None:
-    q, b, _ = make("wa", num_blocks=2)
+    q, _, _ = make("wa", num_blocks=2)
     blk = q.popleft()
     with pytest.raises(RuntimeError):
         q.remove(blk)
@@ -163,7 +163,7 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "hit", "tick"]), st.i
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, mode=st.sampled_from(["wa", "lru", "fifo"]))
+@given(ops=ops, mode=st.sampled_from(["wa", "lru", "fifo", "s3fifo"]))
 def test_queue_accounting_property(ops: list[tuple[str, int, str | None]], mode: str) -> None:
     """Whatever happens, free + busy = all blocks, nothing is handed out twice, LRU = vLLM order."""
     q, blocks, clock = make(mode, num_blocks=8)
@@ -193,3 +193,47 @@ def test_queue_accounting_property(ops: list[tuple[str, int, str | None]], mode:
             clock.now_s += k
         assert q.num_free_blocks + len(busy) == 8
     assert len(q.get_all_free_blocks()) == q.num_free_blocks
+
+
+def test_trace_clock_from_requests_overrides_wall_clock() -> None:
+    # Requests carry trace times: the wall clock (stuck at 0 here) no longer matters.
+    q, b, _ = make("wa")
+    q.popleft_n(8)
+    for blk in b[0:2]:
+        blk.block_hash = ("h", blk.block_id)
+    q.note_request(b[0:1], "hot", time_s=0.0)
+    q.append_n(b[0:1])
+    q.note_request(b[1:2], "cold", time_s=60.0)
+    q.append_n(b[1:2])
+    assert q.now_s() == 60.0
+    # at trace time 60 the hot block (t = 60 s) is below the fresh cold one, as in the wall-clock test
+    assert [x.block_id for x in q.popleft_n(2)] == [0, 1]
+
+
+def test_time_scale_multiplies_the_wall_clock() -> None:
+    q, b, clock = make("wa", time_scale=60.0)
+    q.popleft_n(8)
+    release(q, b[0:1], "hot")
+    clock.now_s = 1.0              # one wall second = 60 trace seconds
+    release(q, b[1:2], "cold")
+    assert q.now_s() == 60.0
+    assert [x.block_id for x in q.popleft_n(2)] == [0, 1]
+
+
+def test_s3fifo_one_hit_blocks_go_first_and_hits_promote() -> None:
+    # pool of 10: small target 1 block. Blocks 1..3 cached in S in this order; block 1 hit once.
+    q, b, _ = make("s3fifo", num_blocks=10)
+    q.popleft_n(10)
+    for i in (1, 2, 3):
+        release(q, [b[i]], None)
+    q.remove(b[1])                  # a hit: freq 1
+    release(q, [b[1]], None)
+    got = [x.block_id for x in q.popleft_n(2)]
+    assert got == [2, 3]            # 1 moved to M instead of being evicted; 2, 3 are one-hit
+    assert q.popleft().block_id == 1
+    # block 2's hash is in the ghost: cached again it goes straight to M
+    b[2].block_hash = None
+    q.note_request([b[2]], None)
+    b[2].block_hash = ("h", 2)
+    q.append_n([b[2]])
+    assert q._s3 is not None and 2 in q._s3.main

@@ -5,7 +5,8 @@ block b is live from its first access (request first_req) until its last reuse (
 i.e. for first_req <= req_idx < last_req; blocks never reused are never live. Keeping exactly the live
 set achieves the ideal hit ratio, so its peak is the cache an oracle needs. Reported in blocks, in bytes
 (x full-block KV bytes of each model) and x HBM for KV (paper: trace A on Llama3-70B ~4x HBM).
-The time series keeps, per time bucket, the largest live set seen in it (at most ~2000 points).
+The time series keeps, per time bucket, the largest live set seen in it (at most ~2000 points), and that
+size x HBM for each model (column x_hbm_<model name>).
 Queries: chains_table.sql, live_set.sql.
 """
 

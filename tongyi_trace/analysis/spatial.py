@@ -6,14 +6,19 @@ CACHED (kept after the request) only when its relative position pos / num_blocks
 a later reference hits when an earlier request cached the same prefix-chained block AND every block
 before it in the request hit too (prefix matching: the first miss ends the hits of a request). The
 value is the resulting infinite-cache hit ratio; (o = 0, s = 100%) equals the ideal hit ratio.
-Head windows win; a window that skips the head yields almost nothing. Also per request type.
-The per-window pass is a compiled (numba) loop over blocks.parquet in (req_idx, pos) order;
-query spatial_requests.sql gives each request's size and type.
+
+How it is computed, exactly and in one pass:
+- o > 0: position 0 (relative position 0) is never cached, so no request ever matches its first block
+  and the hit ratio is exactly 0.
+- o = 0: the windows are nested. A reference caches its block for every stride s > pos / num_blocks,
+  i.e. from stride tenth need = floor(10 pos / num_blocks) + 1. Keep per block the smallest `need` of
+  its references in earlier requests; a reference then hits for every stride >= the running maximum of
+  those values over its request's positions 0..pos (and never when one of them was never seen). One
+  compiled (numba) pass over blocks.parquet in (req_idx, pos) order counts hits per (type, stride).
+Also per request type. Query spatial_requests.sql gives each request's size and type.
 """
 
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -26,7 +31,8 @@ from tongyi_trace.errors import InputError
 
 NAME = "spatial"
 STEPS = 10  # windows in tenths of a request
-NEVER = np.int32(np.iinfo(np.int32).max)
+UNSEEN = np.int8(STEPS + 1)
+MAX_REQUESTS = np.iinfo(np.int32).max
 
 
 def windows() -> list[tuple[int, int]]:
@@ -35,30 +41,32 @@ def windows() -> list[tuple[int, int]]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _window_hits(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], chain: npt.NDArray[np.int32],
-                 req_blocks: npt.NDArray[np.int64], req_type: npt.NDArray[np.int32], num_chains: int,
-                 num_types: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
-    """Hits per request type when only blocks at relative positions [lo, hi) tenths are cached."""
-    out = np.zeros(num_types, np.int64)
-    first = np.full(num_chains, NEVER, np.int32)  # request that first cached the chain
+def _head_window_hits(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], chain: npt.NDArray[np.int32],
+                      req_blocks: npt.NDArray[np.int64], req_type: npt.NDArray[np.int32], num_chains: int,
+                      num_types: int) -> npt.NDArray[np.int64]:
+    """hits[t, k]: references of type t whose prefix is cached once the stride reaches k tenths (k <= 10)."""
+    hits = np.zeros((num_types, STEPS + 1), np.int64)
+    need = np.full(num_chains, UNSEEN, np.int8)  # smallest stride (tenths) at which the block was cached
     cur = -1
+    run_max = 0
     matching = False
     for i in range(req.shape[0]):
         r = req[i]
         if r != cur:
             cur = r
+            run_max = 0
             matching = True
         c = chain[i]
         if matching:
-            if first[c] < r:
-                out[req_type[r]] += 1
-            else:
+            if need[c] == UNSEEN:
                 matching = False
-        nb = req_blocks[r]
-        p10 = STEPS * np.int64(pos[i])
-        if first[c] == NEVER and p10 >= lo * nb and p10 < hi * nb:
-            first[c] = r
-    return out
+            else:
+                run_max = max(run_max, need[c])
+                hits[req_type[r], run_max] += 1
+        k = (STEPS * np.int64(pos[i])) // req_blocks[r] + 1
+        if k < need[c]:
+            need[c] = k
+    return hits
 
 
 @numba.njit(cache=True)
@@ -98,7 +106,7 @@ def spatial(ctx: AnalysisContext) -> AnalysisResult:
     reqs = ctx.query("spatial_requests")
     req_blocks = reqs["num_blocks"].to_numpy().astype(np.int64)
     num_refs = int(req_blocks.sum())
-    if reqs.height >= NEVER or num_refs == 0:
+    if reqs.height >= MAX_REQUESTS or num_refs == 0:
         res.headline = {"num_block_refs": num_refs}
         if num_refs == 0:
             return res
@@ -112,12 +120,10 @@ def spatial(ctx: AnalysisContext) -> AnalysisResult:
     if bad >= 0:
         raise InputError(f"{ctx.run.blocks_path}: row {bad} breaks the (req_idx, pos) order; re-run 'kvtrace ingest'")
     num_chains = int(chain.max()) + 1
+    # hits at stride k tenths (offset 0) = references whose prefix was cached at some stride <= k
+    head = np.cumsum(_head_window_hits(req, pos, chain, req_blocks, req_type, num_chains, len(names)), axis=1)
     wins = windows()
-    def one_window(w: tuple[int, int]) -> npt.NDArray[np.int64]:
-        return _window_hits(req, pos, chain, req_blocks, req_type, num_chains, len(names), w[0], w[0] + w[1])
-
-    with ThreadPoolExecutor(max_workers=ctx.options.threads) as pool:  # the kernel releases the GIL
-        hits = np.stack(list(pool.map(one_window, wins)))
+    hits = np.stack([head[:, s] if o == 0 else np.zeros(len(names), np.int64) for o, s in wins])
     blocks_per_type = np.bincount(req_type, weights=req_blocks, minlength=len(names)).astype(np.int64)
     rows = []
     for w, (o, s) in enumerate(wins):

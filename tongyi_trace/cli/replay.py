@@ -90,6 +90,8 @@ def replay(
     engine_num_blocks: int | None = typer.Option(None, "--engine-num-blocks",
                                                  help="Engine KV blocks when /metrics does not say."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing replay of this name."),
+    reset_cache: bool = typer.Option(False, "--reset-cache", help="Empty the server's prefix cache first "
+                                     "(POST /reset_prefix_cache; needs VLLM_SERVER_DEV_MODE=1)."),
     json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no tables."),
 ) -> None:
@@ -105,6 +107,7 @@ def replay(
             name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
             max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
             engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
+            reset_cache=reset_cache,
             schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
                                      max_requests=max_requests, sample_sessions=sample_sessions,
                                      closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))

@@ -1,1 +1,112 @@
-"""`kvtrace simulate` (being written)."""
+"""`kvtrace simulate`: replay a run through eviction policies x cache capacities (the embedded engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tongyi_trace.cli import app
+from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.errors import UsageError
+from tongyi_trace.sim.sweep import SimulateOptions, SweepResult, describe_policies, simulate_run
+
+
+@app.command()
+def simulate(
+    run_dir: Path | None = typer.Argument(None, help="Run folder written by 'kvtrace ingest'."),
+    policy: str = typer.Option("lru,fifo,lfu,s3fifo,gdsf,oracle", "--policy", "-p",
+                               help="Comma-separated: lru,fifo,lfu,s3fifo,gdsf,wa,oracle (or all)."),
+    capacity: str = typer.Option("1%,5%,10%,25%,50%,inf", "--capacity", "-c",
+                                 help="Comma-separated: blocks (4096), % of distinct blocks (5%), x HBM of "
+                                      "--model (0.5x), x the oracle's peak live set (2L), inf."),
+    params: Path | None = typer.Option(None, "--params", help="Policy file from 'kvtrace fit' (WA needs it)."),
+    engine_block_size: int | None = typer.Option(None, "--engine-block-size",
+                                                 help="Regroup trace blocks to this many tokens a block."),
+    model: str = typer.Option("qwen2-7b", "--model", help="Model preset for x HBM capacities and QTTFT."),
+    hbm_capacity: str | None = typer.Option(None, "--hbm-capacity",
+                                            help="HBM part of the cache (same units); the rest is a CPU "
+                                                 "tier whose hits cost a load (QTTFT)."),
+    prefill_overhead_s: float | None = typer.Option(None, "--prefill-overhead-s", help="Cost model a (s)."),
+    prefill_s_per_token: float | None = typer.Option(None, "--prefill-s-per-token",
+                                                     help="Cost model b (s per uncached token)."),
+    load_s_per_token: float | None = typer.Option(None, "--load-s-per-token",
+                                                  help="Cost model c (s per token loaded from CPU)."),
+    arrival_scale: float | None = typer.Option(None, "--arrival-scale",
+                                               help="Multiply arrival times (>1 lightens the load)."),
+    cost_from: Path | None = typer.Option(None, "--cost-from",
+                                          help="Run folder with replay records: fit a, b to the engine."),
+    wa_no_life: bool = typer.Option(False, "--wa-no-life", help="WA without the lifespan regulator."),
+    wa_conditional: bool = typer.Option(False, "--wa-conditional", help="WA conditioned on no reuse by t."),
+    wa_no_offset: bool = typer.Option(False, "--wa-no-offset", help="WA without the -offset tie-break."),
+    ablation: bool = typer.Option(False, "--ablation", help="Also run the three WA ablation variants."),
+    set_: list[str] = typer.Option([], "--set", help="POLICY.PARAMETER=VALUE (see --list-policies)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (0 = one per core)."),
+    list_policies: bool = typer.Option(False, "--list-policies", help="Print the policies and parameters."),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
+) -> None:
+    """Simulate eviction policies x capacities over RUN_DIR with vLLM's prefix-cache semantics."""
+    if list_policies:
+        _print_policies(json_out)
+        return
+    if run_dir is None:
+        run_cli(_missing_run)
+        return
+    opts = SimulateOptions(
+        policies=policy, capacities=capacity, params_path=params, engine_block_size=engine_block_size,
+        model=model, hbm_capacity=hbm_capacity, overhead_s=prefill_overhead_s,
+        s_per_token=prefill_s_per_token, s_per_loaded_token=load_s_per_token, arrival_scale=arrival_scale,
+        cost_from=cost_from, wa_no_life=wa_no_life, wa_conditional=wa_conditional, wa_no_offset=wa_no_offset,
+        ablation=ablation, sets=tuple(set_), jobs=jobs)
+    with progress(quiet or json_out) as bar:
+        task = bar.add_task("simulate", total=None)
+
+        def on_result(row: dict[str, Any], done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total,
+                       description=f"simulate {row['policy']} @ {row['capacity']}")
+
+        result = run_cli(lambda: simulate_run(run_dir, opts, on_result))
+    if json_out:
+        print_json({"summary": result.summary, "rows": result.rows})
+    elif not quiet:
+        console.print(_table(result))
+        s = result.summary
+        console.print(f"ideal hit ratio {s['ideal_hit_ratio']:.4f}; oracle's peak live set "
+                      f"{s['peak_live_blocks']:,} blocks; results in {run_dir / 'sim'}")
+
+
+def _missing_run() -> None:
+    raise UsageError("give a RUN_DIR (or --list-policies)")
+
+
+def _table(result: SweepResult) -> Table:
+    t = Table(title="prefix-cache simulation")
+    cols = ("policy", "capacity", "blocks", "hit ratio", "token hit", "evictions", "ns/evict",
+            "QTTFT mean s", "QTTFT p99 s", "M refs/s")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("policy", "capacity") else "right")
+    for r in result.rows:
+        t.add_row(r["policy"], r["capacity"], f"{r['capacity_blocks']:,}", f"{r['hit_ratio']:.4f}",
+                  f"{r['token_hit_ratio']:.4f}", f"{r['num_evictions']:,}", f"{r['evict_decision_ns']:.0f}",
+                  f"{r.get('qttft_mean_s', 0):.3f}", f"{r.get('qttft_p99_s', 0):.3f}",
+                  f"{r['refs_per_s'] / 1e6:.1f}")
+    return t
+
+
+def _print_policies(json_out: bool) -> None:
+    rows = describe_policies()
+    if json_out:
+        print_json(rows)
+        return
+    t = Table(title="policies (--set POLICY.PARAMETER=VALUE)")
+    for c in ("policy", "summary", "parameter", "type", "default", "meaning"):
+        t.add_column(c)
+    for r in rows:
+        ps = r["parameters"] or [{"name": "-", "type": "", "default": "", "help": ""}]
+        for i, p in enumerate(ps):
+            t.add_row(r["policy"] if i == 0 else "", r["summary"] if i == 0 else "", p["name"], p["type"],
+                      str(p["default"]), p["help"])
+    console.print(t)

@@ -37,7 +37,8 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
-from tongyi_trace.run import RunDir, open_run, write_json
+from tongyi_trace.run import open_run, write_json
+from tongyi_trace.trace.synth_like import workload_summary
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
@@ -91,18 +92,14 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     test_w = parse_window(test, trace_end_s, "--test") if test else None
 
     step("fitting the train window")
-    train_samples = window_samples(acc, train_w)
-    if not train_samples:
-        raise UsageError(f"--train {train_w.start_s:g}:{train_w.end_s:g}: no block access in this window "
-                         f"(the trace spans 0:{trace_end_s:g} s)")
-    train_fits = _own_fits(train_samples)
+    train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"))
     lifes = block_lifespans(acc, train_w)
     policy_cats, rows, default = _fit_categories(train_fits, acc.category_type, lifes, min_samples,
                                                  life_quantile, life_s)
     test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
     if test_w is not None:
         step("checking on the test window")
-        test_fits = _own_fits(window_samples(acc, test_w))
+        test_fits = _own_fits(_nonempty(window_samples(acc, test_w), test_w, trace_end_s, "--test"))
         _add_test_columns(rows, test_fits, policy_cats, default)
 
     policy = PolicyParams(
@@ -111,7 +108,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
         window=train_w.to_json() | {"trace_end_s": trace_end_s},
         turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
-        extra={"workload": _workload(run)},
+        extra={"workload": workload_summary(run)},
     )
     step("writing the policy and artifacts")
     out = Path(out_path)
@@ -128,6 +125,13 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     _cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w).write_parquet(
         fit_dir / "cdf.parquet")
     return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
+
+
+def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option: str) -> dict[str, Samples]:
+    if not samples:
+        raise UsageError(f"{option} {w.start_s:g}:{w.end_s:g}: no block access in this window "
+                         f"(the trace spans 0:{trace_end_s:g} s)")
+    return samples
 
 
 def _own_fits(by_cat: dict[str, Samples]) -> dict[str, tuple[Samples, ReuseFit]]:
@@ -229,11 +233,3 @@ def _cdf_table(train: dict[str, tuple[Samples, ReuseFit]], test: dict[str, tuple
                 "policy_cdf": model_cdf(params.reuse_prob, params.rate_per_s, grid),
             }))
     return pl.concat(frames)
-
-
-def _workload(run: RunDir) -> Any:
-    try:
-        from tongyi_trace.trace.synth_like import workload_summary
-    except ImportError:  # TODO(lead): synth helper's module not landed yet
-        return None
-    return workload_summary(run)

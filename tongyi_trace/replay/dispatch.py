@@ -1,4 +1,4 @@
-"""Open-loop dispatch of the schedule to an OpenAI-compatible vLLM server (async HTTP, streaming).
+"""Open-loop dispatch of the schedule to an OpenAI-compatible vLLM server (aiohttp, streaming).
 
 Each request is sent at its scheduled time (drift = actual - scheduled send time is recorded) as
 POST /v1/completions with the token-id prompt, max_tokens = min_tokens = the trace's output length,
@@ -12,12 +12,13 @@ A request body is built before its send time, never on the critical path. Option
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
 
 from tongyi_trace.replay.records import RecordWriter, RequestRecord
@@ -82,28 +83,28 @@ def _error_text(raw: str) -> str:
     return " ".join(str(msg).split())[:300]
 
 
-async def _send(client: httpx.AsyncClient, body: bytes, sr: ScheduledRequest, num_prompt: int,
-                t0: float, headers: dict[str, str]) -> RequestRecord:
+async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
+                num_prompt: int, t0: float, headers: dict[str, str]) -> RequestRecord:
     sent = time.perf_counter()
     ttft: float | None = None
     usage: dict[str, object] | None = None
     status, http_status, error = "ok", None, None
     try:
-        async with client.stream("POST", COMPLETIONS_PATH, content=body,
-                                 headers={**headers, "X-Request-Id": f"kvtrace-{sr.req_idx}"}) as resp:
-            http_status = resp.status_code
-            if resp.status_code != 200:
-                status, error = "error", f"HTTP {resp.status_code}: {_error_text((await resp.aread()).decode())}"
+        async with session.post(url, data=body,
+                                headers={**headers, "X-Request-Id": f"kvtrace-{sr.req_idx}"}) as resp:
+            http_status = resp.status
+            if resp.status != 200:
+                status, error = "error", f"HTTP {resp.status}: {_error_text((await resp.read()).decode())}"
             else:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                async for raw in resp.content:
+                    if not raw.startswith(b"data:"):
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    data = raw[5:].strip()
+                    if data == b"[DONE]":
                         break
                     obj = json.loads(data)
                     if "error" in obj:
-                        status, error = "error", f"stream error: {_error_text(data)}"
+                        status, error = "error", f"stream error: {_error_text(data.decode())}"
                         break
                     if ttft is None and obj.get("choices"):
                         ttft = time.perf_counter() - sent
@@ -111,7 +112,7 @@ async def _send(client: httpx.AsyncClient, body: bytes, sr: ScheduledRequest, nu
                         usage = obj["usage"]
                 if status == "ok" and usage is None:
                     status, error = "error", "stream ended without a usage chunk"
-    except (httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as e:
         status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     end = time.perf_counter()
     details = usage.get("prompt_tokens_details") if usage else None
@@ -137,13 +138,18 @@ async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: Prompt
     headers = {"Content-Type": "application/json"}
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    timeout = httpx.Timeout(opts.request_timeout_s, connect=30.0)
+    timeout = aiohttp.ClientTimeout(total=opts.request_timeout_s, sock_connect=30.0)
+    completions_url = url.rstrip("/") + COMPLETIONS_PATH
     sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
     finished: dict[int, asyncio.Event] = {}
     tasks: set[asyncio.Task[None]] = set()
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        # Warm up the client (lazy imports, first connection) so that it does not delay the first sends.
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url.rstrip("/") + "/v1/models", headers=headers) as r:
+                await r.read()
         t0 = time.perf_counter() + opts.start_delay_s
 
         async def one(sr: ScheduledRequest, body: bytes, num_prompt: int, parent: asyncio.Event | None) -> None:
@@ -151,7 +157,7 @@ async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: Prompt
                 if parent is not None:
                     await parent.wait()
                 state.num_sent += 1
-                rec = await _send(client, body, sr, num_prompt, t0, headers)
+                rec = await _send(session, completions_url, body, sr, num_prompt, t0, headers)
                 writer.write(rec)
                 state.records.append(rec)
                 state.num_done += 1

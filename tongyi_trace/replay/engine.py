@@ -309,7 +309,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     port = port or free_port()
     cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
            "--enable-prefix-caching", "--enable-prompt-tokens-details",
            "--block-size", str(block_size), "--max-model-len", str(max_model_len),
            "--num-gpu-blocks-override", str(num_blocks),
@@ -318,6 +318,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     for k in ("KVTRACE_POLICY", "KVTRACE_EVICTION", "PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(k, None)
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache (replay --reset-cache)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env["PATH"] = f"{venv_dir() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     if eviction is not None:

@@ -3,8 +3,8 @@
 Definition. For the requests that completed, in the order they were sent, at the ENGINE's block size:
   ideal_hit_tokens     = tongyi_trace.sim.engine_model.predict_request_hits(..., num_engine_blocks=None)
                          (unlimited cache: every full engine block computed before is reused),
-  predicted_hit_tokens = the same with LRU at the engine's usable block count (num_gpu_blocks - 1: vLLM
-                         keeps one null block) and the output tokens the engine generated,
+  predicted_hit_tokens = the same with LRU at the engine's num_gpu_blocks (the model takes off vLLM's
+                         null block) and the output tokens the engine generated,
   engine_cached_tokens = usage.prompt_tokens_details.cached_tokens reported by the engine.
 Aggregates: token hit ratios of the three, exact-agreement share, mean absolute gap, and the requests
 where engine and prediction disagree most. No peer puts these side by side (peers.md, point 1).
@@ -35,11 +35,6 @@ class Reconciliation:
     aggregate: dict[str, Any]
 
 
-def engine_usable_blocks(num_gpu_blocks: int) -> int:
-    """Blocks a vLLM engine can cache: its block pool minus the one reserved null block."""
-    return max(num_gpu_blocks - 1, 0)
-
-
 def reconcile(run: RunDir, ok_records: pl.DataFrame, engine_block_size: int, num_gpu_blocks: int,
               num_worst: int = 20) -> Reconciliation:
     """Build the reconciliation of OK_RECORDS (status ok, any order) against the simulator."""
@@ -50,8 +45,7 @@ def reconcile(run: RunDir, ok_records: pl.DataFrame, engine_block_size: int, num
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
     ideal = np.asarray(predict_request_hits(run, req_idx, engine_block_size, None, policy="lru",
                                             output_tokens=out_tok), dtype=np.int64)
-    pred = np.asarray(predict_request_hits(run, req_idx, engine_block_size,
-                                           engine_usable_blocks(num_gpu_blocks), policy="lru",
+    pred = np.asarray(predict_request_hits(run, req_idx, engine_block_size, num_gpu_blocks, policy="lru",
                                            output_tokens=out_tok), dtype=np.int64)
     engine = recs["cached_tokens"].to_numpy().astype(np.int64)
     table = pl.DataFrame({

@@ -52,6 +52,7 @@ class ReplayOptions:
     engine_block_size: int | None = None
     engine_num_blocks: int | None = None
     overwrite: bool = False
+    reset_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,22 +77,38 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def _tls(url: str) -> bool:
+    """Verify certificates for https only (building a verifying TLS context costs ~0.3 s per call)."""
+    return url.startswith("https://")
+
+
 def scrape_metrics(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> MetricsSnapshot | None:
     """One /metrics scrape, or None when the server exports none."""
     try:
-        r = httpx.get(f"{url}/metrics", headers=_headers(api_key), timeout=timeout_s)
+        r = httpx.get(f"{url}/metrics", headers=_headers(api_key), timeout=timeout_s, verify=_tls(url))
     except httpx.HTTPError:
         return None
     return snapshot_from_text(r.text) if r.status_code == 200 else None
 
 
-def probe_server(url: str, model: str | None, api_key: str | None) -> ServerInfo:
+def reset_prefix_cache(url: str, api_key: str | None = None) -> None:
+    """POST /reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1, as `kvtrace engine start` runs it)."""
+    try:
+        r = httpx.post(f"{url}/reset_prefix_cache", headers=_headers(api_key), timeout=30.0, verify=_tls(url))
+    except httpx.HTTPError as e:
+        raise EngineError(f"server {url}: POST /reset_prefix_cache failed ({type(e).__name__})") from None
+    if r.status_code != 200:
+        raise EngineError(f"server {url}: POST /reset_prefix_cache answered HTTP {r.status_code}; the server "
+                          "needs VLLM_SERVER_DEV_MODE=1 and no request in flight (or drop --reset-cache)")
+
+
+def probe_server(url: str, model: str | None, api_key: str | None, reset_cache: bool = False) -> ServerInfo:
     """Check the server answers and serves MODEL (or pick its only/first model); raise EngineError if not."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
     try:
-        r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10.0)
+        r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10.0, verify=_tls(url))
     except httpx.HTTPError as e:
         raise EngineError(f"server {url} unreachable ({type(e).__name__}: {' '.join(str(e).split())}); "
                           "start one with 'kvtrace engine start' or check --server") from None
@@ -112,6 +129,8 @@ def probe_server(url: str, model: str | None, api_key: str | None) -> ServerInfo
         model = ids[0]
     elif model not in ids:
         raise UsageError(f"--model {model!r}: server {url} serves {', '.join(ids) or 'nothing'}")
+    if reset_cache:
+        reset_prefix_cache(url, api_key)
     card = cards[ids.index(model)]
     mml = card.get("max_model_len")
     return ServerInfo(url=url, model=model, max_model_len=int(mml) if isinstance(mml, int) else None,
@@ -170,7 +189,8 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
         if not opts.overwrite:
             raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
         shutil.rmtree(out_dir)
-    info = probe_server(server, opts.model, opts.api_key)  # unreachable -> error before anything starts
+    # unreachable -> error before anything starts
+    info = probe_server(server, opts.model, opts.api_key, opts.reset_cache)
     sched = build_schedule(run.requests(), opts.schedule, info.max_model_len)
     if not sched.requests:
         raise UsageError(f"no request to replay after selection ({_selection(sched)}); widen --start/"

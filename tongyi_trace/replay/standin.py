@@ -59,7 +59,7 @@ class StandInState:
 
 def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
+        protocol_version = "HTTP/1.1"  # keep-alive, streamed with chunked transfer encoding like uvicorn
 
         def log_message(self, format: str, *args: Any) -> None:
             return None
@@ -71,6 +71,10 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -109,19 +113,18 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             cached = state.lookup_and_insert(prompt)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for i in range(req["max_tokens"]):
                 if state.token_delay_s:
                     time.sleep(state.token_delay_s)
                 chunk = {"choices": [{"index": 0, "text": "", "finish_reason":
                                       "length" if i == req["max_tokens"] - 1 else None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
+                self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
             usage = {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": req["max_tokens"],
                                               "prompt_tokens_details": {"cached_tokens": cached}}}
-            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-            self.wfile.flush()
+            self._chunk(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            self._chunk(b"")
             with state.lock:
                 state.completed.append(self.headers.get("X-Request-Id", ""))
 

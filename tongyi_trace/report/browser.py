@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 900}
-READY_TIMEOUT_MS = 60_000
+TIMEOUT_MS = 180_000  # generous: a loaded 2-core CI machine parses the 5 MB page slowly
 
 
 def find_chromium() -> Path | None:
@@ -45,6 +45,8 @@ def open_page(html: Path) -> Iterator[Page]:
         browser = pw.chromium.launch(executable_path=str(exe), args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+            page.set_default_timeout(TIMEOUT_MS)
+            page.set_default_navigation_timeout(TIMEOUT_MS)
             page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                        else route.abort())
             page.goto(html.resolve().as_uri(), wait_until="load")
@@ -55,7 +57,7 @@ def open_page(html: Path) -> Iterator[Page]:
 
 def wait_until_drawn(page: Page) -> None:
     """Wait until every figure of the report page is drawn (the page's kvReport.ready promise)."""
-    page.wait_for_function("() => window.kvReport !== undefined", timeout=READY_TIMEOUT_MS)
+    page.wait_for_function("() => window.kvReport !== undefined", timeout=TIMEOUT_MS)
     page.evaluate("() => window.kvReport.ready.then(() => true)")
 
 

@@ -61,6 +61,14 @@ def seconds(s: float | None) -> str:
     return f"{v:,.0f} s ({v / 3600:.1f} h)"
 
 
+def milliseconds(x: float | None) -> str:
+    """Milliseconds, human scaled: 0.52 -> '0.52 ms', 31.06 -> '31.1 ms', 2625.5 -> '2,626 ms'."""
+    v = _value(x)
+    if v is None:
+        return NA
+    return f"{v:.3g} ms" if abs(v) < 100 else f"{v:,.0f} ms"
+
+
 def size_bytes(n: float | None) -> str:
     """Bytes in binary units: 917504 -> '896 KiB'."""
     v = _value(n)

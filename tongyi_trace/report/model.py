@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import plotly.graph_objects as go
+from tongyi_trace.report.figures import Fig
 
 
 @dataclass(frozen=True)
@@ -39,18 +39,19 @@ class Section:
     `values` holds figures the template's prose quotes.
     """
 
-    key: str
+    key: str  # unique in the report: the anchor and the figures' DOM id prefix
     title: str
     paper_ref: str = ""
     absent_reason: str | None = None
     absent_parts: dict[str, str] = field(default_factory=dict)
     definition: str = ""
-    figures: dict[str, go.Figure] = field(default_factory=dict)
+    figures: dict[str, Fig] = field(default_factory=dict)
     tables: dict[str, Table] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     headline: list[Headline] = field(default_factory=list)
+    partial: str = ""  # the partial's name when several sections share one (default: key)
 
     @property
     def template(self) -> str:
         """Name of the Jinja2 partial that lays this section out."""
-        return f"sections/{self.key}.html.j2"
+        return f"sections/{self.partial or self.key}.html.j2"

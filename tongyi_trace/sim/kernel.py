@@ -15,10 +15,12 @@ blocks after them); extra[r] slots are held by r while it runs and free afterwar
 
 from __future__ import annotations
 
-import numpy as np
-from numba import literally, njit
+from types import FunctionType, ModuleType
+from typing import Any
 
-from tongyi_trace.sim.policies import fifo, gdsf, lfu, lru, oracle, s3fifo, wa
+import numpy as np
+from numba import njit
+
 from tongyi_trace.sim.structs import G_CURSOR, G_SIZE, PINNED, PRESENT, read_cycles
 
 # stats vector layout
@@ -26,93 +28,16 @@ S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S
 NUM_STATS = 8
 
 
-@njit(cache=True, inline="always")
-def _access(pid: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    if pid == 0:
-        lru.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 1:
-        fifo.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 2:
-        lfu.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 3:
-        s3fifo.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 4:
-        gdsf.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 5:
-        wa.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    else:
-        oracle.access(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-
-
-@njit(cache=True, inline="always")
-def _insert(pid: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    if pid == 0:
-        lru.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 1:
-        fifo.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 2:
-        lfu.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 3:
-        s3fifo.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 4:
-        gdsf.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    elif pid == 5:
-        wa.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-    else:
-        oracle.insert(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
-
-
-@njit(cache=True, inline="always")
-def _release(pid: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    if pid == 0:
-        lru.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    elif pid == 1:
-        fifo.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    elif pid == 2:
-        lfu.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    elif pid == 3:
-        s3fifo.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    elif pid == 4:
-        gdsf.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    elif pid == 5:
-        wa.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-    else:
-        oracle.release(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, ref, pos, ntok, c, now)
-
-
-@njit(cache=True, inline="always")
-def _evict(pid: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    if pid == 0:
-        return lru.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    if pid == 1:
-        return fifo.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    if pid == 2:
-        return lfu.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    if pid == 3:
-        return s3fifo.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    if pid == 4:
-        return gdsf.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    if pid == 5:
-        return wa.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-    return oracle.evict(bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
-
-
-@njit(cache=True)
-def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
+def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
                req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
-               capacity: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+               capacity: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
                qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
                timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Replay the request stream through policy PID at CAPACITY blocks, on the state arrays made by
+    """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY blocks, on the state arrays made by
     structs.make_state (policy parameters in ip/fp, WA category parameters in cw, ORACLE next uses in nxt).
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
-    literally(pid)  # compile one specialization per policy: the dispatch branches fold away
     n_req = req_off.shape[0] - 1
     stats = np.zeros(NUM_STATS, np.int64)
     req_hits = np.zeros(n_req, np.int64)
@@ -138,7 +63,7 @@ def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray,
             if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
                 break
             pinned[x] = 1
-            _access(pid, bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
+            access(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
             h += 1
         hits = min(h, nstat)
         hit_tok = 0
@@ -152,7 +77,7 @@ def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray,
             if present[x] == 1:
                 if pinned[x] == 0:
                     pinned[x] = 1
-                    _access(pid, bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
+                    access(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
                     if k < nstat:
                         stats[S_TOUCHED] += 1
                 continue
@@ -162,7 +87,7 @@ def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray,
             if g[G_SIZE] >= cap:
                 t0 = read_cycles() if timing else np.uint64(0)
                 while g[G_SIZE] >= cap:
-                    v = _evict(pid, bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, now)
+                    v = evict(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, now)
                     if v < 0:
                         break
                     present[v] = 0
@@ -177,13 +102,13 @@ def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray,
             present[x] = 1
             pinned[x] = 1
             g[G_SIZE] += 1
-            _insert(pid, bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x)
+            insert(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
         # 3. served: release deepest first
         for k in range(n - 1, -1, -1):
             x = blk[s + k]
             if pinned[x] == 1:
                 pinned[x] = 0
-                _release(pid, bk, ft, hp, hk, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
+                release(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
         tok = 0
         for k in range(nstat):
             tok += ntok[s + k]
@@ -198,3 +123,21 @@ def run_kernel(pid: int, req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray,
         cat_stats[c, 2] += tok
         cat_stats[c, 3] += hit_tok
     return stats, req_hits, req_hit_tokens, cat_stats
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def policy_kernel(name: str, hooks: ModuleType) -> Any:
+    """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict).
+
+    The loop's code is shared; each policy gets its own function object whose globals bind the hook
+    names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy)."""
+    if name not in _KERNELS:
+        env = dict(globals())
+        env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict)
+        fn = FunctionType(_run_loop.__code__, env, f"run_{name}")
+        fn.__qualname__ = f"run_{name}"
+        fn.__doc__ = _run_loop.__doc__
+        _KERNELS[name] = njit(cache=True)(fn)
+    return _KERNELS[name]

@@ -53,6 +53,7 @@ class PolicySpec:
     num_queues: int = 1
     needs_next_use: bool = False
     needs_fit: bool = False
+    hooks: Any = None  # the policy module (its compiled access/insert/release/evict)
 
     def make_params(self, values: dict[str, Any] | None = None) -> Any:
         """Typed parameters from VALUES (str or typed), defaults for the rest; unknown keys are errors."""

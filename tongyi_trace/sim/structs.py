@@ -4,19 +4,21 @@ linked queues over dense block ids, a lazy binary min-heap, and a cycle counter 
 All of it is numba-compiled (cache=True); nothing allocates per reference. The state is a handful of
 plain arrays (a tuple of arrays would cost a reference-count update per field access):
 
-    bk  int64[NUM_ROWS, D + NQ]  per-block rows (PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT,
-                                BPOS, AUX, AUX2); columns D.. are the queue sentinels
+    bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (one cache line or two per
+                                 block): PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX,
+                                 AUX2; rows D.. are the queue sentinels
     ft  float64[D or 1]          per-block time of the last access (WA)
-    hp  int64[3, Hn], hk float64[Hn]   heap entries: (hk key1, hp[K2] key2, hp[HID] block, hp[HVER] version)
-    g  int64[8], gf float64[4]  scalars (G_*, GF_*)
-    qs int64[NQ]                queue sizes
+    hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
+    g   int64[8 + NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
+    qs  int64[NQ]                queue sizes
 
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
 
-Lazy heap: an entry is valid while bk[VER, id] still equals its version and the block is cached and
-not pinned; a block's version is bumped whenever it is re-pushed, so stale entries are skipped on pop.
-When the heap is full it is compacted to its valid entries (at most the capacity).
+Lazy heap: keys are int64 pairs (policies scale float priorities to integers). An entry is valid while
+bk[id, VER] still equals its version and the block is cached and not pinned; a block's version is bumped
+whenever it is re-pushed, so stale entries are skipped on pop. When the heap is full it is compacted to
+its valid entries (at most the capacity).
 """
 
 from __future__ import annotations
@@ -27,175 +29,172 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# rows of bk
+# columns of bk
 PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX, AUX2 = range(11)
 NUM_ROWS = 11
-# rows of hp
-K2, HID, HVER = range(3)
-# indices into g (int64 scalars)
+# columns of hp
+KEY1, KEY2, HID, HVER = range(4)
+# indices into g (int64 scalars); g[G_QCACHE + q] is a per-queue cache
 G_HSIZE = 0  # entries in the heap
 G_STAMP = 1  # monotone counter for tie-breaks
 G_SIZE = 2  # cached blocks
 G_GHOST = 3  # S3-FIFO: ghost insertions so far
 G_CURSOR = 4  # FIFO: walk cursor inside one request (-1 = from the head)
-G_NUM_IDS = 5  # D (first sentinel column)
-# indices into gf (float64 scalars)
+G_QCACHE = 8
+# indices into gf (float64 scalars); gf[GF_QCACHE + q] is a per-queue cache
 GF_CLOCK = 0  # GDSF inflation value L
 GF_LAST_KEY = 1  # key1 of the last popped heap entry
+GF_NOW = 2  # WA: the time the per-queue caches were computed for
+GF_QCACHE = 4
 
 
 def make_state(num_ids: int, num_queues: int, heap_size: int, per_block: bool
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(bk, ft, hp, hk, g, gf, qs) for NUM_IDS blocks."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(bk, ft, hp, g, gf, qs) for NUM_IDS blocks."""
     d = num_ids
     nq = max(num_queues, 1)
-    big = np.zeros((NUM_ROWS, d + nq), np.int64)
-    big[QID, :] = -1
+    bk = np.zeros((d + nq, NUM_ROWS), np.int64)
+    bk[:, QID] = -1
     for q in range(nq):
-        big[QPREV, d + q] = d + q
-        big[QNEXT, d + q] = d + q
-    hn = max(heap_size, 1)
-    g = np.zeros(8, np.int64)
+        bk[d + q, QPREV] = d + q
+        bk[d + q, QNEXT] = d + q
+    g = np.zeros(G_QCACHE + nq, np.int64)
     g[G_CURSOR] = -1
-    g[G_NUM_IDS] = d
-    return (big, np.zeros(d if per_block else 1, np.float64), np.zeros((3, hn), np.int64),
-            np.zeros(hn, np.float64), g, np.zeros(4, np.float64), np.zeros(nq, np.int64))
+    g[G_QCACHE:] = -1
+    gf = np.zeros(GF_QCACHE + nq, np.float64)
+    gf[GF_NOW] = np.nan
+    return (bk, np.zeros(d if per_block else 1, np.float64), np.zeros((max(heap_size, 1), 4), np.int64),
+            g, gf, np.zeros(nq, np.int64))
 
 
 # ---------------------------------------------------------------- queues
 @njit(cache=True, inline="always")
 def q_append(bk: np.ndarray, qs: np.ndarray, q: int, x: int) -> None:
     """Add block X at the newest end of queue Q."""
-    s = bk.shape[1] - qs.shape[0] + q
-    last = bk[QPREV, s]
-    bk[QNEXT, last] = x
-    bk[QPREV, x] = last
-    bk[QNEXT, x] = s
-    bk[QPREV, s] = x
-    bk[QID, x] = q
+    s = bk.shape[0] - qs.shape[0] + q
+    last = bk[s, QPREV]
+    bk[last, QNEXT] = x
+    bk[x, QPREV] = last
+    bk[x, QNEXT] = s
+    bk[s, QPREV] = x
+    bk[x, QID] = q
     qs[q] += 1
 
 
 @njit(cache=True, inline="always")
 def q_unlink(bk: np.ndarray, qs: np.ndarray, x: int) -> None:
     """Remove block X from its queue (no-op when in none)."""
-    q = bk[QID, x]
+    q = bk[x, QID]
     if q < 0:
         return
-    p = bk[QPREV, x]
-    n = bk[QNEXT, x]
-    bk[QNEXT, p] = n
-    bk[QPREV, n] = p
-    bk[QID, x] = -1
+    p = bk[x, QPREV]
+    n = bk[x, QNEXT]
+    bk[p, QNEXT] = n
+    bk[n, QPREV] = p
+    bk[x, QID] = -1
     qs[q] -= 1
 
 
 @njit(cache=True, inline="always")
 def q_head(bk: np.ndarray, qs: np.ndarray, q: int) -> int:
     """Oldest block of queue Q, or -1 when empty."""
-    d = bk.shape[1] - qs.shape[0]
-    x = bk[QNEXT, d + q]
+    d = bk.shape[0] - qs.shape[0]
+    x = bk[d + q, QNEXT]
     return -1 if x >= d else x
 
 
 @njit(cache=True, inline="always")
 def q_next(bk: np.ndarray, qs: np.ndarray, x: int) -> int:
     """Block after X towards the newest end, or -1 at the end."""
-    n = bk[QNEXT, x]
-    return -1 if n >= bk.shape[1] - qs.shape[0] else n
+    n = bk[x, QNEXT]
+    return -1 if n >= bk.shape[0] - qs.shape[0] else n
 
 
 # ---------------------------------------------------------------- lazy heap
 @njit(cache=True, inline="always")
-def _less(hp: np.ndarray, hk: np.ndarray, i: int, j: int) -> bool:
-    if hk[i] != hk[j]:
-        return hk[i] < hk[j]
-    return hp[K2, i] < hp[K2, j]
+def _less(hp: np.ndarray, i: int, j: int) -> bool:
+    if hp[i, KEY1] != hp[j, KEY1]:
+        return hp[i, KEY1] < hp[j, KEY1]
+    return hp[i, KEY2] < hp[j, KEY2]
 
 
 @njit(cache=True, inline="always")
-def _swap(hp: np.ndarray, hk: np.ndarray, i: int, j: int) -> None:
-    a = hk[i]
-    hk[i] = hk[j]
-    hk[j] = a
-    for row in range(3):
-        b = hp[row, i]
-        hp[row, i] = hp[row, j]
-        hp[row, j] = b
+def _swap(hp: np.ndarray, i: int, j: int) -> None:
+    for c in range(4):
+        a = hp[i, c]
+        hp[i, c] = hp[j, c]
+        hp[j, c] = a
 
 
 @njit(cache=True)
-def _sift_down(hp: np.ndarray, hk: np.ndarray, i: int, n: int) -> None:
+def _sift_down(hp: np.ndarray, i: int, n: int) -> None:
     while True:
         lo = i
         left = 2 * i + 1
-        if left < n and _less(hp, hk, left, lo):
+        if left < n and _less(hp, left, lo):
             lo = left
-        if left + 1 < n and _less(hp, hk, left + 1, lo):
+        if left + 1 < n and _less(hp, left + 1, lo):
             lo = left + 1
         if lo == i:
             return
-        _swap(hp, hk, i, lo)
+        _swap(hp, i, lo)
         i = lo
 
 
 @njit(cache=True, inline="always")
 def _valid(bk: np.ndarray, hp: np.ndarray, i: int) -> bool:
-    x = hp[HID, i]
-    return hp[HVER, i] == bk[VER, x] and bk[PRESENT, x] == 1 and bk[PINNED, x] == 0
+    x = hp[i, HID]
+    return hp[i, HVER] == bk[x, VER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
 
 
 @njit(cache=True)
-def _compact(bk: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray) -> None:
+def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> None:
     n = g[G_HSIZE]
     m = 0
     for i in range(n):
         if _valid(bk, hp, i):
-            hk[m] = hk[i]
-            for row in range(3):
-                hp[row, m] = hp[row, i]
+            for c in range(4):
+                hp[m, c] = hp[i, c]
             m += 1
     g[G_HSIZE] = m
     for i in range(m // 2 - 1, -1, -1):
-        _sift_down(hp, hk, i, m)
+        _sift_down(hp, i, m)
 
 
 @njit(cache=True)
-def heap_push(bk: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, x: int, k1: float,
-              k2: int) -> None:
+def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, k1: int, k2: int) -> None:
     """Make (K1, K2) the key of block X (bumps its version: older entries become stale)."""
-    if g[G_HSIZE] == hk.shape[0]:
-        _compact(bk, hp, hk, g)
-    bk[VER, x] += 1
+    if g[G_HSIZE] == hp.shape[0]:
+        _compact(bk, hp, g)
+    bk[x, VER] += 1
     i = g[G_HSIZE]
     g[G_HSIZE] = i + 1
-    hk[i] = k1
-    hp[K2, i] = k2
-    hp[HID, i] = x
-    hp[HVER, i] = bk[VER, x]
+    hp[i, KEY1] = k1
+    hp[i, KEY2] = k2
+    hp[i, HID] = x
+    hp[i, HVER] = bk[x, VER]
     while i > 0:
         p = (i - 1) // 2
-        if _less(hp, hk, i, p):
-            _swap(hp, hk, i, p)
+        if _less(hp, i, p):
+            _swap(hp, i, p)
             i = p
         else:
             break
 
 
 @njit(cache=True)
-def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray
-                   ) -> int:
-    """Remove and return the valid block with the smallest key (key1 -> gf[GF_LAST_KEY]), or -1."""
+def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray) -> int:
+    """Remove and return the valid block with the smallest key (its key1 -> gf[GF_LAST_KEY]), or -1."""
     while g[G_HSIZE] > 0:
         n = g[G_HSIZE] - 1
         ok = _valid(bk, hp, 0)
-        x = hp[HID, 0]
-        k1 = hk[0]
-        _swap(hp, hk, 0, n)
+        x = hp[0, HID]
+        k1 = hp[0, KEY1]
+        _swap(hp, 0, n)
         g[G_HSIZE] = n
-        _sift_down(hp, hk, 0, n)
+        _sift_down(hp, 0, n)
         if ok:
-            gf[GF_LAST_KEY] = k1
+            gf[GF_LAST_KEY] = float(k1)
             return x
     return -1
 

@@ -5,13 +5,14 @@ figure it is read from, and docs/synth.md explains the generative model. In shor
 
 - to-C (Trace A): users (heavy-tailed activity: Fig 7-10) own sessions; a session has a request type
   (text/image/file/search, Fig 5), maybe one of a few system prompts shared by everybody (the only
-  cross-session, hence cross-user, reuse: Fig 6), a turn count (P(2+ turns) by type, then a
-  continuation probability at turn 2 and a per-session engagement for turns 3+, giving p50 1, p90 ~5
-  and a long tail: Fig 9-11) and per-category exponential gaps between turns (Fig 12-15); a turn
-  sends the whole conversation so far plus its new input (paper-notes "The traces").
+  cross-session, hence cross-user, reuse: Fig 6), a turn count (a 2nd turn with a per-type
+  probability, then each further turn with a per-session engagement drawn from a Beta: a mixture of
+  geometrics giving turn p50 1, p90 5 and a long tail, Fig 9-11) and per-category exponential gaps
+  between turns (Fig 12-15); a turn sends the whole conversation so far plus its new input
+  (paper-notes "The traces"); a conversation longer than the model's window is not continued.
 - to-B (Trace B): API programs (users), each with a fixed system prompt of its own, send single-turn
-  requests at a program-specific rate inside an activity window; one in ~2,000 requests gets a quick
-  follow-up turn (<0.1% multi-turn, Fig 5).
+  requests at a program-specific rate, the whole trace long or in one batch job; one in ~2,000
+  requests gets a quick follow-up turn (<0.1% multi-turn, Fig 5).
 
 The calibration targets (issue 3) are checked through the real ingest and analyses by
 tests/trace/test_synth_calibration.py. Everything is vectorized with numpy and deterministic for a seed.
@@ -34,6 +35,7 @@ from tongyi_trace.trace.synth_core import (
     SynthTrace,
     assemble,
     group_starts,
+    system_prompt_tokens,
     write_jsonl,
 )
 
@@ -64,7 +66,7 @@ class ToCParams:
         "file": TypeParams(0.12, 0.35, (2560, 0.9), (170, 1.0), (280, 0.8), (140.0, 160.0, 180.0)),
         "search": TypeParams(0.16, 0.35, (1280, 0.5), (1340, 0.6), (320, 0.6), (70.0, 90.0, 110.0)),
     })
-    engagement_beta: tuple[float, float] = (5.3, 3.9)  # continuation prob. at turn 3+ ~ Beta (Fig 9, 11)
+    engagement_beta: tuple[float, float] = (5.3, 3.9)  # P(turn k+1 | turn k >= 2) ~ Beta (Fig 9, 11)
     max_turns: int = 250  # Fig 9: max 232 turns in A
     max_context_tokens: int = 32_768  # the served model's window: a longer chat is a new session
     requests_per_user: float = 12.0  # users = requests / this (Fig 10)
@@ -80,10 +82,10 @@ class ToBParams:
     """The to-B (API, Trace B) generative model; see docs/synth.md for each value's source."""
 
     requests_per_program: float = 200.0  # programs = requests / this
-    program_activity_sigma: float = 1.2  # lognormal spread of program request rates (Fig 7-8: B skew)
+    program_activity_sigma: float = 2.5  # lognormal spread of program request rates (Fig 7-8: B skew)
     system_prompt_tokens: tuple[float, float] = (800, 0.6)  # per program (Fig 4: B ideal hit 54%)
-    input_to_prompt_ratio: tuple[float, float] = (0.6, 0.3)  # per program: median new input / prompt
-    input_tokens_sigma: float = 0.6  # spread of one program's new inputs
+    input_to_prompt_ratio: tuple[float, float] = (0.75, 0.1)  # per program: median new input / prompt
+    input_tokens_sigma: float = 0.4  # spread of one program's new inputs
     output_tokens: tuple[float, float] = (150, 0.8)
     always_on_share: float = 0.5  # programs active the whole trace; the others run one batch job
     batch_minutes: tuple[float, float] = (10.0, 1.0)  # a batch job's length (lognormal median, sigma)
@@ -145,7 +147,7 @@ def select_requests(sr: SessionRequests, keep: np.ndarray, num_requests: int) ->
 def input_tokens_of(sr: SessionRequests) -> I64:
     """Input tokens of each request (system prompt + earlier turns' new input and output + new input)."""
     start = group_starts(sr.session)
-    sys_tok = np.where(sr.sys_id >= 0, sr.sys_tokens_by_id[np.maximum(sr.sys_id, 0)], 0)
+    sys_tok = system_prompt_tokens(sr)
     step = sr.new_tokens + sr.output_tokens
     return (_within_session_cumsum(step, start) - step + sys_tok + sr.new_tokens).astype(np.int64)
 
@@ -205,7 +207,7 @@ def draw_to_c(rng: np.random.Generator, num_requests: int, duration_s: float,
               p: ToCParams | None = None) -> SessionRequests:
     """Sessions of the to-C profile, cut to exactly NUM_REQUESTS requests inside DURATION_S."""
     p = p or ToCParams()
-    duration_ms = int(round(duration_s * 1000))
+    duration_ms = round(duration_s * 1000)
     num_users = max(1, round(num_requests / p.requests_per_user))
     w = np.exp(p.user_activity_sigma * rng.standard_normal(num_users))
     user_weights = w / w.sum()
@@ -225,7 +227,7 @@ def draw_to_b(rng: np.random.Generator, num_requests: int, duration_s: float,
               p: ToBParams | None = None) -> SessionRequests:
     """Requests of the to-B profile: exactly NUM_REQUESTS inside DURATION_S."""
     p = p or ToBParams()
-    duration_ms = int(round(duration_s * 1000))
+    duration_ms = round(duration_s * 1000)
     num_programs = max(1, round(num_requests / p.requests_per_program))
     w = np.exp(p.program_activity_sigma * rng.standard_normal(num_programs))
     weights = w / w.sum()

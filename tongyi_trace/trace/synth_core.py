@@ -95,11 +95,17 @@ def group_starts(session: I64) -> I64:
     return np.repeat(first, np.diff(np.append(first, n))).astype(np.int64)
 
 
+def system_prompt_tokens(sr: SessionRequests) -> I64:
+    """Tokens of each request's shared system prompt (0 without one)."""
+    padded = np.append(sr.sys_tokens_by_id.astype(np.int64), 0)  # sys_id -1 picks the trailing 0
+    return padded[sr.sys_id]
+
+
 def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthTrace:
     """Input lengths, content block ids, chat ids and parents of SR, sorted by arrival (see module doc)."""
     n = sr.session.size
     start = group_starts(sr.session)
-    sys_tok = np.where(sr.sys_id >= 0, sr.sys_tokens_by_id[np.maximum(sr.sys_id, 0)], 0).astype(np.int64)
+    sys_tok = system_prompt_tokens(sr)
     # stream tokens before turn k = sys + sum_{j<k} (new_j + out_j)
     step = sr.new_tokens + sr.output_tokens
     cs = np.cumsum(step) - step  # exclusive cumsum over the whole array

@@ -4,13 +4,15 @@ Two patches, both reversible by restarting the server without KVTRACE_POLICY:
 - `vllm.v1.core.block_pool.FreeKVCacheBlockQueue` (the name BlockPool builds its queue with) becomes a
   factory returning a PolicyFreeQueue; if building it fails, vLLM's own queue is returned (counted).
 - `KVCacheManager.free` and `KVCacheManager.pop_blocks_for_free` first tell the queue the category
-  (SamplingParams.extra_args["kv_category"], sent as `vllm_xargs` by `kvtrace replay`) and the block
-  positions of the request whose blocks are about to be released.
+  (SamplingParams.extra_args["kv_category"], sent as `vllm_xargs` by `kvtrace replay`), the trace time
+  (extra_args["kv_time_s"], optional) and the block positions of the request about to be released;
+  `KVCacheManager.get_computed_blocks` (a request reaches the scheduler) advances the trace clock.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from tongyi_trace.vllm_plugin.config import PluginConfig
@@ -20,11 +22,16 @@ from tongyi_trace.vllm_plugin.stats import PluginStats
 _installed = False
 
 
-def request_category(request: Any) -> object:
-    """The request's kv_category from its sampling params' extra_args (None when absent)."""
+def request_tags(request: Any) -> tuple[object, float | None]:
+    """The request's kv_category and kv_time_s (trace seconds) from its SamplingParams.extra_args."""
     sp = getattr(request, "sampling_params", None)
     extra = getattr(sp, "extra_args", None) if sp is not None else None
-    return extra.get("kv_category") if isinstance(extra, dict) else None
+    if not isinstance(extra, dict):
+        return None, None
+    t = extra.get("kv_time_s")
+    if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+        return extra.get("kv_category"), float(t)
+    return extra.get("kv_category"), None
 
 
 def install(config: PluginConfig, log: logging.Logger) -> None:
@@ -39,6 +46,7 @@ def install(config: PluginConfig, log: logging.Logger) -> None:
     manager_cls = kv_cache_manager.KVCacheManager
     original_free = manager_cls.free
     original_pop = manager_cls.pop_blocks_for_free
+    original_computed = manager_cls.get_computed_blocks
     shared: dict[str, PluginStats] = {}
 
     def stats() -> PluginStats:
@@ -69,11 +77,11 @@ def install(config: PluginConfig, log: logging.Logger) -> None:
         if not isinstance(queue, PolicyFreeQueue):
             return
         try:
-            category = request_category(request)
+            category, time_s = request_tags(request)
             for single in manager.coordinator.single_type_managers:
                 blocks = single.req_to_blocks.get(request.request_id)
                 if blocks:
-                    queue.note_request(blocks, category)
+                    queue.note_request(blocks, category, time_s)
         except Exception as e:  # the blocks keep their previous category and offset
             queue.stats.record_fallback(f"annotate: {type(e).__name__}: {e}")
 
@@ -85,9 +93,22 @@ def install(config: PluginConfig, log: logging.Logger) -> None:
         annotate(self, request)
         return original_pop(self, request)
 
+    def get_computed_blocks(self: Any, request: Any) -> Any:
+        queue = self.block_pool.free_block_queue
+        if isinstance(queue, PolicyFreeQueue):
+            try:
+                _, time_s = request_tags(request)
+                if time_s is not None:
+                    queue.observe_time(time_s)
+            except Exception as e:
+                queue.stats.record_fallback(f"observe_time: {type(e).__name__}: {e}")
+        return original_computed(self, request)
+
+    get_computed_blocks.__doc__ = original_computed.__doc__
     free.__doc__ = original_free.__doc__
     pop_blocks_for_free.__doc__ = original_pop.__doc__
     block_pool.FreeKVCacheBlockQueue = make_queue
     manager_cls.free = free
     manager_cls.pop_blocks_for_free = pop_blocks_for_free
+    manager_cls.get_computed_blocks = get_computed_blocks
     _installed = True

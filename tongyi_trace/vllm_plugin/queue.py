@@ -5,15 +5,21 @@ evicts from the front. This class has the same interface (popleft, popleft_n, re
 append_n, prepend_n, get_all_free_blocks, iter_blocks_after, num_free_blocks) and decides the order:
 
 - blocks put back with `prepend_n` (no hash: never match a prefix) are reused first, LIFO, as in vLLM;
-- blocks put back with `append_n` (cached) join the queue of their category w, ordered by last access
-  (the time they were freed); a block's category and offset are those of the request that released it
-  last (`note_request`, called by the plugin when vLLM frees a request's blocks);
+- blocks put back with `append_n` (cached) join the queue of their category w, ordered by last access;
+  a block's category and offset are those of the request that released it last (`note_request`,
+  called by the plugin when vLLM frees a request's blocks);
+- the clock: when requests carry their trace time (`vllm_xargs` "kv_time_s", sent by `kvtrace replay`),
+  the queue runs on trace time exactly like the simulator: a released block's last access is its
+  request's trace time, and "now" is the latest trace time of a request the scheduler has seen
+  (`observe_time`). Otherwise last access is the release time and now the wall clock, both
+  multiplied by `time_scale` (trace seconds per wall second);
 - eviction picks among the cached blocks with the mode's rule:
   * `wa`   (paper section 4.2): compare the W queue heads by (ReuseProb_w(t, life), -offset) using the
     shared definition in tongyi_trace.wa_priority; the lowest priority goes. Exact ties go to the
     least recently freed head.
   * `lru`  the least recently freed block (the global LRU head is one of the W heads): vLLM's own order.
   * `fifo` the block that entered the cache first (a hit does not move it).
+  * `s3fifo` S3-FIFO (small + main FIFO + ghost), see s3fifo.py.
   Any exception while deciding falls back to the LRU choice for that eviction and is counted.
 
 Pure Python on duck-typed blocks (`block_id`, `block_hash`): it runs inside vLLM and in plain tests.
@@ -22,16 +28,18 @@ Pure Python on duck-typed blocks (`block_id`, `block_hash`): it runs inside vLLM
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tongyi_trace.vllm_plugin.s3fifo import S3FifoOrder
 from tongyi_trace.vllm_plugin.stats import PluginStats
 from tongyi_trace.wa_priority import evicts_before, reuse_prob
 
-EVICTION_MODES = ("wa", "lru", "fifo")
+EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo")
 DEFAULT_CATEGORY = "default"
 _NOT_FREE = -2
 _UNCACHED = -1
@@ -87,7 +95,10 @@ class PolicyFreeQueue:
         self._last_s = [0.0] * n            # time of the last release (wall seconds)
         self._seq = [0] * n                 # release order (ties and LRU)
         self._first_seq = [-1] * n          # FIFO: when the block entered the cache (-1 = not cached)
+        self._req_s = [math.nan] * n        # trace time of the last releasing request (nan: none given)
+        self.trace_now_s: float | None = None
         self._fifo_heap: list[tuple[int, int]] = []
+        self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
         self._next_seq = 0
         self.num_free_blocks = 0
         for b in blocks:
@@ -100,21 +111,37 @@ class PolicyFreeQueue:
         """Index of category NAME (unknown or missing -> `default`)."""
         return self._index.get(name, 0) if isinstance(name, str) else 0
 
-    def note_request(self, blocks: Iterable[Any], category: object) -> None:
-        """Record that a request of CATEGORY releases BLOCKS (in request order: position = offset)."""
+    def note_request(self, blocks: Iterable[Any], category: object, time_s: float | None = None) -> None:
+        """Record that a request of CATEGORY (trace time TIME_S, if known) releases BLOCKS, given in
+        request order (position = offset)."""
         cat = self.category_index(category)
+        req_s = math.nan if time_s is None else float(time_s)
+        if time_s is not None:
+            self.observe_time(req_s)
         for pos, b in enumerate(blocks):
             bid = b.block_id
             if 0 <= bid < len(self._cat):
                 self._cat[bid] = cat
                 self._offset[bid] = pos
+                self._req_s[bid] = req_s
+
+    def observe_time(self, time_s: float) -> None:
+        """A request of trace time TIME_S reached the scheduler: the trace clock moves forward to it."""
+        if self.trace_now_s is None or time_s > self.trace_now_s:
+            self.trace_now_s = time_s
+
+    def now_s(self) -> float:
+        """The policy clock: trace time when requests carry it, else scaled wall time."""
+        if self.trace_now_s is not None:
+            return self.trace_now_s
+        return self._clock_s() * self.policy.time_scale
 
     # --- the FreeKVCacheBlockQueue interface -------------------------------------------------------
     def popleft(self) -> Any:
         """Take the next block to reuse (evicting its cached content if any)."""
         if self.num_free_blocks == 0:
             raise ValueError("No free blocks available")
-        return self._pop(self._clock_s())
+        return self._pop(self.now_s())
 
     def popleft_n(self, n: int) -> list[Any]:
         """Take N blocks to reuse."""
@@ -122,7 +149,7 @@ class PolicyFreeQueue:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        now_s = self._clock_s()
+        now_s = self.now_s()
         return [self._pop(now_s) for _ in range(n)]
 
     def remove(self, block: Any) -> None:
@@ -136,6 +163,8 @@ class PolicyFreeQueue:
         else:
             del self._queues[where][bid]
             self.stats.hits_on_free += 1
+            if self._s3 is not None:
+                self._s3.hit(bid)
         self._where[bid] = _NOT_FREE
         self.num_free_blocks -= 1
 
@@ -147,18 +176,22 @@ class PolicyFreeQueue:
         """Put released cached blocks back, most evictable first (vLLM passes a request's tail first)."""
         if not blocks:
             return
-        now_s = self._clock_s()
+        now_s = self.now_s()
+        trace_clock = self.trace_now_s is not None
         for b in blocks:
             bid = b.block_id
             self._ensure(bid)
             cat = self._cat[bid]
             self._where[bid] = cat
             self._queues[cat][bid] = b
-            self._last_s[bid] = now_s
+            req_s = self._req_s[bid]
+            self._last_s[bid] = req_s if trace_clock and req_s == req_s else now_s
             self._seq[bid] = seq = self._next_seq
             self._next_seq += 1
             if self._first_seq[bid] < 0:
                 self._first_seq[bid] = seq
+                if self._s3 is not None:
+                    self._s3.cached(bid, b.block_hash)
             if self.policy.mode == "fifo":
                 heapq.heappush(self._fifo_heap, (self._first_seq[bid], bid))
         self.num_free_blocks += len(blocks)
@@ -195,6 +228,10 @@ class PolicyFreeQueue:
         if self._uncached:
             bid, block = self._uncached.popitem(last=False)
             self._where[bid] = _NOT_FREE
+            self._first_seq[bid] = -1
+            if self._s3 is not None:
+                self._s3.forget(bid)
+                self._s3.allocated(bid)
             self.num_free_blocks -= 1
             return block
         t0 = time.perf_counter_ns()
@@ -208,6 +245,9 @@ class PolicyFreeQueue:
                                    cached=block.block_hash is not None)
         self._where[bid] = _NOT_FREE
         self._first_seq[bid] = -1
+        if self._s3 is not None:
+            self._s3.forget(bid)
+            self._s3.allocated(bid)
         self.num_free_blocks -= 1
         return block
 
@@ -217,6 +257,8 @@ class PolicyFreeQueue:
             return self._choose_lru()
         if mode == "fifo":
             return self._choose_fifo()
+        if mode == "s3fifo":
+            return self._choose_s3fifo()
         return self._choose_wa(now_s)
 
     def _choose_lru(self) -> int:
@@ -240,16 +282,24 @@ class PolicyFreeQueue:
             heapq.heappop(heap)
         raise RuntimeError("FIFO heap is out of sync with the free blocks")
 
+    def _choose_s3fifo(self) -> int:
+        assert self._s3 is not None
+        where = self._where
+        bid = self._s3.choose(lambda b: where[b] >= 0)
+        if bid < 0:
+            raise RuntimeError("S3-FIFO queues hold no free block")
+        self._queues[where[bid]].move_to_end(bid, last=False)
+        return where[bid]
+
     def _choose_wa(self, now_s: float) -> int:
         pol = self.policy
-        scale = pol.time_scale
         best = -1
         best_prob, best_off, best_seq = 0.0, 0, 0
         for i, q in enumerate(self._queues):
             if not q:
                 continue
             bid = next(iter(q))
-            prob = reuse_prob(self._p[i], self._rate[i], (now_s - self._last_s[bid]) * scale,
+            prob = reuse_prob(self._p[i], self._rate[i], now_s - self._last_s[bid],
                               self._life[i], pol.use_life, pol.conditional)
             off, seq = self._offset[bid], self._seq[bid]
             if best < 0 or evicts_before(prob, off, best_prob, best_off, pol.use_offset) or (
@@ -266,6 +316,7 @@ class PolicyFreeQueue:
             self._last_s += [0.0] * grow
             self._seq += [0] * grow
             self._first_seq += [-1] * grow
+            self._req_s += [math.nan] * grow
 
     def _compact_fifo(self) -> None:
         self._fifo_heap = [(f, b) for f, b in self._fifo_heap if self._where[b] >= 0 and self._first_seq[b] == f]

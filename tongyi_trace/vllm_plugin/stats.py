@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -120,10 +121,8 @@ class PluginStats:
         while True:
             time.sleep(self._flush_every_s)
             if self._dirty:
-                try:
+                with contextlib.suppress(OSError):
                     self.write()
-                except OSError:
-                    pass
 
 
 def decision_summary(doc: dict[str, Any]) -> dict[str, float | None]:

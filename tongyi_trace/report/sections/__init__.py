@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from tongyi_trace.report.model import Section
 from tongyi_trace.report.sections import (
+    compare,
     fit,
     hit_ratio,
     kv_size,
@@ -14,6 +15,7 @@ from tongyi_trace.report.sections import (
     live_set,
     next_turn,
     provenance,
+    replay,
     request_mix,
     reuse_time,
     skew,
@@ -41,4 +43,7 @@ BUILDERS: list[Builder] = [
     live_set.build,
     # the reuse model (`kvtrace fit`)
     fit.build,
+    # live replays on vLLM (`kvtrace replay`), one section each
+    replay.build,
+    compare.build,
 ]

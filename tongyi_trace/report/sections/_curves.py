@@ -8,16 +8,15 @@ A bin row (upper_s, cumulative share) is drawn as a point at the bin's upper edg
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 import polars as pl
 
 from tongyi_trace.analysis.common import BINS_PER_DECADE
-from tongyi_trace.report.figures import add_curves, new_figure
+from tongyi_trace.report.figures import Fig, add_curves, category_lines, new_figure
 
 ZERO_DRAWN_AT_S = 1e-3
 
 
-def category_cdf(df: pl.DataFrame, y_col: str, *, x_title: str, y_title: str, all_label: str) -> go.Figure:
+def category_cdf(df: pl.DataFrame, y_col: str, *, x_title: str, y_title: str, all_label: str) -> Fig:
     """One curve per category of DF (columns category, upper_s, Y_COL), the ALL_LABEL row first.
 
     When the trace has a single category, its curve equals the overall one and only that is drawn.
@@ -31,7 +30,7 @@ def category_cdf(df: pl.DataFrame, y_col: str, *, x_title: str, y_title: str, al
         x = np.maximum(part["upper_s"].to_numpy(), ZERO_DRAWN_AT_S)
         y = part[y_col].fill_null(0.0).to_numpy()
         groups[str(cat)] = (np.concatenate(([x[0] / 10 ** (1 / BINS_PER_DECADE)], x)), np.concatenate(([0.0], y)))
-    return add_curves(fig, groups, mode="lines")
+    return add_curves(fig, groups, mode="lines", lines=category_lines(list(groups), all_label))
 
 
 def categories_to_show(categories: pl.Series, all_label: str) -> list[str]:

@@ -9,13 +9,12 @@ import statistics
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import polars as pl
 
 from tongyi_trace.errors import InputError
 from tongyi_trace.report import fmt
 from tongyi_trace.report.artifacts import read_json, read_parquet, require
-from tongyi_trace.report.figures import new_figure
+from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 
@@ -59,8 +58,9 @@ def build(run: RunDir) -> list[Section]:
     s.tables["params"] = _params_table(rows)
     if test is not None:
         s.tables["test"] = _test_table(rows)
+    # KS over categories fitted on their own data that saw reuses (no reuse at all fits trivially).
     own = [r for r in rows if r.get("category") != "default" and not r.get("fallback")
-           and r.get("train_num_samples")]
+           and r.get("train_num_observed")]
     ks_train = [float(r["train_ks"]) for r in own if r.get("train_ks") is not None]
     ks_test = [float(r["test_ks_policy"]) for r in own if r.get("test_ks_policy") is not None]
     opts = doc.get("options") or {}
@@ -88,7 +88,7 @@ def _panel_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("category") == "default"] + cats[:MAX_PANELS]
 
 
-def _panel(df: pl.DataFrame, with_test: bool) -> go.Figure | None:
+def _panel(df: pl.DataFrame, with_test: bool) -> Fig | None:
     if df.height == 0:
         return None
     fig = new_figure(x_title="d (s)", y_title="P(reused within d)", height_px=280,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from tongyi_trace.report import fmt
-from tongyi_trace.report.figures import labels, new_figure
+from tongyi_trace.report.figures import Fig, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.report.sections._analysis import load, section
 from tongyi_trace.run import RunDir
@@ -44,7 +44,7 @@ def build(run: RunDir) -> list[Section]:
     return [s]
 
 
-def _bars(df: pl.DataFrame, key: str) -> object:
+def _bars(df: pl.DataFrame, key: str) -> Fig:
     fig = new_figure(x_title=key, y_title="ideal hit ratio", barmode="group")
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
     x = labels(df[key].fill_null("(none)").to_list())

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from tongyi_trace.report import fmt
-from tongyi_trace.report.figures import label, labels, new_figure
+from tongyi_trace.report.figures import category_lines, label, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.report.sections._analysis import load, section
 from tongyi_trace.run import RunDir
@@ -30,9 +30,10 @@ def build(run: RunDir) -> list[Section]:
     win = a.table("windows").sort(["category", "window_start_s"])
     fig = new_figure(x_title="window start (min from trace start)", y_title="next-turn probability in window")
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    styles = category_lines(win["category"].unique(maintain_order=True).to_list(), all_label="")
     for (cat,), part in win.group_by(["category"], maintain_order=True):
         fig.add_scatter(x=part["window_start_s"].to_numpy() / 60.0, y=part["next_turn_prob_in_window"].to_numpy(),
-                        mode="lines+markers", name=label(cat))
+                        mode="lines+markers", name=label(cat), line=styles[cat], marker={"size": 4})
     s.figures["windows"] = fig
     s.tables["categories"] = Table(
         columns=["category", "requests", "with a next turn", f"within {window_min:g} min", "probability",

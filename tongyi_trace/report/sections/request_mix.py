@@ -3,11 +3,10 @@ skew (paper Fig 5, 9, 10). Artifact: analysis/request_mix.json."""
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
 import polars as pl
 
 from tongyi_trace.report import fmt
-from tongyi_trace.report.figures import labels, new_figure
+from tongyi_trace.report.figures import Fig, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.report.sections._analysis import load, section
 from tongyi_trace.run import RunDir
@@ -59,7 +58,7 @@ def build(run: RunDir) -> list[Section]:
     return [s]
 
 
-def _types_figure(types: pl.DataFrame) -> go.Figure:
+def _types_figure(types: pl.DataFrame) -> Fig:
     fig = new_figure(x_title="request type", y_title="share of requests", barmode="stack")
     fig.update_yaxes(tickformat=".0%")
     x = labels(types["type"].fill_null("(none)").to_list())

@@ -5,11 +5,10 @@ type (paper Fig 16-18). Artifact: analysis/spatial.json."""
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 import polars as pl
 
 from tongyi_trace.report import fmt
-from tongyi_trace.report.figures import new_figure
+from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section
 from tongyi_trace.report.sections._analysis import load, section
 from tongyi_trace.run import RunDir
@@ -52,7 +51,7 @@ def build(run: RunDir) -> list[Section]:
     return [s]
 
 
-def _heatmap(df: pl.DataFrame, height_px: int = 420) -> go.Figure:
+def _heatmap(df: pl.DataFrame, height_px: int = 420) -> Fig:
     offsets = sorted(df["offset_pct"].unique().to_list())
     strides = sorted(df["stride_pct"].unique().to_list())
     z = np.full((len(offsets), len(strides)), np.nan)

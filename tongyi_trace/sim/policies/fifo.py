@@ -10,6 +10,9 @@ Definition: first-in-first-out replacement (textbook; libCacheSim FIFO.c).
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import numpy as np
 from numba import njit
 
@@ -21,34 +24,37 @@ SPEC = PolicySpec("fifo", PID, NoParams, "first in, first out; hits do not reord
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    if bk[QID, x] < 0:
+    if bk[x, QID] < 0:
         q_append(bk, qs, 0, x)
 
 
 @njit(cache=True)
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     cur = g[G_CURSOR]
     x = q_head(bk, qs, 0) if cur < 0 else q_next(bk, qs, cur)
     while x >= 0:
-        if bk[PINNED, x] == 0:
+        if bk[x, PINNED] == 0:
             q_unlink(bk, qs, x)
             return x
         g[G_CURSOR] = x
         x = q_next(bk, qs, x)
     return -1
+
+
+SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

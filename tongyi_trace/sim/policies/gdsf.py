@@ -18,6 +18,8 @@ policy", HP Labs 1998; the paper's baseline ("clock + frequency x cost / size");
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,15 +53,15 @@ SPEC = PolicySpec("gdsf", PID, GdsfParams, "GreedyDual-Size-Frequency, cost = re
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    bk[FREQ, x] += 1
+    bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    bk[FREQ, x] = 1
+    bk[x, FREQ] = 1
 
 
 @njit(cache=True, inline="always")
@@ -69,18 +71,21 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    h = gf[GF_CLOCK] + bk[FREQ, x] * cost_per_token(pos, ntok, fp[1], fp[0])
+    h = gf[GF_CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[1], fp[0])
     g[G_STAMP] += 1
-    heap_push(bk, hp, hk, g, x, h, g[G_STAMP])
+    heap_push(bk, hp, g, x, h, g[G_STAMP])
 
 
 @njit(cache=True, inline="always")
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    x = heap_pop_valid(bk, hp, hk, g, gf)
+    x = heap_pop_valid(bk, hp, g, gf)
     if x >= 0:
         gf[GF_CLOCK] = gf[GF_LAST_KEY]
     return x
+
+
+SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

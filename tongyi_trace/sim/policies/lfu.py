@@ -10,6 +10,9 @@ Definition: least-frequently-used with in-cache frequency (libCacheSim LFU.c); t
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import numpy as np
 from numba import njit
 
@@ -22,26 +25,29 @@ SPEC = PolicySpec("lfu", PID, NoParams, "least frequently used (in-cache count),
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    bk[FREQ, x] += 1
+    bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    bk[FREQ, x] = 1
+    bk[x, FREQ] = 1
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     g[G_STAMP] += 1
-    heap_push(bk, hp, hk, g, x, float(bk[FREQ, x]), g[G_STAMP])
+    heap_push(bk, hp, g, x, float(bk[x, FREQ]), g[G_STAMP])
 
 
 @njit(cache=True, inline="always")
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    return heap_pop_valid(bk, hp, hk, g, gf)
+    return heap_pop_valid(bk, hp, g, gf)
+
+
+SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

@@ -22,6 +22,8 @@ move-to-main-threshold 1: "if object in the small is accessed, reinsert to main 
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,37 +63,37 @@ SPEC = PolicySpec("s3fifo", PID, S3FifoParams, "S3-FIFO (SOSP'23): small + main 
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    if bk[FREQ, x] < ip[1]:
-        bk[FREQ, x] += 1
+    if bk[x, FREQ] < ip[1]:
+        bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
 def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, fp: np.ndarray, x: int) -> bool:
-    if bk[AUX, x] == 0:
+    if bk[x, AUX] == 0:
         return False
     ghost_size = max(1, int(fp[1] * ip[7]))  # ip[7] = capacity (set by the kernel)
-    return g[G_GHOST] - bk[AUX, x] < ghost_size
+    return g[G_GHOST] - bk[x, AUX] < ghost_size
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    bk[FREQ, x] = 0
+    bk[x, FREQ] = 0
     if _in_ghost(bk, g, ip, fp, x):
-        bk[AUX2, x] = _M
-        bk[AUX, x] = 0
+        bk[x, AUX2] = _M
+        bk[x, AUX] = 0
     else:
-        bk[AUX2, x] = _S
+        bk[x, AUX2] = _S
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    if bk[QID, x] < 0:
-        q_append(bk, qs, bk[AUX2, x], x)
+    if bk[x, QID] < 0:
+        q_append(bk, qs, bk[x, AUX2], x)
 
 
 @njit(cache=True)
@@ -100,17 +102,17 @@ def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) 
     while qs[_S] > 0:
         t = q_head(bk, qs, _S)
         q_unlink(bk, qs, t)
-        if bk[PINNED, t] == 1:
+        if bk[t, PINNED] == 1:
             q_append(bk, qs, _S, t)
             guard -= 1
             if guard < 0:
                 return -1
             continue
-        if bk[FREQ, t] >= ip[0]:
+        if bk[t, FREQ] >= ip[0]:
             q_append(bk, qs, _M, t)
             continue
         g[G_GHOST] += 1
-        bk[AUX, t] = g[G_GHOST]
+        bk[t, AUX] = g[G_GHOST]
         return t
     return -1
 
@@ -125,11 +127,11 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
         if guard < 0:
             q_append(bk, qs, _M, t)
             return -1
-        if bk[PINNED, t] == 1:
+        if bk[t, PINNED] == 1:
             q_append(bk, qs, _M, t)
             continue
-        if bk[FREQ, t] > 0:
-            bk[FREQ, t] -= 1
+        if bk[t, FREQ] > 0:
+            bk[t, FREQ] -= 1
             q_append(bk, qs, _M, t)
             continue
         return t
@@ -137,7 +139,7 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     small_target = max(1, int(fp[0] * ip[7]))
     if qs[_S] >= small_target or qs[_M] == 0:
@@ -149,3 +151,6 @@ def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.
         if x < 0:
             x = _evict_small(bk, g, qs, ip)
     return x
+
+
+SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

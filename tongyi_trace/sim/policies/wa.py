@@ -19,6 +19,8 @@ Source: Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 4.2; vL
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,29 +58,29 @@ SPEC = PolicySpec("wa", PID, WaParams, "workload-aware (paper 4.2): per-category
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     ft[x] = now
-    bk[CAT, x] = c
-    bk[BPOS, x] = pos
+    bk[x, CAT] = c
+    bk[x, BPOS] = pos
     q_append(bk, qs, c, x)
 
 
 @njit(cache=True)
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     use_life = ip[0] == 1
     conditional = ip[1] == 1
@@ -92,10 +94,13 @@ def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, hk: np.ndarray, g: np.
         h = q_head(bk, qs, w)
         prob = reuse_prob(cw[0, w], cw[1, w], now - ft[h], cw[2, w], use_life,
                           conditional)
-        if best < 0 or evicts_before(prob, bk[BPOS, h], best_prob, best_off, use_offset):
+        if best < 0 or evicts_before(prob, bk[h, BPOS], best_prob, best_off, use_offset):
             best = h
             best_prob = prob
-            best_off = bk[BPOS, h]
+            best_off = bk[h, BPOS]
     if best >= 0:
         q_unlink(bk, qs, best)
     return best
+
+
+SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

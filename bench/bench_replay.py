@@ -1,0 +1,116 @@
+"""Replay figures for the note: dispatch drift and client CPU at 20/50/100 req/s against a local stand-in
+endpoint (tongyi_trace.replay.standin in its own process, NOT vLLM; target p99 < 5 ms), and the real CPU
+vLLM engine's hit ratio vs the simulator's LRU prediction at three cache capacities.
+
+Run: .venv/bin/python bench/bench_replay.py [--skip-engine] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from tongyi_trace.replay import engine as eng
+from tongyi_trace.replay.runner import ReplayOptions, run_replay
+from tongyi_trace.replay.schedule import ScheduleOptions
+from tongyi_trace.trace.ingest import ingest_trace
+from tongyi_trace.trace.synth import synth_to_file
+
+RATES_PER_S = (20, 50, 100)
+CAPACITIES_BLOCKS = (150, 300, 600)
+
+
+def _constant_rate_trace(path: Path, rate_per_s: float, seconds: float) -> None:
+    """Bailian JSONL: requests at a constant rate, 1,000-token prompts sharing a 512-token head, 2 outputs."""
+    n = int(rate_per_s * seconds)
+    with path.open("w") as fh:
+        for i in range(n):
+            ids = list(range(32)) + [1000 + i * 100 + k for k in range(31)]
+            fh.write(json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": i / rate_per_s,
+                                 "input_length": 1000, "output_length": 2, "type": "text", "turn": 1,
+                                 "hash_ids": ids}) + "\n")
+
+
+def bench_drift(seconds: float) -> None:
+    """Drift p50/p99 and client CPU share per rate, against the stand-in in a separate process."""
+    server = subprocess.Popen([sys.executable, "-m", "tongyi_trace.replay.standin"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        print(f"dispatch drift vs a stand-in endpoint ({url}, separate process), {seconds:.0f} s per rate")
+        print(f"{'req/s':>6} {'requests':>9} {'drift p50 ms':>13} {'drift p99 ms':>13} {'max ms':>8} "
+              f"{'client CPU %':>13} {'errors':>7}")
+        me = psutil.Process()
+        with tempfile.TemporaryDirectory() as tmp:
+            for rate in RATES_PER_S:
+                trace = Path(tmp) / f"r{rate}.jsonl"
+                _constant_rate_trace(trace, rate, seconds)
+                run = Path(tmp) / f"run{rate}"
+                ingest_trace(trace, run)
+                cpu0, t0 = me.cpu_times(), time.monotonic()
+                res = run_replay(run, url, ReplayOptions(name="bench"))
+                cpu1, wall = me.cpu_times(), time.monotonic() - t0
+                cpu_pct = 100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall
+                d = res.summary["drift_ms"]
+                ok = "ok " if d["p99"] < 5.0 else "MISS"
+                print(f"{rate:>6} {res.summary['counts']['num_done']:>9} {d['p50']:>13.3f} {d['p99']:>13.3f} "
+                      f"{d['max']:>8.2f} {cpu_pct:>13.1f} {res.summary['counts']['num_error']:>7}  "
+                      f"p99<5ms {ok}")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def bench_engine(num_requests: int) -> None:
+    """Engine /metrics hit ratio vs the simulator's LRU prediction at three capacities (fresh engine each)."""
+    if not eng.is_installed():
+        print("engine vs simulator: skipped (run 'kvtrace engine install')")
+        return
+    print(f"\nengine vs simulator hit ratio: to-C synthetic, {num_requests} requests, one at a time, "
+          "32-token blocks, max-model-len 2048, 4 output tokens")
+    print(f"{'blocks':>7} {'engine':>8} {'simulator LRU':>14} {'gap pp':>7} {'exact share':>12} {'ideal':>7} "
+          f"{'replay s':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "toc.jsonl"
+        synth_to_file("to-c", 1, trace, num_requests=400, duration_s=600)
+        run = Path(tmp) / "run"
+        ingest_trace(trace, run)
+        for blocks in CAPACITIES_BLOCKS:
+            name = f"bench-{blocks}"
+            st = eng.start(num_blocks=blocks, block_size=32, max_model_len=2048, name=name)
+            try:
+                t0 = time.monotonic()
+                res = run_replay(run, st.url, ReplayOptions(
+                    name=f"b{blocks}", max_in_flight=1, reset_cache=True,
+                    schedule=ScheduleOptions(speedup=1000.0, max_requests=num_requests, max_output_tokens=4)))
+                wall = time.monotonic() - t0
+            finally:
+                eng.stop(name)
+            s, rec = res.summary, res.summary["reconciliation"] or {}
+            hr, pr = s["metrics"]["hit_ratio"], rec.get("predicted_hit_ratio")
+            print(f"{blocks:>7} {hr:>8.4f} {pr:>14.4f} {100 * (hr - pr):>+7.2f} {rec.get('exact_share'):>12.3f} "
+                  f"{rec.get('ideal_hit_ratio'):>7.4f} {wall:>9.1f}")
+
+
+def main() -> None:
+    """Run the benchmarks."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=10.0, help="Trace seconds per dispatch rate.")
+    ap.add_argument("--engine-requests", type=int, default=200)
+    ap.add_argument("--skip-engine", action="store_true", help="Only the dispatch drift part.")
+    a = ap.parse_args()
+    bench_drift(a.seconds)
+    if not a.skip_engine:
+        bench_engine(a.engine_requests)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`kvtrace fit` on the command line: table, --json, errors as one line with an exit code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.fit.params import load_policy
+
+runner = CliRunner()
+
+
+def two_conversations() -> list[tuple[float, str | None, int | None, list[int]]]:
+    return [(0.0, "text", 1, [1]), (4.0, "text", 2, [1, 2]), (2.0, "file", 1, [7]), (9.0, "file", 2, [7, 8])]
+
+
+def test_json_output_and_policy(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run = make_run(two_conversations())
+    res = runner.invoke(app, ["fit", str(run), "-o", str(tmp_path / "p.json"), "--min-samples", "1",
+                              "--train", "0:5", "--test", "5:", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["policy"] == str(tmp_path / "p.json")
+    assert doc["train"] == {"start_s": 0.0, "end_s": 5.0} and doc["test"] == {"start_s": 5.0, "end_s": 9.0}
+    rows = {r["category"]: r for r in doc["rows"]}
+    assert rows["text-1"]["train_num_observed"] == 1 and rows["text-1"]["mean_reuse_s"] == 4.0
+    assert rows["file-2"]["test_num_samples"] == 2  # only in the test window
+    assert load_policy(tmp_path / "p.json").categories["text-1"].rate_per_s == 0.25
+
+
+def test_table_and_default_output(make_run: Callable[..., Path]) -> None:
+    run = make_run(two_conversations())
+    res = runner.invoke(app, ["fit", str(run), "--min-samples", "1", "--test", "5:"])
+    assert res.exit_code == 0, res.output
+    assert "text-1" in res.output and "held-out window" in res.output
+    assert (run / "fit" / "policy.json").is_file()  # no -o: the policy lands in RUN_DIR/fit/
+    quiet = runner.invoke(app, ["fit", str(run), "-q"])
+    assert quiet.exit_code == 0 and quiet.output == ""
+
+
+def test_errors_are_one_line(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run = make_run(two_conversations())
+    res = runner.invoke(app, ["fit", str(run), "--train", "7:3"])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "--train '7:3'" in res.output
+    res = runner.invoke(app, ["fit", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "not a kvtrace run folder" in res.output

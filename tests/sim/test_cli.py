@@ -1,0 +1,73 @@
+"""`kvtrace simulate` end to end on a hand-made run folder (real CLI, real artifacts)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
+
+REQS = [[1, 2], [3], [1, 2], [4], [3]]  # test_golden.FIXTURE_A
+
+
+def test_simulate_json_and_artifacts(make_run: Callable[..., Path]) -> None:
+    run = make_run(REQS)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru,fifo,oracle", "-c", "3,inf", "--json",
+                                   "-j", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    got = {(r["policy"], r["capacity"]): r["num_hits"] for r in doc["rows"]}
+    assert got == {("lru", "3"): 2, ("lru", "inf"): 3, ("fifo", "3"): 3, ("fifo", "inf"): 3,
+                   ("oracle", "3"): 3, ("oracle", "inf"): 3}
+    assert doc["summary"]["ideal_hit_ratio"] == 3 / 7
+    sim = run / "sim"
+    assert len((sim / "results.jsonl").read_text().splitlines()) == 6
+    table = pl.read_parquet(sim / "results.parquet")
+    assert table.height == 6 and {"hit_ratio", "qttft_p99_s", "evict_decision_ns"} <= set(table.columns)
+    curve = pl.read_parquet(sim / "lru_curve.parquet")
+    assert curve["capacity_blocks"].to_list() == [0, 2, 3, 4]  # rises where a stack distance lands
+    assert pl.read_parquet(sim / "per_category.parquet")["category"].unique().to_list() == ["all"]
+
+
+def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)},
+                             default=CategoryParams(0.1, 0.1, 10.0, 10.0)), policy)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru,wa", "-c", "2,3", "--params", str(policy),
+                                   "--ablation", "--json", "-j", "2"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        (p, c) for p in ("lru", "wa", "wa-no-life", "wa-conditional", "wa-no-offset") for c in ("2", "3")]
+    assert {r["params"]["use_life"] for r in rows if r["policy"] == "wa-no-life"} == {False}
+
+
+def test_simulate_errors_are_one_line(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run = make_run(REQS)
+    cases = [
+        (["simulate", str(run), "-p", "wa"], "needs fitted parameters"),
+        (["simulate", str(run), "-c", "12q"], "is not a number of blocks"),
+        (["simulate", str(run), "-p", "lru", "--set", "lru.depth=3"], "unknown parameter"),
+        (["simulate", str(run), "-p", "belady"], "unknown policy"),
+        (["simulate", str(tmp_path / "nope")], "not a kvtrace run folder"),
+        (["simulate", str(run), "--engine-block-size", "24"], "multiple or a divisor"),
+    ]
+    for args, msg in cases:
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert msg in res.output and "Traceback" not in res.output
+
+
+def test_list_policies_prints_parameters() -> None:
+    res = CliRunner().invoke(app, ["simulate", "--list-policies", "--json"])
+    assert res.exit_code == 0
+    doc = {p["policy"]: p for p in json.loads(res.stdout)}
+    assert set(doc) >= {"lru", "fifo", "lfu", "s3fifo", "gdsf", "wa", "oracle"}
+    assert {p["name"]: p["default"] for p in doc["s3fifo"]["parameters"]} == {
+        "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main_threshold": 1, "freq_cap": 3}

@@ -1,0 +1,225 @@
+"""Synthetic traces (`kvtrace synth --profile`): determinism, line schema, structure, ingest, knobs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.errors import UsageError
+from tongyi_trace.trace.ingest import ingest_trace
+from tongyi_trace.trace.synth import generate, synth_to_file
+from tongyi_trace.trace.synth_core import SessionRequests, SynthTrace, assemble, iter_lines
+
+runner = CliRunner()
+KEYS = ["chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
+        "hash_ids", "user_id"]
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def toc_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3,000-request to-C trace (seed 5)."""
+    path = tmp_path_factory.mktemp("synth") / "toc.jsonl"
+    synth_to_file("to-c", 5, path, num_requests=3000)
+    return path
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    for path, seed in ((a, 7), (b, 7), (c, 8)):
+        synth_to_file("to-c", seed, path, num_requests=1500)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    for ext in (".gz", ".zst"):  # compressed output is reproducible too (no mtime in the gzip header)
+        x, y = tmp_path / f"x.jsonl{ext}", tmp_path / f"y.jsonl{ext}"
+        synth_to_file("to-c", 7, x, num_requests=1500)
+        synth_to_file("to-c", 7, y, num_requests=1500)
+        assert x.read_bytes() == y.read_bytes()
+    assert gzip.decompress((tmp_path / "x.jsonl.gz").read_bytes()) == a.read_bytes()
+    assert zstandard.ZstdDecompressor().stream_reader((tmp_path / "x.jsonl.zst").read_bytes()).read() == \
+        a.read_bytes()
+
+
+def test_lines_follow_the_bailian_schema(toc_small: Path) -> None:
+    lines = toc_small.read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    assert len(recs) == 3000
+    by_id = {r["chat_id"]: r for r in recs}
+    last_ts = -1.0
+    for line, r in zip(lines, recs, strict=True):
+        assert list(r) == KEYS
+        assert all(isinstance(r[k], int) and not isinstance(r[k], bool)
+                   for k in ("chat_id", "parent_chat_id", "input_length", "output_length", "turn"))
+        assert isinstance(r["timestamp"], float) and r["timestamp"] >= last_ts  # arrival order
+        assert round(r["timestamp"] * 1000) == pytest.approx(r["timestamp"] * 1000, abs=1e-6)  # ms
+        assert '"timestamp": ' in line and len(line.split('"timestamp": ')[1].split(",")[0].split(".")[1]) == 3
+        last_ts = r["timestamp"]
+        assert r["type"] in {"text", "image", "file", "search"}
+        assert isinstance(r["user_id"], str)
+        ids = r["hash_ids"]
+        assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+        assert len(ids) == math.ceil(r["input_length"] / 16)
+        if r["parent_chat_id"] == -1:
+            assert r["turn"] == 1
+            continue
+        p = by_id[r["parent_chat_id"]]
+        assert p["timestamp"] < r["timestamp"]
+        assert (r["turn"], r["type"], r["user_id"]) == (p["turn"] + 1, p["type"], p["user_id"])
+        # a child sends the parent's input, the parent's output and a new input
+        assert r["input_length"] > p["input_length"] + p["output_length"]
+        full = p["input_length"] // 16  # every parent block but the last partial one
+        assert ids[:full] == p["hash_ids"][:full]
+        if p["input_length"] % 16:
+            assert ids[full] != p["hash_ids"][full]  # the partial block's content changed
+
+
+def test_ids_are_renumbered_by_first_appearance(toc_small: Path) -> None:
+    seen = -1
+    for r in _records(toc_small):
+        for i in r["hash_ids"]:  # type: ignore[union-attr]
+            assert i <= seen + 1
+            seen = max(seen, i)
+
+
+def test_trace_ingests_without_findings(toc_small: Path, tmp_path: Path) -> None:
+    recs = _records(toc_small)
+    prov = ingest_trace(toc_small, tmp_path / "run")
+    assert prov["format"] == "bailian" and prov["block_size"] == 16
+    assert prov["num_requests"] == len(recs)
+    assert prov["num_block_refs"] == sum(len(r["hash_ids"]) for r in recs)  # type: ignore[arg-type]
+    assert prov["findings"] == {}
+    assert prov["has_users"] and prov["has_types"] and prov["has_turns"]
+
+
+def test_to_b_is_api_programs_almost_all_single_turn() -> None:
+    tr = generate("to-b", 3, num_requests=20_000)
+    assert set(tr.type_names) == {"api"}
+    assert 0 < np.mean(tr.turn >= 2) < 0.001
+    # each program (user) sends its own fixed system prompt: its requests share their first block
+    first = tr.hash_ids[tr.offsets[:-1]]
+    for user in np.unique(tr.user)[:20]:
+        assert np.unique(first[tr.user == user]).size == 1
+    assert np.unique(first).size == np.unique(tr.user).size
+
+
+def test_scale_knobs() -> None:
+    tr = generate("to-c", 2, num_requests=4000, duration_s=600.0)
+    assert tr.num_requests == 4000
+    assert tr.arrival_ms.max() < 600_000
+    assert generate("to-b", 2, num_requests=4000, scale=0.5).num_requests == 2000
+    assert generate("to-c", 2, scale=0.05).num_requests == round(43_000 * 0.05)
+    with pytest.raises(UsageError, match="scale"):
+        generate("to-c", 2, scale=0)
+    with pytest.raises(UsageError, match="profile"):
+        generate("to-x", 2)
+
+
+def test_cli_json_summary_and_errors(tmp_path: Path) -> None:
+    out = tmp_path / "b.jsonl"
+    res = runner.invoke(app, ["synth", "--profile", "to-b", "--seed", "4", "--requests", "800", "-o", str(out),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["num_requests"] == 800 == len(out.read_text().splitlines())
+    assert doc["num_block_refs"] == sum(len(r["hash_ids"]) for r in _records(out))  # type: ignore[arg-type]
+    assert doc["type_share"] == {"api": 1.0}
+    res = runner.invoke(app, ["synth", "-o", str(tmp_path / "x.jsonl")])
+    assert res.exit_code == 2 and "exactly one of --profile" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_assemble_golden() -> None:
+    """Two sessions by hand, 16-token blocks; prompt 0 has 40 tokens (blocks P0 P1 wholly inside it).
+
+    Session 0 (prompt 0): turn 1 new 10 -> input 50 = P0 P1 S2 (tokens 32-47: 8 prompt + 8 new, the
+    session's own) + partial a (48-49); turn 2 at 5 s after output 20: input 50 + 20 + 6 = 76 =
+    P0 P1 S2 S3 (full now, so not a) + partial b (64-75).
+    Session 1 (no prompt) at 1 s: new 32 -> input 32 = T0 T1 (no partial block)."""
+    sr = SessionRequests(
+        session=np.array([0, 0, 1]), turn=np.array([1, 2, 1]), arrival_ms=np.array([0, 5000, 1000]),
+        type_code=np.array([0, 0, 1]), user=np.array([3, 3, 4]), sys_id=np.array([0, 0, -1]),
+        new_tokens=np.array([10, 6, 32]), output_tokens=np.array([20, 1, 2]), type_names=("text", "file"),
+        sys_tokens_by_id=np.array([40]))
+    tr = assemble(sr)
+    assert tr.input_tokens.tolist() == [50, 32, 76]
+    # ids by first appearance: P0=0 P1=1 S2=2 a=3 | T0=4 T1=5 | S3=6 b=7
+    assert [tr.hash_ids[tr.offsets[i]:tr.offsets[i + 1]].tolist() for i in range(3)] == [
+        [0, 1, 2, 3], [4, 5], [0, 1, 2, 6, 7]]
+    assert tr.parent_chat_id.tolist() == [-1, -1, 0]
+    lines = list(iter_lines(tr, with_users=True))
+    assert lines[2] == ('{"chat_id": 2, "parent_chat_id": 0, "timestamp": 5.000, "input_length": 76, '
+                        '"output_length": 1, "type": "text", "turn": 2, "hash_ids": [0, 1, 2, 6, 7], '
+                        '"user_id": "u3"}\n')
+
+
+@st.composite
+def _sessions(draw: st.DrawFn) -> SessionRequests:
+    n_sess = draw(st.integers(1, 6))
+    turns = [draw(st.integers(1, 4)) for _ in range(n_sess)]
+    n = sum(turns)
+    sys_tokens = np.array(draw(st.lists(st.integers(1, 80), min_size=1, max_size=3)))
+    sess_sys = [draw(st.integers(-1, sys_tokens.size - 1)) for _ in range(n_sess)]
+    t0 = [draw(st.integers(0, 10_000)) for _ in range(n_sess)]
+    session = np.repeat(np.arange(n_sess), turns)
+    turn = np.concatenate([np.arange(1, t + 1) for t in turns])
+    gaps = np.array([draw(st.integers(1, 5000)) for _ in range(n)])
+    arrival = np.zeros(n, dtype=np.int64)
+    for s in range(n_sess):
+        m = session == s
+        arrival[m] = t0[s] + np.cumsum(np.where(turn[m] == 1, 0, gaps[m]))
+    return SessionRequests(
+        session=session, turn=turn, arrival_ms=arrival, type_code=np.zeros(n, dtype=np.int64),
+        user=session.copy(), sys_id=np.array([sess_sys[s] for s in session]),
+        new_tokens=np.array([draw(st.integers(1, 70)) for _ in range(n)]),
+        output_tokens=np.array([draw(st.integers(0, 40)) for _ in range(n)]),
+        type_names=("text",), sys_tokens_by_id=sys_tokens)
+
+
+def _blocks(tr: SynthTrace, i: int) -> list[int]:
+    return [int(x) for x in tr.hash_ids[tr.offsets[i]:tr.offsets[i + 1]]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(_sessions())
+def test_assemble_properties(sr: SessionRequests) -> None:
+    tr = assemble(sr)
+    n = tr.num_requests
+    assert tr.num_block_refs == int(np.sum(-(-tr.input_tokens // 16)))
+    assert np.all(np.diff(tr.arrival_ms) >= 0)
+    for i in range(n):
+        p = int(tr.parent_chat_id[i])
+        if p < 0:
+            continue
+        assert p < i and tr.turn[i] == tr.turn[p] + 1
+        full = int(tr.input_tokens[p]) // 16
+        assert _blocks(tr, i)[:full] == _blocks(tr, p)[:full]
+    # blocks of different sessions are equal only inside a shared system prompt
+    sess_of = {}
+    for i in range(n):
+        root = i
+        while tr.parent_chat_id[root] >= 0:
+            root = int(tr.parent_chat_id[root])
+        sess_of[i] = root
+    sys_ids = sr.sys_id[np.lexsort((np.arange(sr.session.size), sr.arrival_ms))]
+    for i in range(n):
+        for j in range(i):
+            if sess_of[i] == sess_of[j]:
+                continue
+            common = set(_blocks(tr, i)) & set(_blocks(tr, j))
+            if common:
+                assert sys_ids[i] == sys_ids[j] >= 0
+                prompt_full = int(sr.sys_tokens_by_id[sys_ids[i]]) // 16
+                assert common == set(_blocks(tr, i)[:prompt_full])

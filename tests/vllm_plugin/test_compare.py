@@ -1,0 +1,93 @@
+"""`kvtrace compare` on two hand-written replay folders (no engine): figures, differences, notes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.replay.compare import compare_replays, resolve_replay
+from tongyi_trace.vllm_plugin.stats import PluginStats, stats_delta
+
+
+def _summary(name: str, hit: float, ttft: tuple[float, float, float], plugin: dict | None) -> dict:
+    doc = {"schema": "kvtrace.replay/1", "name": name, "status": "complete", "trace": {"source": "t.jsonl"},
+           "engine": {"block_size": 32, "num_gpu_blocks": 65}, "counts": {"num_ok": 10},
+           "records_hit_ratio": hit, "reconciliation": None,
+           "reconciliation_note": "simulator engine model unavailable",
+           "ttft_ms": {"mean": ttft[0], "p50": ttft[1], "p99": ttft[2]}}
+    if plugin is not None:
+        doc["plugin"] = plugin
+    return doc
+
+
+def _write(run: Path, name: str, summary: dict) -> Path:
+    d = run / "replay" / name
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def _plugin_doc() -> dict:
+    s = PluginStats(mode="wa")
+    for ns in (1000, 2000, 3000, 100_000):
+        s.record_eviction("text-1", ns, cached=True)
+    s.record_eviction("default", 1000, cached=True)
+    doc = s.snapshot()
+    doc["policy_path"] = "/nonexistent/policy.json"
+    return doc
+
+
+def test_compare_side_by_side(tmp_path: Path) -> None:
+    a = _write(tmp_path, "lru", _summary("lru", 0.40, (100.0, 80.0, 300.0), None))
+    b = _write(tmp_path, "wa", _summary("wa", 0.43, (90.0, 70.0, 250.0), _plugin_doc()))
+    comp = compare_replays(a, b)
+    assert comp.a.eviction == "lru (vLLM, no plugin)" and comp.b.eviction == "wa"
+    assert comp.diff["engine_hit_ratio"] == pytest.approx(0.03)
+    assert comp.diff["ttft_p99_ms"] == pytest.approx(-50.0)
+    assert comp.b.plugin is not None and comp.b.plugin["evictions"] == 5
+    assert comp.b.plugin["evictions_by_category"] == {"text-1": 4, "default": 1}
+    assert comp.b.plugin["decision_mean_us"] == pytest.approx(107.0 / 5)
+    assert comp.a.predicted_hit_ratio == {"lru": None, "wa": None}   # no records.jsonl here
+    assert any("simulator predictions unavailable" in n for n in comp.a.notes)
+    assert any("cannot read the policy file" in n for n in comp.b.notes)
+    written = json.loads((tmp_path / "replay" / "compare_lru_vs_wa.json").read_text())
+    assert written["schema"] == "kvtrace.compare/1" and written["b"]["eviction"] == "wa"
+
+
+def test_compare_cli_json_and_errors(tmp_path: Path) -> None:
+    a = _write(tmp_path / "r1", "x", _summary("x", 0.5, (1.0, 1.0, 1.0), None))
+    b = _write(tmp_path / "r2", "y", _summary("y", 0.25, (2.0, 2.0, 2.0), None))
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "r1"), str(b), "--json",
+                                   "-o", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["diff"]["engine_hit_ratio"] == pytest.approx(-0.25)
+    assert resolve_replay(tmp_path / "r1") == a
+    with pytest.raises(InputError):
+        resolve_replay(tmp_path / "nothing")
+    _write(tmp_path / "r1", "z", _summary("z", 0.5, (1.0, 1.0, 1.0), None))
+    with pytest.raises(UsageError, match="several replays"):
+        resolve_replay(tmp_path / "r1")
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "nothing"), str(b)])
+    assert res.exit_code == 2 and "no replay here" in res.output
+
+
+def test_stats_delta_gives_the_window_figures() -> None:
+    s = PluginStats(mode="wa")
+    s.record_eviction("a", 1000, cached=True)
+    before = s.snapshot()
+    for _ in range(99):
+        s.record_eviction("b", 2000, cached=True)
+    s.record_eviction("b", 500_000, cached=True)
+    d = stats_delta(before, s.snapshot())
+    assert d["evictions"] == 100 and d["evictions_by_category"] == {"b": 100}
+    assert d["decision_mean_us"] == pytest.approx((99 * 2000 + 500_000) / 100 / 1000)
+    # P50 is the upper edge of the bucket holding 2 us (20 buckets a decade: within 12%)
+    assert 2.0 <= d["decision_p50_us"] <= 2.0 * 10 ** (1 / 20)
+    assert 2.0 <= d["decision_p99_us"] <= 2.0 * 10 ** (1 / 20)   # rank 99 of 100 is still 2 us
+    other = dict(before, pid=-1)
+    assert stats_delta(other, s.snapshot())["evictions"] == 101

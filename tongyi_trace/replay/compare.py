@@ -1,0 +1,208 @@
+"""Side-by-side comparison of two replays of the same trace slice (e.g. stock LRU vs the WA plugin).
+
+For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
+- the engine hit ratio: engine-reported cached tokens / prompt tokens over the replay's completed
+  requests (summary.reconciliation.engine_hit_ratio, else summary.records_hit_ratio);
+- the simulator's prediction for each policy at the engine's block size and block count (called as
+  the replay's reconciliation calls it), on the same requests in the same order: LRU from the
+  replay's own reconciliation, WA (and LRU when missing) from
+  `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
+- TTFT mean / P50 / P99 (ms, from summary.ttft_ms: QTTFT, queueing included);
+- the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
+  folder: schema kvtrace.plugin_stats/1, see tongyi_trace.vllm_plugin.stats): evictions decided,
+  decision time mean / P99 (us), fallbacks, evictions per category.
+and B - A for each figure. The paper's comparison: QTTFT and hit ratio, WA vs baselines (section 5).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.run import RunDir, open_run, write_json
+from tongyi_trace.vllm_plugin.stats import read_stats
+
+COMPARE_SCHEMA = "kvtrace.compare/1"
+SIM_POLICIES = ("lru", "wa")
+
+
+@dataclass
+class ReplaySide:
+    """The figures of one replay."""
+
+    name: str
+    replay_dir: str
+    run_dir: str
+    eviction: str
+    num_requests: int | None
+    num_gpu_blocks: int | None
+    block_size: int | None
+    engine_hit_ratio: float | None
+    predicted_hit_ratio: dict[str, float | None]
+    ttft_ms: dict[str, float | None]
+    plugin: dict[str, Any] | None
+    policy_path: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two replays side by side, their differences (B - A), and where it was written."""
+
+    a: ReplaySide
+    b: ReplaySide
+    diff: dict[str, float | None]
+    notes: list[str]
+    output_path: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `kvtrace.compare/1` document."""
+        return {"schema": COMPARE_SCHEMA, "a": self.a.to_json(), "b": self.b.to_json(), "diff": self.diff,
+                "notes": self.notes}
+
+
+def resolve_replay(path: str | Path) -> Path:
+    """A replay folder (holding summary.json), or a run folder holding exactly one replay."""
+    p = Path(path)
+    if (p / "summary.json").is_file():
+        return p
+    if (p / "replay").is_dir():
+        found = sorted(d for d in (p / "replay").iterdir() if (d / "summary.json").is_file())
+        if len(found) == 1:
+            return found[0]
+        if found:
+            names = ", ".join(d.name for d in found)
+            raise UsageError(f"{p} holds several replays ({names}); pass one as {p}/replay/NAME")
+    raise InputError(f"{p}: no replay here (no summary.json, no replay/NAME/summary.json); "
+                     "run 'kvtrace replay' first")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return doc
+
+
+def _plugin_stats(replay_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    got = summary.get("plugin")
+    if isinstance(got, dict) and got:
+        return got
+    return read_stats(replay_dir / "plugin_stats.json")
+
+
+def _predict(run: RunDir, replay_dir: Path, policy: str, params: PolicyParams | None,
+             block_size: int, num_gpu_blocks: int) -> float:
+    """Simulator token hit ratio of POLICY on the replay's completed requests, in send order (as the
+    replay's reconciliation: records.jsonl, status ok, sorted by sent_s)."""
+    import polars as pl
+
+    from tongyi_trace.replay.records import read_records
+    from tongyi_trace.sim.engine_model import predict_request_hits
+
+    recs = read_records(replay_dir / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
+    req_idx = recs["req_idx"].to_numpy().astype(np.int64)
+    out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
+    hits = np.asarray(predict_request_hits(run, req_idx, block_size, num_gpu_blocks,
+                                           policy=policy, params=params, output_tokens=out_tok))
+    prompt = int(recs["prompt_tokens"].sum() or 0)
+    return float(hits.sum()) / prompt if prompt else 0.0
+
+
+def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySide:
+    """Read one replay's figures and add the simulator's predictions for LRU and WA."""
+    replay_dir = resolve_replay(path)
+    summary = _read_json(replay_dir / "summary.json")
+    run_dir = replay_dir.parent.parent
+    notes: list[str] = []
+    rec = summary.get("reconciliation") or {}
+    engine_info = summary.get("engine") or {}
+    plugin = _plugin_stats(replay_dir, summary)
+    eviction = plugin.get("mode", "?") if plugin else (
+        (summary.get("options") or {}).get("eviction") or "lru (vLLM, no plugin)")
+    hit = rec.get("engine_hit_ratio", summary.get("records_hit_ratio"))
+    predicted: dict[str, float | None] = {p: None for p in SIM_POLICIES}
+    predicted["lru"] = rec.get("predicted_hit_ratio")
+    policy_path = policy_override or (Path(plugin["policy_path"]) if plugin and plugin.get("policy_path")
+                                      else None)
+    params = None
+    if policy_path is not None:
+        try:
+            params = load_policy(policy_path)
+        except InputError as e:
+            notes.append(f"WA prediction skipped: {e}")
+    else:
+        notes.append("WA prediction skipped: no policy file (the plugin did not run; pass --policy)")
+    bs, nb = engine_info.get("block_size"), engine_info.get("num_gpu_blocks")
+    if not (replay_dir / "records.jsonl").is_file() or bs is None or nb is None:
+        notes.append("no records.jsonl or engine block figures (vllm:cache_config_info): simulator "
+                     "predictions unavailable")
+    else:
+        run = open_run(run_dir)
+        for pol in SIM_POLICIES:
+            if predicted[pol] is not None or (pol == "wa" and params is None):
+                continue
+            try:
+                predicted[pol] = _predict(run, replay_dir, pol, params, int(bs), int(nb))
+            except ImportError as e:
+                notes.append(f"simulator engine model unavailable ({e})")
+                break
+    ttft = summary.get("ttft_ms") or {}
+    return ReplaySide(
+        name=str(summary.get("name") or replay_dir.name), replay_dir=str(replay_dir), run_dir=str(run_dir),
+        eviction=str(eviction), num_requests=rec.get("num_requests", (summary.get("counts") or {}).get("num_ok")),
+        num_gpu_blocks=nb, block_size=bs, engine_hit_ratio=hit, predicted_hit_ratio=predicted,
+        ttft_ms={"mean": ttft.get("mean"), "p50": ttft.get("p50"), "p99": ttft.get("p99")},
+        plugin=plugin, policy_path=str(policy_path) if policy_path else None, notes=notes)
+
+
+def _sub(b: float | None, a: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def compare_replays(replay_a: str | Path, replay_b: str | Path, policy: Path | None = None,
+                    output: Path | None = None) -> Comparison:
+    """Compare two replays; write the `kvtrace.compare/1` document (default: next to replay A)."""
+    a = load_side(replay_a, policy)
+    b = load_side(replay_b, policy)
+    notes: list[str] = []
+    sa, sb = _read_json(Path(a.replay_dir) / "summary.json"), _read_json(Path(b.replay_dir) / "summary.json")
+    if (sa.get("trace") or {}).get("source") != (sb.get("trace") or {}).get("source"):
+        notes.append("the two replays come from different traces: the comparison is not like for like")
+    if a.num_requests != b.num_requests:
+        notes.append(f"completed requests differ ({a.num_requests} vs {b.num_requests})")
+    if a.num_gpu_blocks != b.num_gpu_blocks:
+        notes.append(f"engine block counts differ ({a.num_gpu_blocks} vs {b.num_gpu_blocks})")
+    diff: dict[str, float | None] = {
+        "engine_hit_ratio": _sub(b.engine_hit_ratio, a.engine_hit_ratio),
+        "ttft_mean_ms": _sub(b.ttft_ms["mean"], a.ttft_ms["mean"]),
+        "ttft_p50_ms": _sub(b.ttft_ms["p50"], a.ttft_ms["p50"]),
+        "ttft_p99_ms": _sub(b.ttft_ms["p99"], a.ttft_ms["p99"]),
+    }
+    for pol in SIM_POLICIES:
+        diff[f"predicted_{pol}_hit_ratio"] = _sub(b.predicted_hit_ratio[pol], a.predicted_hit_ratio[pol])
+    for side in (a, b):
+        pred = side.predicted_hit_ratio.get(side.eviction if side.eviction in SIM_POLICIES else "lru")
+        if side.engine_hit_ratio is not None and pred is not None:
+            side.notes.append(f"engine - simulator ({side.eviction if side.eviction in SIM_POLICIES else 'lru'})"
+                              f" = {100 * (side.engine_hit_ratio - pred):+.2f} points")
+    out = output or Path(a.replay_dir).parent / f"compare_{a.name}_vs_{b.name}.json"
+    comp = Comparison(a=a, b=b, diff=diff, notes=notes, output_path=out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, comp.to_json())
+    return comp

@@ -1,0 +1,82 @@
+"""Cache capacities as the user writes them, resolved to blocks.
+
+    4096      blocks
+    5%        percent of the distinct blocks of the (regrouped) stream
+    0.5x      times the HBM left for KV of a model preset (tongyi_trace.models), in blocks of the
+              simulated block size
+    2L        times the oracle's peak live set (blocks already computed that are used again later,
+              at the busiest request boundary: the capacity an oracle needs for the ideal hit ratio)
+    inf       unlimited (the ideal)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.models import ModelPreset
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One capacity of a sweep: how it was written and its size in blocks."""
+
+    label: str
+    num_blocks: int
+
+
+@njit(cache=True)
+def peak_live_blocks(req_off: np.ndarray, next_req: np.ndarray) -> int:
+    """Max over request boundaries of the blocks used so far whose next use is still to come."""
+    n = req_off.shape[0] - 1
+    diff = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        for i in range(req_off[r], req_off[r + 1]):
+            if next_req[i] < n:
+                diff[r] += 1
+                diff[next_req[i]] -= 1
+    best = 0
+    live = 0
+    for r in range(n):
+        live += diff[r]
+        if live > best:
+            best = live
+    return best
+
+
+def parse_capacities(text: str, *, num_distinct: int, block_size_tokens: int, model: ModelPreset | None,
+                     peak_live: int | None = None) -> list[Capacity]:
+    """Resolve a comma-separated capacity list (see the module doc) to blocks."""
+    out: list[Capacity] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        low = item.lower()
+        try:
+            if low in ("inf", "ideal", "unlimited"):
+                blocks = num_distinct
+            elif low.endswith("%"):
+                blocks = round(float(low[:-1]) / 100.0 * num_distinct)
+            elif low.endswith("x"):
+                if model is None:
+                    raise UsageError(f"capacity {item!r} is in x HBM: give --model")
+                blocks = round(float(low[:-1]) * model.hbm_blocks(block_size_tokens))
+            elif low.endswith("l"):
+                if peak_live is None:
+                    raise UsageError(f"capacity {item!r} needs the oracle's peak live set")
+                blocks = round(float(low[:-1]) * peak_live)
+            else:
+                blocks = int(low)
+        except ValueError:
+            raise UsageError(f"capacity {item!r} is not a number of blocks, N%, Nx (x HBM), NL (x the "
+                             "oracle's peak live set) or inf") from None
+        if blocks < 1:
+            raise UsageError(f"capacity {item!r} is {blocks} blocks; it must be at least 1")
+        out.append(Capacity(item, int(blocks)))
+    if not out:
+        raise UsageError("--capacity is empty; give e.g. 4096,5%,1x")
+    return out

@@ -1,0 +1,123 @@
+"""QTTFT (time to first token including queueing) of one serving instance, from simulated hits.
+
+Model: one instance serves prefills one at a time in arrival order (a FIFO queue; decode is ignored:
+it overlaps with later prefills in a continuous-batching engine). Request i arriving at a_i with
+u_i uncached prompt tokens and l_i tokens loaded from the CPU tier takes
+    prefill_i = a + b x u_i + c x l_i
+    start_i = max(a_i x arrival_scale, finish_{i-1}),  finish_i = start_i + prefill_i
+    QTTFT_i = finish_i - a_i x arrival_scale
+The CPU tier exists only with --hbm-capacity H < C: tiers are inclusive, HBM behaves like the same
+policy with H blocks, so l_i = hit_C(i) - hit_H(i) tokens (hit in the big cache, missed in HBM).
+
+Presets (A800-80GB, bf16, the paper's models): b = 2 x params / (peak FLOP/s x TP x MFU) with 312 TFLOP/s
+and MFU 0.5; a = 15 ms (scheduling, sampling, one decode step); c = KV bytes per token / (PCIe 25 GB/s
+x TP), no overlap (layer-wise async swap would hide part of it). Every value can be overridden, and
+`calibrate_from_replay` fits a, b by least squares to a real engine's records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.models import get_preset
+
+GPU_FLOPS = 312e12
+MFU = 0.5
+PCIE_BYTES_PER_S = 25e9
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Prefill cost of one instance: a + b x uncached tokens + c x CPU-loaded tokens."""
+
+    name: str
+    overhead_s: float  # a
+    s_per_token: float  # b
+    s_per_loaded_token: float  # c
+    arrival_scale: float = 1.0  # multiply the trace's arrival times (>1 = slower, lighter load)
+
+
+def preset_cost(model_name: str) -> CostModel:
+    """The cost model of a model preset (see the module doc for the derivation)."""
+    m = get_preset(model_name)
+    b = 2.0 * m.num_params / (GPU_FLOPS * m.tp * MFU)
+    c = m.kv_bytes_per_token / (PCIE_BYTES_PER_S * m.tp)
+    return CostModel(m.name, 0.015, b, c)
+
+
+def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: float | None = None,
+             s_per_loaded_token: float | None = None, arrival_scale: float | None = None) -> CostModel:
+    """MODEL with the given values replaced."""
+    changes = {k: v for k, v in {"overhead_s": overhead_s, "s_per_token": s_per_token,
+                                 "s_per_loaded_token": s_per_loaded_token,
+                                 "arrival_scale": arrival_scale}.items() if v is not None}
+    for k, v in changes.items():
+        if v < 0:
+            raise UsageError(f"cost model {k} must be >= 0, got {v}")
+    return replace(model, **changes)
+
+
+@njit(cache=True)
+def _fifo(arrival_s: np.ndarray, service_s: np.ndarray) -> np.ndarray:
+    out = np.empty(arrival_s.shape[0])
+    free_at = -np.inf
+    for i in range(arrival_s.shape[0]):
+        start = max(arrival_s[i], free_at)
+        free_at = start + service_s[i]
+        out[i] = free_at - arrival_s[i]
+    return out
+
+
+def qttft_s(model: CostModel, arrival_s: np.ndarray, uncached_tokens: np.ndarray,
+            loaded_tokens: np.ndarray | None = None) -> np.ndarray:
+    """QTTFT of each request (seconds) under MODEL."""
+    service = model.overhead_s + model.s_per_token * uncached_tokens.astype(np.float64)
+    if loaded_tokens is not None:
+        service = service + model.s_per_loaded_token * loaded_tokens.astype(np.float64)
+    return _fifo(np.asarray(arrival_s, np.float64) * model.arrival_scale, service)
+
+
+def summarize_qttft(q: np.ndarray) -> dict[str, float]:
+    """Mean, P50 and P99 of QTTFT values (seconds)."""
+    if q.size == 0:
+        return {"qttft_mean_s": 0.0, "qttft_p50_s": 0.0, "qttft_p99_s": 0.0}
+    return {"qttft_mean_s": float(q.mean()), "qttft_p50_s": float(np.percentile(q, 50)),
+            "qttft_p99_s": float(np.percentile(q, 99))}
+
+
+def calibrate_from_replay(run_path: Path, base: CostModel) -> CostModel:
+    """BASE with a, b fitted (least squares, non-negative) to ttft_s = a + b x (prompt - cached tokens)
+    over every RUN/replay/*/records.jsonl line."""
+    files = sorted((Path(run_path) / "replay").glob("*/records.jsonl"))
+    if not files:
+        raise InputError(f"{run_path}: no replay/*/records.jsonl; run 'kvtrace replay' first")
+    xs: list[float] = []
+    ys: list[float] = []
+    for f in files:
+        for lineno, line in enumerate(f.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                ttft = float(rec["ttft_s"])
+                unc = float(rec["prompt_tokens"]) - float(rec.get("cached_tokens") or 0)
+            except (ValueError, KeyError, TypeError) as e:
+                raise InputError(f"{f}:{lineno}: field ttft_s/prompt_tokens/cached_tokens unreadable ({e}); "
+                                 "re-run 'kvtrace replay'") from e
+            xs.append(unc)
+            ys.append(ttft)
+    if len(xs) < 2:
+        raise InputError(f"{run_path}: fewer than 2 replay records; replay more requests")
+    x = np.array(xs)
+    y = np.array(ys)
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    if b < 0:
+        a, b = float(y.mean()), 0.0
+    return replace(base, name=f"{base.name}+replay", overhead_s=max(float(a), 0.0), s_per_token=float(b))
