@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,9 +46,11 @@ def bench_drift(seconds: float) -> None:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().strip()
-        print(f"dispatch drift vs a stand-in endpoint ({url}, separate process), {seconds:.0f} s per rate")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"dispatch drift vs a stand-in endpoint ({url}, separate process), {seconds:.0f} s per rate; "
+              f"machine load average {load} on {os.cpu_count()} CPUs (drift includes OS scheduling delay)")
         print(f"{'req/s':>6} {'requests':>9} {'drift p50 ms':>13} {'drift p99 ms':>13} {'max ms':>8} "
-              f"{'client CPU %':>13} {'errors':>7}")
+              f"{'client CPU %':>13} {'CPU ms/req':>11} {'errors':>7}")
         me = psutil.Process()
         with tempfile.TemporaryDirectory() as tmp:
             for rate in RATES_PER_S:
@@ -58,11 +61,14 @@ def bench_drift(seconds: float) -> None:
                 cpu0, t0 = me.cpu_times(), time.monotonic()
                 res = run_replay(run, url, ReplayOptions(name="bench"))
                 cpu1, wall = me.cpu_times(), time.monotonic() - t0
-                cpu_pct = 100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall
+                cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                cpu_pct = 100 * cpu_s / wall
                 d = res.summary["drift_ms"]
                 ok = "ok " if d["p99"] < 5.0 else "MISS"
-                print(f"{rate:>6} {res.summary['counts']['num_done']:>9} {d['p50']:>13.3f} {d['p99']:>13.3f} "
-                      f"{d['max']:>8.2f} {cpu_pct:>13.1f} {res.summary['counts']['num_error']:>7}  "
+                done = res.summary["counts"]["num_done"]
+                print(f"{rate:>6} {done:>9} {d['p50']:>13.3f} {d['p99']:>13.3f} "
+                      f"{d['max']:>8.2f} {cpu_pct:>13.1f} {1e3 * cpu_s / max(done, 1):>11.2f} "
+                      f"{res.summary['counts']['num_error']:>7}  "
                       f"p99<5ms {ok}")
     finally:
         server.terminate()

@@ -15,6 +15,7 @@ from tongyi_trace.analysis import run_analyses
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.ingest import ingest_trace
 
+WINDOWS = [(0, 1), (0, 5), (0, 7), (0, 10), (1, 10), (3, 5), (5, 10)]  # (offset, offset + stride), tenths
 request = st.tuples(
     st.lists(st.integers(0, 4), min_size=1, max_size=6),  # hash ids from a small alphabet: much sharing
     st.integers(0, 200).map(lambda q: q / 4),  # gap to the previous request, s (exact binary fractions)
@@ -23,12 +24,13 @@ request = st.tuples(
 
 
 def _brute_force(reqs: list[tuple[list[int], float, str]]) -> dict[str, Any]:
-    """Ideal prefix/content hits, reuse gaps, head-half spatial hits and the live-set peak, by hand."""
+    """Ideal prefix/content hits, reuse gaps, windowed (spatial) hits and the live-set peak, by hand."""
     seen_prefix: set[tuple[int, ...]] = set()
     seen_ids: set[int] = set()
-    head_cached: set[tuple[int, ...]] = set()
+    cached: dict[tuple[int, int], set[tuple[int, ...]]] = {w: set() for w in WINDOWS}
+    window_hits = dict.fromkeys(WINDOWS, 0)
     last_seen: dict[tuple[int, ...], float] = {}
-    hits = content = head_hits = 0
+    hits = content = 0
     gaps: list[float] = []
     t = 0.0
     times = []
@@ -42,11 +44,12 @@ def _brute_force(reqs: list[tuple[list[int], float, str]]) -> dict[str, Any]:
             if p in last_seen:
                 gaps.append(t - last_seen[p])
             last_seen[p] = t
-        for p in prefixes:  # prefix matching against the head-half cache
-            if p not in head_cached:
-                break
-            head_hits += 1
-        head_cached.update(p for i, p in enumerate(prefixes) if 2 * i < len(ids))
+        for (lo, hi), cache in cached.items():  # only blocks at relative positions [lo, hi) tenths are cached
+            for p in prefixes:  # prefix matching: the first miss ends the request's hits
+                if p not in cache:
+                    break
+                window_hits[lo, hi] += 1
+            cache.update(p for i, p in enumerate(prefixes) if lo * len(ids) <= 10 * i < hi * len(ids))
         seen_prefix.update(prefixes)
         seen_ids.update(ids)
     # live set: a block is live from its first request to its last one (exclusive)
@@ -57,7 +60,7 @@ def _brute_force(reqs: list[tuple[list[int], float, str]]) -> dict[str, Any]:
             first.setdefault(tuple(ids[: p + 1]), r)
             last[tuple(ids[: p + 1])] = r
     peak = max(sum(first[b] <= r < last[b] for b in first) for r in range(len(reqs)))
-    return {"hits": hits, "content": content, "gaps": gaps, "head_hits": head_hits, "peak": peak,
+    return {"hits": hits, "content": content, "gaps": gaps, "window_hits": window_hits, "peak": peak,
             "refs": sum(len(ids) for ids, _, _ in reqs)}
 
 
@@ -90,10 +93,12 @@ def test_analyses_match_brute_force(tmp_path: Path, reqs: list[tuple[list[int], 
         assert rt["share_within_10s"] == pytest.approx(within)
     sp = rep.results["spatial"]
     assert sp.headline["full_window_hit_ratio"] == pytest.approx(hr["hit_ratio"])
-    assert sp.headline["head_50pct_hit_ratio"] == pytest.approx(ref["head_hits"] / ref["refs"])
-    heat = sp.tables["heatmap"].filter(sp.tables["heatmap"]["type"].is_null(),
-                                       sp.tables["heatmap"]["offset_pct"] == 0).sort("stride_pct")
-    assert heat["num_hit_blocks"].is_sorted()  # a longer head window caches a superset
+    cells = {(o, s): n for o, s, n in sp.tables["heatmap"].filter(sp.tables["heatmap"]["type"].is_null())
+             .select("offset_pct", "stride_pct", "num_hit_blocks").iter_rows()}
+    for (lo, hi), n in ref["window_hits"].items():
+        assert cells[10 * lo, 10 * (hi - lo)] == n, (lo, hi)
+    head = [cells[0, s] for s in range(10, 101, 10)]
+    assert head == sorted(head)  # a longer head window caches a superset
     assert rep.results["live_set"].headline["peak_live_blocks"] == ref["peak"]
     life = rep.results["lifespan"].headline
     assert life["num_blocks"] == len({tuple(ids[: p + 1]) for ids, _, _ in reqs for p in range(len(ids))})

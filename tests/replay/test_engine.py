@@ -70,3 +70,14 @@ def test_engine_hits_match_the_simulators_lru_prediction(lru_replay: dict[str, A
     assert rec["predicted_hit_ratio"] < rec["ideal_hit_ratio"] - 0.02
     assert abs(lru_replay["metrics"]["hit_ratio"] - rec["predicted_hit_ratio"]) <= 0.02, rec["worst"][:5]
     assert rec["exact_share"] >= 0.90, rec["worst"][:5]
+
+
+def test_install_is_a_fast_no_op_once_installed(cpu_engine: dict[str, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    r = CliRunner().invoke(app, ["engine", "install", "--json"])
+    assert r.exit_code == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["already_installed"] is True and info["vllm"] == "0.32.0"

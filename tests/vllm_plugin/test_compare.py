@@ -14,22 +14,34 @@ from tongyi_trace.replay.compare import compare_replays, resolve_replay
 from tongyi_trace.vllm_plugin.stats import PluginStats, stats_delta
 
 
-def _summary(name: str, hit: float, ttft: tuple[float, float, float], plugin: dict | None) -> dict:
-    doc = {"schema": "kvtrace.replay/1", "name": name, "status": "complete", "trace": {"source": "t.jsonl"},
-           "engine": {"block_size": 32, "num_gpu_blocks": 65}, "counts": {"num_ok": 10},
-           "records_hit_ratio": hit, "reconciliation": None,
-           "reconciliation_note": "simulator engine model unavailable",
-           "ttft_ms": {"mean": ttft[0], "p50": ttft[1], "p99": ttft[2]}}
+def _summary(name: str, plugin: dict | None) -> dict:
+    """A replay summary without engine block figures (so no simulator prediction is attempted)."""
+    doc = {"schema": "kvtrace.replay/1", "name": name, "status": "complete", "trace": {"source": "t.jsonl"}}
     if plugin is not None:
         doc["plugin"] = plugin
     return doc
 
 
-def _write(run: Path, name: str, summary: dict) -> Path:
+def _record(i: int, prompt: int, cached: int | None, ttft_ms: float | None, status: str = "ok") -> dict:
+    return {"req_idx": i, "session_id": i, "category": "text-1", "scheduled_s": float(i), "sent_s": float(i),
+            "drift_ms": 0.0, "ttft_ms": ttft_ms, "e2e_ms": ttft_ms, "prompt_tokens": prompt,
+            "engine_prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": 1, "max_tokens": 1,
+            "status": status, "http_status": 200, "error": None}
+
+
+def _write(run: Path, name: str, summary: dict, records: list[dict] | None = None) -> Path:
     d = run / "replay" / name
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps(summary))
+    if records is not None:
+        (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return d
+
+
+# A: 100 + 300 prompt tokens, 40 cached -> 10%; TTFT 100, 300 ms.
+# B: 100 + 300 prompt tokens, 160 cached -> 40%; TTFT 50, 150 ms; a failed request is left out.
+RECORDS_A = [_record(0, 100, 0, 100.0), _record(1, 300, 40, 300.0)]
+RECORDS_B = [_record(0, 100, 32, 50.0), _record(1, 300, 128, 150.0), _record(2, 999, None, None, "error")]
 
 
 def _plugin_doc() -> dict:
@@ -43,16 +55,19 @@ def _plugin_doc() -> dict:
 
 
 def test_compare_side_by_side(tmp_path: Path) -> None:
-    a = _write(tmp_path, "lru", _summary("lru", 0.40, (100.0, 80.0, 300.0), None))
-    b = _write(tmp_path, "wa", _summary("wa", 0.43, (90.0, 70.0, 250.0), _plugin_doc()))
+    a = _write(tmp_path, "lru", _summary("lru", None), RECORDS_A)
+    b = _write(tmp_path, "wa", _summary("wa", _plugin_doc()), RECORDS_B)
     comp = compare_replays(a, b)
     assert comp.a.eviction == "lru (vLLM, no plugin)" and comp.b.eviction == "wa"
-    assert comp.diff["engine_hit_ratio"] == pytest.approx(0.03)
-    assert comp.diff["ttft_p99_ms"] == pytest.approx(-50.0)
+    assert comp.a.engine_hit_ratio == pytest.approx(0.10) and comp.b.engine_hit_ratio == pytest.approx(0.40)
+    assert comp.diff["engine_hit_ratio"] == pytest.approx(0.30)
+    assert comp.a.ttft_ms == pytest.approx({"mean": 200.0, "p50": 200.0, "p99": 298.0})
+    assert comp.diff["ttft_p99_ms"] == pytest.approx(149.0 - 298.0)  # p99 of (50, 150): 50 + 0.99 x 100
+    assert comp.a.num_requests == 2 and comp.b.num_requests == 2
     assert comp.b.plugin is not None and comp.b.plugin["evictions"] == 5
     assert comp.b.plugin["evictions_by_category"] == {"text-1": 4, "default": 1}
     assert comp.b.plugin["decision_mean_us"] == pytest.approx(107.0 / 5)
-    assert comp.a.predicted_hit_ratio == {"lru": None, "wa": None}   # no records.jsonl here
+    assert comp.a.predicted_hit_ratio == {"lru": None, "wa": None}   # no engine block figures
     assert any("simulator predictions unavailable" in n for n in comp.a.notes)
     assert any("cannot read the policy file" in n for n in comp.b.notes)
     written = json.loads((tmp_path / "replay" / "compare_lru_vs_wa.json").read_text())
@@ -60,16 +75,16 @@ def test_compare_side_by_side(tmp_path: Path) -> None:
 
 
 def test_compare_cli_json_and_errors(tmp_path: Path) -> None:
-    a = _write(tmp_path / "r1", "x", _summary("x", 0.5, (1.0, 1.0, 1.0), None))
-    b = _write(tmp_path / "r2", "y", _summary("y", 0.25, (2.0, 2.0, 2.0), None))
+    a = _write(tmp_path / "r1", "x", _summary("x", None), RECORDS_B)
+    b = _write(tmp_path / "r2", "y", _summary("y", None), RECORDS_A)
     res = CliRunner().invoke(app, ["compare", str(tmp_path / "r1"), str(b), "--json",
                                    "-o", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["diff"]["engine_hit_ratio"] == pytest.approx(-0.25)
+    assert json.loads(res.output)["diff"]["engine_hit_ratio"] == pytest.approx(-0.30)
     assert resolve_replay(tmp_path / "r1") == a
     with pytest.raises(InputError):
         resolve_replay(tmp_path / "nothing")
-    _write(tmp_path / "r1", "z", _summary("z", 0.5, (1.0, 1.0, 1.0), None))
+    _write(tmp_path / "r1", "z", _summary("z", None))
     with pytest.raises(UsageError, match="several replays"):
         resolve_replay(tmp_path / "r1")
     res = CliRunner().invoke(app, ["compare", str(tmp_path / "nothing"), str(b)])

@@ -14,11 +14,27 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.vllm_plugin.conftest import HAND_POLICY, require_engine
 from tongyi_trace.replay import engine
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine
+
+# text-2 blocks are almost surely reused for a long time; text-1 blocks almost never; others between.
+HAND_POLICY = {
+    "schema": "kvtrace.policy/1",
+    "categories": {
+        "text-2": {"reuse_prob": 0.9, "rate_per_s": 0.01, "life_s": 600.0},
+        "text-1": {"reuse_prob": 0.05, "rate_per_s": 1.0, "life_s": 1.0},
+    },
+    "default": {"reuse_prob": 0.3, "rate_per_s": 0.1, "life_s": 10.0},
+}
+
+
+def require_engine() -> None:
+    """Skip with the reason when the CPU vLLM engine is not installed (`make test` installs it)."""
+    if not engine.is_installed():
+        pytest.skip("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
+
 
 NUM_BLOCKS = 64          # x 32 tokens: room for 4 of the 16-block prompts below
 PROMPT_TOKENS = 512

@@ -174,6 +174,7 @@ def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptio
         "threads": options.threads,
         "preserve_insertion_order": False,
     })
+    con.execute("SET enable_progress_bar = false")  # stdout belongs to --json
     try:
         con.read_parquet(str(run.requests_path)).create_view("requests")
         con.read_parquet(str(run.blocks_path)).create_view("blocks")

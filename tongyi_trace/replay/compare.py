@@ -2,12 +2,13 @@
 
 For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
 - the engine hit ratio: engine-reported cached tokens / prompt tokens over the replay's completed
-  requests (summary.reconciliation.engine_hit_ratio, else summary.records_hit_ratio);
+  requests (records.jsonl, status ok: also for an interrupted replay whose summary is incomplete);
 - the simulator's prediction for each policy at the engine's block size and block count (called as
   the replay's reconciliation calls it), on the same requests in the same order: LRU from the
   replay's own reconciliation, WA (and LRU when missing) from
   `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
-- TTFT mean / P50 / P99 (ms, from summary.ttft_ms: QTTFT, queueing included);
+- TTFT mean / P50 / P99 (ms, QTTFT: queueing included) over the same records (P = linear
+  interpolation between order statistics);
 - the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
   folder: schema kvtrace.plugin_stats/1, see tongyi_trace.vllm_plugin.stats): evictions decided,
   decision time mean / P99 (us), fallbacks, evictions per category.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
@@ -106,16 +108,18 @@ def _plugin_stats(replay_dir: Path, summary: dict[str, Any]) -> dict[str, Any] |
     return read_stats(replay_dir / "plugin_stats.json")
 
 
-def _predict(run: RunDir, replay_dir: Path, policy: str, params: PolicyParams | None,
-             block_size: int, num_gpu_blocks: int) -> float:
-    """Simulator token hit ratio of POLICY on the replay's completed requests, in send order (as the
-    replay's reconciliation: records.jsonl, status ok, sorted by sent_s)."""
-    import polars as pl
-
+def _ok_records(replay_dir: Path) -> pl.DataFrame:
+    """The replay's completed requests in send order (the simulator replays them in that order)."""
     from tongyi_trace.replay.records import read_records
+
+    return read_records(replay_dir / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
+
+
+def _predict(run: RunDir, recs: pl.DataFrame, policy: str, params: PolicyParams | None,
+             block_size: int, num_gpu_blocks: int) -> float:
+    """Simulator token hit ratio of POLICY on RECS (as the replay's reconciliation calls it)."""
     from tongyi_trace.sim.engine_model import predict_request_hits
 
-    recs = read_records(replay_dir / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     req_idx = recs["req_idx"].to_numpy().astype(np.int64)
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
     hits = np.asarray(predict_request_hits(run, req_idx, block_size, num_gpu_blocks,
@@ -124,20 +128,31 @@ def _predict(run: RunDir, replay_dir: Path, policy: str, params: PolicyParams | 
     return float(hits.sum()) / prompt if prompt else 0.0
 
 
+def _ttft(recs: pl.DataFrame) -> dict[str, float | None]:
+    vals = recs["ttft_ms"].drop_nulls()
+    if vals.len() == 0:
+        return {"mean": None, "p50": None, "p99": None}
+    return {"mean": float(vals.mean()),  # type: ignore[arg-type]
+            "p50": float(vals.quantile(0.50, "linear")),  # type: ignore[arg-type]
+            "p99": float(vals.quantile(0.99, "linear"))}  # type: ignore[arg-type]
+
+
 def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySide:
     """Read one replay's figures and add the simulator's predictions for LRU and WA."""
     replay_dir = resolve_replay(path)
     summary = _read_json(replay_dir / "summary.json")
     run_dir = replay_dir.parent.parent
     notes: list[str] = []
-    rec = summary.get("reconciliation") or {}
     engine_info = summary.get("engine") or {}
     plugin = _plugin_stats(replay_dir, summary)
     eviction = plugin.get("mode", "?") if plugin else (
         (summary.get("options") or {}).get("eviction") or "lru (vLLM, no plugin)")
-    hit = rec.get("engine_hit_ratio", summary.get("records_hit_ratio"))
+    recs = _ok_records(replay_dir) if (replay_dir / "records.jsonl").is_file() else None
+    prompt = int(recs["prompt_tokens"].sum() or 0) if recs is not None else 0
+    hit = float(recs["cached_tokens"].fill_null(0).sum()) / prompt if recs is not None and prompt else None
+    if recs is not None and recs["cached_tokens"].null_count():
+        notes.append("the server did not report cached_tokens for some requests (counted as 0)")
     predicted: dict[str, float | None] = {p: None for p in SIM_POLICIES}
-    predicted["lru"] = rec.get("predicted_hit_ratio")
     policy_path = policy_override or (Path(plugin["policy_path"]) if plugin and plugin.get("policy_path")
                                       else None)
     params = None
@@ -149,25 +164,24 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     else:
         notes.append("WA prediction skipped: no policy file (the plugin did not run; pass --policy)")
     bs, nb = engine_info.get("block_size"), engine_info.get("num_gpu_blocks")
-    if not (replay_dir / "records.jsonl").is_file() or bs is None or nb is None:
-        notes.append("no records.jsonl or engine block figures (vllm:cache_config_info): simulator "
+    if recs is None or recs.height == 0 or bs is None or nb is None:
+        notes.append("no completed records or engine block figures (vllm:cache_config_info): simulator "
                      "predictions unavailable")
     else:
         run = open_run(run_dir)
         for pol in SIM_POLICIES:
-            if predicted[pol] is not None or (pol == "wa" and params is None):
+            if pol == "wa" and params is None:
                 continue
             try:
-                predicted[pol] = _predict(run, replay_dir, pol, params, int(bs), int(nb))
+                predicted[pol] = _predict(run, recs, pol, params, int(bs), int(nb))
             except ImportError as e:
                 notes.append(f"simulator engine model unavailable ({e})")
                 break
-    ttft = summary.get("ttft_ms") or {}
     return ReplaySide(
         name=str(summary.get("name") or replay_dir.name), replay_dir=str(replay_dir), run_dir=str(run_dir),
-        eviction=str(eviction), num_requests=rec.get("num_requests", (summary.get("counts") or {}).get("num_ok")),
+        eviction=str(eviction), num_requests=recs.height if recs is not None else None,
         num_gpu_blocks=nb, block_size=bs, engine_hit_ratio=hit, predicted_hit_ratio=predicted,
-        ttft_ms={"mean": ttft.get("mean"), "p50": ttft.get("p50"), "p99": ttft.get("p99")},
+        ttft_ms=_ttft(recs) if recs is not None else {"mean": None, "p50": None, "p99": None},
         plugin=plugin, policy_path=str(policy_path) if policy_path else None, notes=notes)
 
 

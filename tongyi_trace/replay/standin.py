@@ -131,10 +131,17 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the default backlog of 5 resets connections at 100 req/s
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return None  # a client that went away (Ctrl-C test) is not an error of the stand-in
+
+
 def serve(state: StandInState, port: int = 0) -> ThreadingHTTPServer:
     """Start the stand-in on 127.0.0.1:PORT (0 = free port) in a daemon thread; return the server."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(state))
-    httpd.daemon_threads = True
+    httpd = _Server(("127.0.0.1", port), _handler(state))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
 

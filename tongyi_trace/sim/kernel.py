@@ -46,8 +46,8 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     for r in range(n_req):
         num_cats = max(num_cats, req_cat[r] + 1)
     cat_stats = np.zeros((num_cats, 4), np.int64)
-    present = bk[PRESENT]
-    pinned = bk[PINNED]
+    present = bk[:, PRESENT]
+    pinned = bk[:, PINNED]
     for r in range(n_req):
         s = req_off[r]
         n = req_off[r + 1] - s

@@ -118,6 +118,12 @@ def _lognormal(rng: np.random.Generator, median: F64 | float, sigma: F64 | float
     return np.asarray(median * np.exp(sigma * rng.standard_normal(size)), dtype=np.float64)
 
 
+def activity_weights(rng: np.random.Generator, num: int, sigma: float) -> F64:
+    """Lognormal activity weights of NUM users (or programs), normalized to sum 1."""
+    w = np.exp(sigma * rng.standard_normal(num))
+    return np.asarray(w / w.sum(), dtype=np.float64)
+
+
 def _tokens(x: F64, lo: int = 1, hi: int = 1 << 20) -> I64:
     return np.clip(np.rint(x), lo, hi).astype(np.int64)
 
@@ -209,8 +215,7 @@ def draw_to_c(rng: np.random.Generator, num_requests: int, duration_s: float,
     p = p or ToCParams()
     duration_ms = round(duration_s * 1000)
     num_users = max(1, round(num_requests / p.requests_per_user))
-    w = np.exp(p.user_activity_sigma * rng.standard_normal(num_users))
-    user_weights = w / w.sum()
+    user_weights = activity_weights(rng, num_users, p.user_activity_sigma)
     sys_tokens = _tokens(_lognormal(rng, p.system_prompt_tokens[0], p.system_prompt_tokens[1],
                                     p.num_system_prompts), lo=BLOCK_SIZE_TOKENS)
     num_sessions = max(8, num_requests // 2)
@@ -229,8 +234,7 @@ def draw_to_b(rng: np.random.Generator, num_requests: int, duration_s: float,
     p = p or ToBParams()
     duration_ms = round(duration_s * 1000)
     num_programs = max(1, round(num_requests / p.requests_per_program))
-    w = np.exp(p.program_activity_sigma * rng.standard_normal(num_programs))
-    weights = w / w.sum()
+    weights = activity_weights(rng, num_programs, p.program_activity_sigma)
     sys_tokens = _tokens(_lognormal(rng, p.system_prompt_tokens[0], p.system_prompt_tokens[1], num_programs),
                          lo=BLOCK_SIZE_TOKENS)
     in_median = sys_tokens * _lognormal(rng, p.input_to_prompt_ratio[0], p.input_to_prompt_ratio[1],

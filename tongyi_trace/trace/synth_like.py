@@ -30,7 +30,7 @@ from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.categories import categories
-from tongyi_trace.trace.synth import SynthSummary, select_requests, summarize
+from tongyi_trace.trace.synth import SynthSummary, ToCParams, activity_weights, select_requests, summarize
 from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, F64, SessionRequests, assemble, write_jsonl
 
 WORKLOAD_SCHEMA = "kvtrace.workload/1"
@@ -159,10 +159,7 @@ def draw_like(rng: np.random.Generator, policy: PolicyParams, wl: dict[str, Any]
     duration_ms = round(duration_s * 1000)
     shape = np.asarray(wl.get("session_rate_shape") or [1], dtype=np.float64)
     shape = shape / shape.sum() if shape.sum() > 0 else np.full(shape.size, 1.0 / shape.size)
-    user_w = None
-    if num_users:
-        w = np.exp(2.0 * rng.standard_normal(num_users))
-        user_w = w / w.sum()
+    user_w = activity_weights(rng, num_users, ToCParams().user_activity_sigma) if num_users else None
     num_sessions = max(8, num_requests // 2)
     while True:
         sr = _draw_sessions(rng, num_sessions, types, share, probs, rates, shape, duration_ms, user_w)

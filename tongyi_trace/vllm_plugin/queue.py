@@ -92,7 +92,7 @@ class PolicyFreeQueue:
         self._where = [_NOT_FREE] * n       # _NOT_FREE, _UNCACHED or a category index
         self._cat = [0] * n                 # category of the last releasing request
         self._offset = [0] * n              # block position in that request
-        self._last_s = [0.0] * n            # time of the last release (wall seconds)
+        self._last_s = [0.0] * n            # last access on the policy clock (seconds, see now_s)
         self._seq = [0] * n                 # release order (ties and LRU)
         self._first_seq = [-1] * n          # FIFO: when the block entered the cache (-1 = not cached)
         self._req_s = [math.nan] * n        # trace time of the last releasing request (nan: none given)
@@ -100,7 +100,6 @@ class PolicyFreeQueue:
         self._fifo_heap: list[tuple[int, int]] = []
         self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
         self._next_seq = 0
-        self.num_free_blocks = 0
         for b in blocks:
             self._uncached[b.block_id] = b
             self._where[b.block_id] = _UNCACHED

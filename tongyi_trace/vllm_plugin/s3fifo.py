@@ -97,7 +97,8 @@ class S3FifoOrder:
                 self.ghost_count += 1
                 self.ghost.pop(h, None)
                 self.ghost[h] = self.ghost_count
-                while self.ghost and self.ghost_count - next(iter(self.ghost.values())) >= self.ghost_size:
+                # keep twice the window: a block allocated earlier in this step still looks back
+                while self.ghost and self.ghost_count - next(iter(self.ghost.values())) >= 2 * self.ghost_size:
                     self.ghost.popitem(last=False)
             self.small[bid] = None  # still cached until the caller evicts it
             self.small.move_to_end(bid, last=False)

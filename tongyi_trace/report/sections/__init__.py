@@ -18,6 +18,7 @@ from tongyi_trace.report.sections import (
     replay,
     request_mix,
     reuse_time,
+    sim,
     skew,
     spatial,
     turn_hits,
@@ -43,6 +44,8 @@ BUILDERS: list[Builder] = [
     live_set.build,
     # the reuse model (`kvtrace fit`)
     fit.build,
+    # policies in the embedded simulator (`kvtrace simulate`)
+    sim.build,
     # live replays on vLLM (`kvtrace replay`), one section each
     replay.build,
     compare.build,

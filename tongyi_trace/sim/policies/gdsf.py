@@ -29,6 +29,7 @@ from tongyi_trace.sim.policy_base import PolicySpec
 from tongyi_trace.sim.structs import FREQ, G_STAMP, GF_CLOCK, GF_LAST_KEY, heap_pop_valid, heap_push
 
 PID = 4
+KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: n
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     h = gf[GF_CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[1], fp[0])
     g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, h, g[G_STAMP])
+    heap_push(bk, hp, g, x, np.int64(h * KEY_SCALE), g[G_STAMP])
 
 
 @njit(cache=True, inline="always")
@@ -84,7 +85,7 @@ def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     x = heap_pop_valid(bk, hp, g, gf)
     if x >= 0:
-        gf[GF_CLOCK] = gf[GF_LAST_KEY]
+        gf[GF_CLOCK] = gf[GF_LAST_KEY] / KEY_SCALE
     return x
 
 

@@ -41,7 +41,7 @@ def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: n
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, float(bk[x, FREQ]), g[G_STAMP])
+    heap_push(bk, hp, g, x, bk[x, FREQ], g[G_STAMP])
 
 
 @njit(cache=True, inline="always")

@@ -1,0 +1,129 @@
+"""Benchmark of `kvtrace simulate` against libCacheSim on the default to-C synthetic trace (~6 M refs).
+
+One run, side by side, same machine: for LRU, FIFO, LFU, S3-FIFO and GDSF at two capacities, M refs/s of
+kvtrace's prefix-cache kernel and of libCacheSim (PyPI libcachesim) fed the same flattened chain-id stream
+(each request's blocks deepest first, object size 1, cache size in blocks) from an oracleGeneral file;
+then WA's speed, the one-pass LRU curve against one libCacheSim LRU run, and a 7-policy x 8-capacity
+sweep on all cores. Targets (issue 5): shared policies >= 2x libCacheSim, WA >= 5 M refs/s, curve faster
+than one libCacheSim LRU run, sweep < 60 s on 2 cores.
+
+    .venv/bin/python bench/bench_sim.py [--workdir DIR]     (DIR keeps the synthetic run between runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tongyi_trace.fit.params import load_policy
+from tongyi_trace.run import open_run
+from tongyi_trace.sim.lru_curve import lru_curve
+from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
+from tongyi_trace.sim.sweep import SweepConfig, run_sweep
+
+KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
+SHARED = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "s3fifo": "S3FIFO", "gdsf": "GDSF"}
+
+
+def ensure_toc_run(workdir: Path) -> tuple[Path, Path]:
+    """The default to-C synthetic trace, ingested and fitted, under WORKDIR (made once)."""
+    run, policy = workdir / "run", workdir / "policy.json"
+    if not (run / "provenance.json").is_file():
+        workdir.mkdir(parents=True, exist_ok=True)
+        trace = workdir / "toc.jsonl"
+        subprocess.run([*KVTRACE, "synth", "--profile", "to-c", "--seed", "1", "-o", str(trace), "-q"], check=True)
+        subprocess.run([*KVTRACE, "ingest", str(trace), "-o", str(run), "-q"], check=True)
+    if not policy.is_file():
+        subprocess.run([*KVTRACE, "fit", str(run), "-o", str(policy), "-q"], check=True)
+    return run, policy
+
+
+def write_oracle_general(stream: Stream, path: Path) -> None:
+    """libCacheSim's oracleGeneral binary: (u32 time, u64 id, u32 size, i64 next access vtime), deepest first."""
+    lens = np.diff(stream.req_off)
+    order = np.concatenate([np.arange(e - 1, s - 1, -1) for s, e in zip(stream.req_off[:-1], stream.req_off[1:],
+                                                                        strict=True)]) if stream.num_refs else []
+    ids = stream.blk[np.asarray(order, np.int64)]
+    req_of = np.repeat(np.arange(stream.num_requests), lens)
+    nxt = np.full(ids.size, -1, np.int64)
+    last = np.full(stream.num_ids, -1, np.int64)
+    for i in range(ids.size - 1, -1, -1):  # one pass, ~6 M: fine for a benchmark setup
+        nxt[i] = last[ids[i]]
+        last[ids[i]] = i
+    rec = np.zeros(ids.size, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
+    rec["t"] = (stream.req_time_s[req_of]).astype(np.uint32)
+    rec["id"] = ids + 1
+    rec["size"] = 1
+    rec["next"] = np.where(nxt < 0, np.iinfo(np.int64).max, nxt)
+    rec.tofile(path)
+
+
+def libcachesim_run(path: Path, name: str, capacity: int) -> tuple[float, float]:
+    """(seconds, hit ratio) of libCacheSim policy NAME over the oracleGeneral file."""
+    import libcachesim as lcs
+
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE,
+                             lcs.ReaderInitParam(ignore_obj_size=True))
+    cache = getattr(lcs, name)(cache_size=capacity)
+    t0 = time.perf_counter()
+    miss_ratio, _ = cache.process_trace(reader)
+    return time.perf_counter() - t0, 1.0 - miss_ratio
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "kvtrace" / "bench-toc")
+    args = ap.parse_args()
+    run_path, policy_path = ensure_toc_run(args.workdir)
+    stream = load_stream(open_run(run_path))
+    fit = load_policy(policy_path)
+    og = args.workdir / "toc.oracleGeneral.bin"
+    if not og.is_file():
+        write_oracle_general(stream, og)
+    refs = stream.num_refs
+    print(f"to-C synthetic: {stream.num_requests:,} requests, {refs:,} refs, {stream.num_ids:,} distinct blocks")
+    caps = [stream.num_ids // 100, stream.num_ids // 10]
+    simulate_policy(stream, "lru", 10)  # load the compiled kernels before timing
+    print(f"{'policy':8} {'capacity':>9} {'kvtrace M/s':>12} {'libCacheSim M/s':>16} {'ratio':>6}"
+          f" {'kvtrace hit':>12} {'lcs hit (no prefix rule)':>25}")
+    lcs_lru_s = None
+    for pol, lname in SHARED.items():
+        for cap in caps:
+            simulate_policy(stream, pol, 10)
+            ours = simulate_policy(stream, pol, cap)
+            lcs_s, lcs_hit = libcachesim_run(og, lname, cap)
+            if pol == "lru" and lcs_lru_s is None:
+                lcs_lru_s = lcs_s
+            print(f"{pol:8} {cap:>9,} {refs / ours.elapsed_s / 1e6:>12.2f} {refs / lcs_s / 1e6:>16.2f} "
+                  f"{lcs_s / ours.elapsed_s:>6.2f} {ours.hit_ratio:>12.4f} {lcs_hit:>25.4f}")
+    for cap in caps:
+        simulate_policy(stream, "wa", 10, fit=fit)
+        wa = simulate_policy(stream, "wa", cap, fit=fit)
+        print(f"wa       {cap:>9,} {refs / wa.elapsed_s / 1e6:>12.2f}   (target >= 5 M refs/s)"
+              f"   hit {wa.hit_ratio:.4f}, {wa.evict_decision_ns:.0f} ns per eviction")
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    for cap in caps:
+        simulate_policy(stream, "oracle", 10, next_req=nxt)
+        orc = simulate_policy(stream, "oracle", cap, next_req=nxt)
+        print(f"oracle   {cap:>9,} {refs / orc.elapsed_s / 1e6:>12.2f}   hit {orc.hit_ratio:.4f}")
+    curve = lru_curve(stream)
+    assert lcs_lru_s is not None
+    print(f"one-pass LRU curve (all {stream.num_ids:,} capacities): {curve.elapsed_s:.2f} s; one libCacheSim "
+          f"LRU run: {lcs_lru_s:.2f} s; ratio {lcs_lru_s / curve.elapsed_s:.2f} (target > 1)")
+    t0 = time.perf_counter()
+    res = run_sweep(open_run(run_path), SweepConfig(
+        policies=["lru", "fifo", "lfu", "s3fifo", "gdsf", "wa", "oracle"],
+        capacities="0.25L,0.5L,1L,2L,4L,1%,10%,inf", params_path=policy_path, jobs=0, write=False))
+    wall = time.perf_counter() - t0
+    print(f"sweep 7 policies x 8 capacities on all cores: {wall:.1f} s wall (target < 60 s), "
+          f"{len(res.rows)} results")
+
+
+if __name__ == "__main__":
+    main()

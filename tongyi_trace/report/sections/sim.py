@@ -1,0 +1,195 @@
+"""Section: the embedded simulator's sweep, hit ratio vs capacity for every policy with the exact
+one-pass LRU curve, the oracle and the ideal; WA against the best baseline; the WA ablation; QTTFT
+estimates and eviction decision costs (paper section 5, Fig 23-24 and the ablation). Artifacts in
+RUN_DIR/sim/: summary.json, results.parquet (or results.jsonl while a sweep runs), lru_curve.parquet,
+per_category.parquet (docs/artifacts/sim.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tongyi_trace.errors import InputError
+from tongyi_trace.report import fmt
+from tongyi_trace.report.artifacts import read_json, read_parquet
+from tongyi_trace.report.figures import Fig, downsample, label, new_figure
+from tongyi_trace.report.model import Headline, Section, Table
+from tongyi_trace.run import RunDir
+
+REMEDY = "re-run 'kvtrace simulate RUN_DIR'"
+SCHEMA = "kvtrace.sim/1"
+BASELINES = ["lru", "fifo", "lfu", "s3fifo", "gdsf"]
+ABLATION = ["wa", "wa-no-life", "wa-conditional", "wa-no-offset"]
+COLORS = {"lru": "#1f77b4", "fifo": "#ff7f0e", "lfu": "#8c564b", "s3fifo": "#9467bd", "gdsf": "#e377c2",
+          "wa": "#d62728", "oracle": "#2ca02c", "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5",
+          "wa-no-offset": "#f7b6d2"}
+COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_ratio", "num_evictions",
+           "evict_decision_ns", "refs_per_s", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
+
+
+def build(run: RunDir) -> list[Section]:
+    """The simulation section, or nothing when `kvtrace simulate` was not run."""
+    d = run.path / "sim"
+    summary = read_json(d / "summary.json", REMEDY)
+    results = _results(d)
+    if results is None:
+        return []
+    if summary is not None and summary.get("schema") != SCHEMA:
+        raise InputError(f"{d / 'summary.json'}: field 'schema' is {summary.get('schema')!r}, expected "
+                         f"{SCHEMA!r}; {REMEDY}")
+    summary = summary or {}
+    s = Section(key="sim", title="Eviction policies in the simulator (kvtrace simulate)", paper_ref="section 5",
+                definition="Requests in arrival order; a request's hit is the longest prefix of its blocks present in "
+                           "the cache; its blocks are pinned while served, then evictable with the prefix head most "
+                           "recent. Hit ratio over block references; QTTFT from the documented cost model of one "
+                           "serving instance (FIFO queue, prefill = a + b x uncached tokens).")
+    ideal = summary.get("ideal_hit_ratio")
+    curve = read_parquet(d / "lru_curve.parquet", REMEDY)
+    s.figures["hit"] = _hit_figure(results, curve, ideal, summary.get("peak_live_blocks"))
+    if results["qttft_mean_s"].drop_nulls().len():
+        s.figures["qttft"] = _qttft_figure(results)
+    caps = results.select("capacity", "capacity_blocks").unique(maintain_order=True).sort("capacity_blocks")
+    policies = [p for p in _policy_order(results["policy"].unique().to_list()) if p not in ABLATION[1:]]
+    s.tables["hit"] = _pivot(results, caps, policies, "hit_ratio")
+    gains = _wa_gains(results, caps)
+    if gains:
+        s.tables["wa"] = Table(columns=["capacity", "blocks", "WA", "best baseline", "its hit ratio", "WA - best"],
+                               rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["wa"]), g["best"],
+                                      fmt.ratio(g["best_hit"]), f"{100 * g['gain']:+.2f} points"] for g in gains])
+    abl = [p for p in ABLATION if p in set(results["policy"].to_list())]
+    if len(abl) > 1:
+        s.tables["ablation"] = _pivot(results, caps, abl, "hit_ratio")
+    s.tables["cost"] = _cost_table(results, policies + abl[1:])
+    s.values = {
+        "ideal": fmt.ratio(ideal), "peak_live": fmt.count(summary.get("peak_live_blocks")),
+        "num_refs": fmt.count(summary.get("num_refs")), "partial": not (d / "results.parquet").is_file(),
+        "num_results": results.height, "model": str(summary.get("model") or ""),
+        "gain_small": f"{100 * gains[0]['gain']:+.2f}" if gains else None,
+        "gain_large": f"{100 * gains[-1]['gain']:+.2f}" if gains else None,
+        "cap_small": gains[0]["capacity"] if gains else "", "cap_large": gains[-1]["capacity"] if gains else "",
+        "best_small": gains[0]["best"] if gains else "",
+    }
+    if gains:
+        s.headline = [
+            Headline(f"WA - best baseline, smallest capacity ({gains[0]['capacity']})",
+                     f"{s.values['gain_small']} points", "+1.5 to +3.9 points, shrinking with capacity"),
+            Headline(f"WA - best baseline, largest capacity ({gains[-1]['capacity']})",
+                     f"{s.values['gain_large']} points"),
+        ]
+    return [s]
+
+
+def _results(d: Path) -> pl.DataFrame | None:
+    """results.parquet, or the rows results.jsonl holds so far (a sweep still running or interrupted)."""
+    df = read_parquet(d / "results.parquet", REMEDY)
+    if df is None:
+        path = d / "results.jsonl"
+        if not path.is_file():
+            return None
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append({k: v for k, v in json.loads(line).items() if k in COLUMNS})
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}:{i}: not a JSON result ({e.msg}); {REMEDY}") from e
+        if not rows:
+            return None
+        df = pl.DataFrame(rows, infer_schema_length=None)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(f"{d}: simulation results lack field(s) {', '.join(missing)}; {REMEDY}")
+    return df.select(COLUMNS)
+
+
+def _policy_order(names: list[str]) -> list[str]:
+    known = [*BASELINES, "wa", "oracle", *ABLATION[1:]]
+    return [p for p in known if p in names] + sorted(set(names) - set(known))
+
+
+def _hit_figure(results: pl.DataFrame, curve: pl.DataFrame | None, ideal: float | None,
+                peak_live: float | None) -> Fig:
+    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit ratio (blocks)", height_px=440)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(rangemode="tozero", tickformat=".0%")
+    if curve is not None and curve.height:
+        c = curve.filter(pl.col("capacity_blocks") > 0)
+        x, y = downsample(c["capacity_blocks"].to_numpy(), c["hit_ratio"].to_numpy())
+        fig.add_scatter(x=x, y=y, mode="lines", name="LRU, exact one-pass curve",
+                        line={"color": COLORS["lru"], "width": 1, "shape": "hv"}, opacity=0.5)
+    for pol in _policy_order(results["policy"].unique().to_list()):
+        part = results.filter(pl.col("policy") == pol).sort("capacity_blocks")
+        fig.add_scatter(x=part["capacity_blocks"].to_numpy(), y=part["hit_ratio"].to_numpy(), mode="lines+markers",
+                        name=label(pol), line={"color": COLORS.get(pol, "#7f7f7f"),
+                                               "dash": "dot" if pol in ABLATION[1:] else "solid",
+                                               "width": 3 if pol in ("wa", "oracle") else 1.5})
+    if ideal is not None:
+        fig.add_hline(y=float(ideal), line={"dash": "dash", "color": "#444"}, annotation_text="ideal (infinite cache)")
+    if peak_live:
+        fig.update_layout(shapes=[*fig.layout.get("shapes", []), {
+            "type": "line", "xref": "x", "x0": float(peak_live), "x1": float(peak_live), "yref": "paper",
+            "y0": 0, "y1": 1, "line": {"dash": "dot", "color": "#2ca02c"}}],
+            annotations=[*fig.layout.get("annotations", []), {
+                "xref": "x", "x": float(np.log10(float(peak_live))), "yref": "paper", "y": 0.02, "xanchor": "left",
+                "text": "oracle peak live set", "showarrow": False, "font": {"color": "#2ca02c"}}])
+    return fig
+
+
+def _qttft_figure(results: pl.DataFrame) -> Fig:
+    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="mean QTTFT (s, estimated)")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    for pol in _policy_order(results["policy"].unique().to_list()):
+        if pol in ABLATION[1:]:
+            continue
+        part = results.filter(pl.col("policy") == pol).sort("capacity_blocks")
+        fig.add_scatter(x=part["capacity_blocks"].to_numpy(), y=part["qttft_mean_s"].to_numpy(), mode="lines+markers",
+                        name=label(pol), line={"color": COLORS.get(pol, "#7f7f7f")})
+    return fig
+
+
+def _pivot(results: pl.DataFrame, caps: pl.DataFrame, policies: list[str], col: str) -> Table:
+    cell = {(r["policy"], r["capacity"]): r[col] for r in results.iter_rows(named=True)}
+    return Table(columns=["capacity", "blocks", *policies],
+                 rows=[[str(c["capacity"]), fmt.count(c["capacity_blocks"]),
+                        *[fmt.ratio(cell.get((p, c["capacity"]))) for p in policies]]
+                       for c in caps.iter_rows(named=True)])
+
+
+def _wa_gains(results: pl.DataFrame, caps: pl.DataFrame) -> list[dict[str, Any]]:
+    cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
+    gains = []
+    for c in caps.iter_rows(named=True):
+        wa = cell.get(("wa", c["capacity"]))
+        base = [(cell[(p, c["capacity"])], p) for p in BASELINES if cell.get((p, c["capacity"])) is not None]
+        if wa is None or not base:
+            continue
+        best_hit, best = max(base)
+        gains.append({"capacity": str(c["capacity"]), "blocks": c["capacity_blocks"], "wa": wa, "best": best,
+                      "best_hit": best_hit, "gain": wa - best_hit})
+    return gains
+
+
+def _cost_table(results: pl.DataFrame, policies: list[str]) -> Table:
+    rows = []
+    for pol in policies:
+        part = results.filter(pl.col("policy") == pol)
+        if not part.height:
+            continue
+        refs_per_s = _median(part["refs_per_s"])
+        qttft_s = _median(part["qttft_mean_s"])
+        rows.append([pol, fmt.num(None if refs_per_s is None else refs_per_s / 1e6),
+                     fmt.num(_median(part.filter(pl.col("num_evictions") > 0)["evict_decision_ns"])),
+                     fmt.count(float(part["num_evictions"].cast(pl.Float64).sum())),
+                     fmt.milliseconds(None if qttft_s is None else 1000 * qttft_s)])
+    return Table(columns=["policy", "M refs/s (median over capacities)", "eviction decision (ns, median)",
+                          "evictions (all capacities)", "mean QTTFT (median over capacities)"], rows=rows)
+
+
+def _median(values: pl.Series) -> float | None:
+    v = values.drop_nulls().cast(pl.Float64)
+    return float(np.median(v.to_numpy())) if v.len() else None
