@@ -26,6 +26,7 @@ from tongyi_trace.trace.synth import synth_to_file
 
 RATES_PER_S = (20, 50, 100)
 CAPACITIES_BLOCKS = (150, 300, 600)
+OPEN_LOOP_SPEEDUP = 20.0  # requests overlap in the engine: what a loaded GPU server looks like
 
 
 def _constant_rate_trace(path: Path, rate_per_s: float, seconds: float) -> None:
@@ -80,10 +81,10 @@ def bench_engine(num_requests: int) -> None:
     if not eng.is_installed():
         print("engine vs simulator: skipped (run 'kvtrace engine install')")
         return
-    print(f"\nengine vs simulator hit ratio: to-C synthetic, {num_requests} requests, one at a time, "
-          "32-token blocks, max-model-len 2048, 4 output tokens")
+    print(f"\nengine vs simulator hit ratio: to-C synthetic, {num_requests} requests, 32-token blocks, "
+          "max-model-len 2048, 4 output tokens; simulator = one request at a time")
     print(f"{'blocks':>7} {'engine':>8} {'simulator LRU':>14} {'gap pp':>7} {'exact share':>12} {'ideal':>7} "
-          f"{'replay s':>9}")
+          f"{'replay s':>9}  dispatch")
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "toc.jsonl"
         synth_to_file("to-c", 1, trace, num_requests=400, duration_s=600)
@@ -93,17 +94,29 @@ def bench_engine(num_requests: int) -> None:
             name = f"bench-{blocks}"
             st = eng.start(num_blocks=blocks, block_size=32, max_model_len=2048, name=name)
             try:
-                t0 = time.monotonic()
-                res = run_replay(run, st.url, ReplayOptions(
-                    name=f"b{blocks}", max_in_flight=1, reset_cache=True,
-                    schedule=ScheduleOptions(speedup=1000.0, max_requests=num_requests, max_output_tokens=4)))
-                wall = time.monotonic() - t0
+                rows = [("one at a time", _engine_row(run, st.url, f"b{blocks}", 1, 1000.0, num_requests))]
+                if blocks == CAPACITIES_BLOCKS[1]:
+                    rows.append((f"open loop x{OPEN_LOOP_SPEEDUP:g}", _engine_row(
+                        run, st.url, f"b{blocks}-open", None, OPEN_LOOP_SPEEDUP, num_requests)))
             finally:
                 eng.stop(name)
-            s, rec = res.summary, res.summary["reconciliation"] or {}
-            hr, pr = s["metrics"]["hit_ratio"], rec.get("predicted_hit_ratio")
-            print(f"{blocks:>7} {hr:>8.4f} {pr:>14.4f} {100 * (hr - pr):>+7.2f} {rec.get('exact_share'):>12.3f} "
-                  f"{rec.get('ideal_hit_ratio'):>7.4f} {wall:>9.1f}")
+            for label, (hr, pr, exact, ideal, wall, peak) in rows:
+                print(f"{blocks:>7} {hr:>8.4f} {pr:>14.4f} {100 * (hr - pr):>+7.2f} {exact:>12.3f} "
+                      f"{ideal:>7.4f} {wall:>9.1f}  {label} (TTFT p50 {peak:.0f} ms)")
+
+
+def _engine_row(run: Path, url: str, name: str, max_in_flight: int | None, speedup: float,
+                num_requests: int) -> tuple[float, float, float, float, float, float]:
+    """(engine hit ratio, simulator LRU, exact share, ideal, wall s, TTFT p50 ms) of one replay."""
+    t0 = time.monotonic()
+    res = run_replay(run, url, ReplayOptions(
+        name=name, max_in_flight=max_in_flight, reset_cache=True,
+        schedule=ScheduleOptions(speedup=speedup, max_requests=num_requests, max_output_tokens=4)))
+    wall = time.monotonic() - t0
+    s, rec = res.summary, res.summary["reconciliation"] or {}
+    return (s["metrics"]["hit_ratio"], rec.get("predicted_hit_ratio", float("nan")),
+            rec.get("exact_share", float("nan")), rec.get("ideal_hit_ratio", float("nan")), wall,
+            s["ttft_ms"]["p50"] or float("nan"))
 
 
 def main() -> None:

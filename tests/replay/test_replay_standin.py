@@ -124,3 +124,61 @@ def test_ctrl_c_keeps_finished_records_and_writes_a_summary(fresh_tiny_run: Path
     assert summary["counts"]["num_not_finished"] == 6 - recs.height
     assert set(recs["status"].to_list()) == {"ok"}
     assert {f"kvtrace-{i}" for i in recs["req_idx"].to_list()} <= set(state.completed)
+
+
+def test_api_key_comes_from_the_named_environment_variable(fresh_tiny_run: Path, standin: Standin,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin(api_key="s3cret")
+    with pytest.raises(EngineError, match=r"refused GET /v1/models \(HTTP 401\).*--api-key-env"):
+        run_replay(fresh_tiny_run, url, ReplayOptions(name="k"))
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", url, "--name", "k",
+                                 "--api-key-env", "KVTRACE_TEST_KEY", "--speedup", "1000", "--json"],
+                           env={"KVTRACE_TEST_KEY": "s3cret"})
+    assert r.exit_code == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["counts"]["num_ok"] == 6 and summary["options"]["api_key_set"] is True
+    assert "s3cret" not in (fresh_tiny_run / "replay" / "k" / "summary.json").read_text()
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", url, "--name", "k2",
+                                 "--api-key-env", "KVTRACE_UNSET_KEY"], env={"KVTRACE_UNSET_KEY": ""})
+    assert r.exit_code == 2 and "KVTRACE_UNSET_KEY" in r.stderr
+
+
+def test_coarse_trace_blocks_are_split_at_the_engine_block_size(tmp_path: Path, standin: Standin) -> None:
+    # Mooncake-style 512-token blocks, partial last blocks, against 32-token engine blocks. By hand:
+    # r0 [1,2] 700 tok caches 700 // 32 = 21 blocks; r1 [1,2] 1000 tok (block 2 now 488 tok) hits those 21
+    # (672 tok) and caches 1000 // 32 = 31; r2 [1,3] 600 tok shares block 1 only: 16 blocks (512 tok);
+    # r3 [1,2,4] 1100 tok hits r1's 31 blocks (992 tok).
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    rows = [(0, [1, 2], 700), (1000, [1, 2], 1000), (2000, [1, 3], 600), (3000, [1, 2, 4], 1100)]
+    trace = tmp_path / "mc.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 3,
+                                         "hash_ids": ids}) + "\n" for t, ids, n in rows))
+    ingest_trace(trace, tmp_path / "run")
+    url, _ = standin(block_size=32)
+    res = run_replay(tmp_path / "run", url, ReplayOptions(name="m", max_in_flight=1, schedule=FAST))
+    rec = pl.read_parquet(res.out_dir / "reconcile.parquet").sort("order")
+    assert rec["engine_cached_tokens"].to_list() == [0, 672, 512, 992]
+    assert rec["ideal_hit_tokens"].to_list() == rec["engine_cached_tokens"].to_list()
+    assert rec["predicted_hit_tokens"].to_list() == rec["engine_cached_tokens"].to_list()
+
+
+def test_reconcile_only_recomputes_from_the_records(fresh_tiny_run: Path, standin: Standin) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin()
+    res = run_replay(fresh_tiny_run, url, ReplayOptions(name="o", max_in_flight=1, schedule=FAST))
+    first = res.summary["reconciliation"]
+    (res.out_dir / "reconcile.parquet").unlink()
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--name", "o", "--reconcile-only", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["reconciliation"] == first
+    assert (res.out_dir / "reconcile.parquet").is_file()
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--name", "o"])
+    assert r.exit_code == 2 and "--server URL is required" in r.stderr

@@ -16,6 +16,7 @@ from tongyi_trace.replay.runner import ReplayOptions, run_replay
 from tongyi_trace.replay.schedule import ScheduleOptions
 from tongyi_trace.replay.standin import StandInState, serve
 from tongyi_trace.run import RunDir, open_run
+from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
 from tongyi_trace.trace.ingest import ingest_trace
 
 EVIL = "<script>alert(1)</script>"
@@ -40,13 +41,16 @@ def evil_trace(tiny_bailian_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def evil_run(evil_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> RunDir:
-    """The EVIL trace with every artifact the report reads: analyses, fit (train/test), two replays
-    against the stand-in endpoint (one with failed requests) and their comparison."""
+    """The EVIL trace with every artifact the report reads: analyses, fit (train/test), a simulator sweep
+    (every policy and the WA ablation), two replays against the stand-in endpoint (with failed
+    requests) and their comparison."""
     out = tmp_path_factory.mktemp("evil_run")
     ingest_trace(evil_trace, out)
     run = open_run(out)
     run_analyses(run)
     fit_policy(out, out / "fit" / "policy.json", train="0:15", test="15:", min_samples=2)
+    simulate_run(out, SimulateOptions(policies="all", capacities="2,4,8,inf", params_path=out / "fit" / "policy.json",
+                                      ablation=True, jobs=1))
     httpd = serve(StandInState(block_size=32, fail_every=5))
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"

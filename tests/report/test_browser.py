@@ -18,7 +18,8 @@ pytestmark = [
                        reason="chromium is not installed: run 'make browser' (Debian chromium, chromium-driver)"),
 ]
 
-EVIL = "<script>alert(1)</script>"
+EVIL = "<script>alert(1)</script>"  # the fixture's hostile type and user id (conftest.py)
+EVIL_USER = "</script><img src=x onerror=alert(2)>"
 
 # Per figure: per trace its type and how many finite values it drew (from plotly's calcdata: points of
 # a line or bar, cells of a heatmap), plus how many marks (lines, points, bars, heatmap images) it holds.
@@ -53,6 +54,9 @@ def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
         figures: list[dict[str, Any]] = page.evaluate(_FIGURES_JS)
         expected = page.evaluate("() => window.kvReport.numFigures")
         body_text = page.inner_text("body")
+        svg_text = page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot text'))"
+                                 ".map(t => t.textContent)")
+        injected = page.evaluate("() => document.querySelectorAll('img, .js-plotly-plot script').length")
     assert errors == []
     assert dialogs == []  # the hostile type never ran
     assert refused == []  # nothing outside the file was requested: the page is self-contained
@@ -63,6 +67,8 @@ def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
         assert drawn and all(t["points"] > 0 for t in drawn), f"{fig['id']}: a trace without points {fig}"
         assert fig["marks"] > 0, f"{fig['id']}: nothing drawn on the plot"
     assert EVIL in body_text  # the hostile string is shown, literally, as text
+    assert EVIL in svg_text and EVIL_USER in svg_text  # also as axis labels inside the figures
+    assert injected == 0
 
 
 def test_screenshot_is_a_png_of_the_drawn_page(evil_run: RunDir, tmp_path: Path) -> None:

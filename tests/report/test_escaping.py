@@ -58,9 +58,12 @@ def test_hostile_trace_strings_render_as_text(evil_run: RunDir) -> None:
     kinds = [attrs.get("type") or "js" for attrs, _ in parsed.scripts]
     assert kinds == ["js", "application/json", "application/json", "js"]
     assert "img" not in parsed.tags
-    for attrs, text in parsed.scripts:
-        if attrs.get("type") == "application/json":
-            json.loads(text)  # each JSON payload is intact: nothing closed it early
+    payloads = [json.loads(text) for attrs, text in parsed.scripts if attrs.get("type") == "application/json"]
+    # Each JSON payload is intact (nothing closed it early), and the hostile strings did go through the
+    # figures: as entity-escaped labels, which Plotly shows literally.
+    figures = json.dumps(payloads[1])
+    assert json.dumps("&lt;script&gt;alert(1)&lt;/script&gt;") in figures
+    assert json.dumps("&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;") in figures
 
 
 @given(st.text())

@@ -17,6 +17,7 @@ from tongyi_trace.report import render_report
 from tongyi_trace.report.figures import figure_json
 from tongyi_trace.report.render import build_sections
 from tongyi_trace.run import RunDir, open_run
+from tongyi_trace.vllm_plugin.stats import PluginStats
 
 ANALYSES = ["hit_ratio", "request_mix", "turn_hits", "user_heatmap", "skew", "next_turn", "reuse_time",
             "spatial", "lifespan", "kv_size", "live_set"]
@@ -30,7 +31,7 @@ def _text(html: str) -> str:
 
 def test_every_step_gives_its_sections_in_order(evil_run: RunDir) -> None:
     keys = [s.key for s in build_sections(evil_run)]
-    assert keys == ["provenance", *ANALYSES, "fit", "replay-0", "replay-1", "compare-0"]
+    assert keys == ["provenance", *ANALYSES, "fit", "sim", "replay-0", "replay-1", "compare-0"]
 
 
 def test_tiny_fixture_numbers_reach_the_page(evil_run: RunDir) -> None:
@@ -42,6 +43,8 @@ def test_tiny_fixture_numbers_reach_the_page(evil_run: RunDir) -> None:
     assert re.search(r"content-id hit ratio \(no prefix rule\) 0\.\d{4}", text)
     # Provenance: 6 requests, 23 references, 10 distinct blocks, 30 s.
     assert "requests 6 block references 23 distinct blocks 10 block size 16 tokens duration 30 s" in text
+    # The simulator at unlimited capacity (all 10 distinct blocks): every policy reaches the ideal 13 / 23.
+    assert "inf 10 " + " ".join(["0.5652"] * 7) in text
     # The fit's train window and the replays' names.
     assert "train window (0-15 s)" in text
     assert "Live replay on vLLM: first" in text and "Engine comparison: first vs second" in text
@@ -100,3 +103,18 @@ def test_a_broken_artifact_is_a_one_line_error_naming_it(evil_run: RunDir, tmp_p
     (run.path / "analysis" / "lifespan_cdf.parquet").unlink()
     with pytest.raises(InputError, match=r"lifespan_cdf\.parquet: table 'cdf' of analysis 'lifespan' is missing"):
         build_sections(run)
+
+
+def test_plugin_counters_show_in_the_replay_section(evil_run: RunDir, tmp_path: Path) -> None:
+    run = open_run(shutil.copytree(evil_run.path, tmp_path / "run"))
+    stats = PluginStats("wa")
+    for category, ns in [("text-1", 50_000), ("text-1", 70_000), ("<b>x</b>", 90_000)]:
+        stats.record_eviction(category, ns, cached=True)
+    (run.path / "replay" / "first" / "plugin_stats.json").write_text(json.dumps(stats.snapshot()))
+    replay = next(s for s in build_sections(run) if s.key == "replay-0")
+    assert replay.values["plugin"]["evictions"] == "3"
+    assert replay.values["plugin"]["mean_us"] == "70"  # (50 + 70 + 90) / 3 microseconds
+    assert replay.tables["plugin"].rows == [["text-1", "2"], ["<b>x</b>", "1"]]
+    assert any(h.label == "plugin eviction decision mean / P99 (wa)" for h in replay.headline)
+    html = render_report(run).read_text()
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html

@@ -36,14 +36,20 @@ def test_preset_cost_from_flops() -> None:
 def test_calibrate_from_replay(tmp_path: Path) -> None:
     d = tmp_path / "replay" / "lru"
     d.mkdir(parents=True)
-    recs = [{"ttft_s": 0.05 + 0.001 * (p - c), "prompt_tokens": p, "cached_tokens": c}
+    recs = [{"ttft_ms": 50 + (p - c), "prompt_tokens": p, "cached_tokens": c, "status": "ok"}
             for p, c in [(100, 0), (200, 100), (300, 0), (50, 32)]]
+    recs.append({"ttft_ms": None, "prompt_tokens": 10, "cached_tokens": None, "status": "error"})
     (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     m = calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
     assert (m.overhead_s, m.s_per_token) == (pytest.approx(0.05), pytest.approx(0.001))
-    (d / "records.jsonl").write_text('{"ttft_s": 1}\n')
-    with pytest.raises(InputError, match="records.jsonl:1"):
+    (d / "records.jsonl").write_text('{"ttft_ms": 1}\n')
+    with pytest.raises(InputError, match=r"records\.jsonl:1"):
         calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
+    # the replay's own fit wins when present
+    (tmp_path / "replay" / "cost_model.json").write_text('{"schema": "kvtrace.cost/1", "a_s": 0.2, '
+                                                         '"b_s_per_token": 0.0003}')
+    m = calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
+    assert (m.overhead_s, m.s_per_token) == (0.2, 0.0003)
 
 
 def test_capacities() -> None:

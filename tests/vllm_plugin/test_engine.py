@@ -75,18 +75,16 @@ def cyclic_workload(url: str, model: str) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def wa_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[engine.EngineState, Path]]:
     require_engine()
-    d = tmp_path_factory.mktemp("wa_engine")
-    policy = d / "policy.json"
+    policy = tmp_path_factory.mktemp("wa_engine") / "policy.json"
     policy.write_text(json.dumps(HAND_POLICY))
-    stats_dir = d / "stats"
-    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+    with warnings.catch_warnings():
         # engine.start drops its Popen handle while the server runs (ResourceWarning at return)
         warnings.simplefilter("ignore", ResourceWarning)
-        mp.setenv("KVTRACE_STATS_DIR", str(stats_dir))
         st = engine.start(num_blocks=NUM_BLOCKS, block_size=32, max_model_len=1024, eviction="wa",
                           policy=policy, name="test-plugin-wa")
     try:
-        yield st, stats_dir
+        assert st.stats_dir is not None
+        yield st, Path(st.stats_dir)
     finally:
         engine.stop("test-plugin-wa")
 
@@ -145,6 +143,7 @@ def test_wrong_schema_policy_serves_with_lru_and_says_why_once(tmp_path: Path) -
         hits = cyclic_workload(url, "m")
     finally:
         engine._kill_group(proc.pid)
+        proc.wait(timeout=120)
     assert hits["text-2"] == [0] * 4, "LRU on a cyclic pattern: every repeat misses"
     lines = _plugin_lines(log_path.read_text())
     assert len(lines) == 1, lines
@@ -212,12 +211,9 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return d / "run", policy
 
 
-def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[Path, Path],
-                                                               tmp_path: Path) -> None:
+def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[Path, Path]) -> None:
     """The plugin on a fitted to-C slice: engine hit ratio within 3 points of the simulator's WA."""
     require_engine()
-    pytest.importorskip("tongyi_trace.sim.engine_model",
-                        reason="the simulator's engine model (predict_request_hits) is not in the tree yet")
     from tongyi_trace.replay.compare import load_side
     from tongyi_trace.replay.dispatch import request_body
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
@@ -229,13 +225,10 @@ def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[
                     "without it the plugin runs on wall time, which drifts from the simulator's trace time")
 
     run, policy = toc_slice
-    stats_dir = tmp_path / "stats"
-    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
-        mp.setenv("KVTRACE_STATS_DIR", str(stats_dir))
-        mp.setenv("KVTRACE_TIME_SCALE", str(SIM_SPEEDUP))
         st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, eviction="wa", policy=policy,
-                          name="test-plugin-sim")
+                          name="test-plugin-sim", time_scale=SIM_SPEEDUP)
     try:
         opts = ReplayOptions(name="wa", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
                              max_in_flight=1, overwrite=True)
@@ -243,6 +236,8 @@ def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[
         subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
     finally:
         engine.stop("test-plugin-sim")
+    assert st.stats_dir is not None
+    stats_dir = Path(st.stats_dir)
     stats = read_stats(stats_dir)
     assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
     side = load_side(run / "replay" / "wa", policy_override=policy)

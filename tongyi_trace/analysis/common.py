@@ -97,7 +97,7 @@ class AnalysisOptions:
     top_n: int = 20  # users/sessions shown in the producer x consumer heatmap
     window_s: float = 600.0  # next-turn probability windows
     memory_limit_gib: float = 2.0  # DuckDB memory limit (it spills to disk beyond)
-    threads: int = 2
+    threads: int = 2  # DuckDB threads
 
 
 class AnalysisContext:
@@ -167,6 +167,8 @@ def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptio
             raise InputError(f"{p}: missing; re-run 'kvtrace ingest' to rebuild the run folder")
     if options.memory_limit_gib <= 0 or options.threads < 1:
         raise UsageError("--memory-limit-gib must be > 0 and --threads >= 1")
+    if options.top_n < 1 or not options.window_s > 0:
+        raise UsageError("--top-n must be >= 1 and --window-s > 0")
     spill = Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))
     con = duckdb.connect(":memory:", config={
         "memory_limit": f"{int(options.memory_limit_gib * 1024)}MB",

@@ -25,7 +25,7 @@ from tongyi_trace.trace.ingest import ensure_run
 def analyze(
     trace_or_run: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest', or a raw trace (ingested first)."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Run folder to ingest a raw trace into "
-                                    "(default: <trace name>.kvtrace beside it)."),
+                                    "(default: ./<trace name>.kvtrace)."),
     only: str | None = typer.Option(None, "--only", help=f"Comma-separated subset of: {', '.join(ANALYSES)}."),
     model: str = typer.Option("qwen2-7b,llama2-13b,llama3-70b", "--model",
                               help="Comma-separated model presets for KV bytes and HBM (qwen2-7b, llama2-13b, "
@@ -44,7 +44,7 @@ def analyze(
     window_s: float = typer.Option(600.0, "--window-s", help="Window of the next-turn probability, seconds."),
     memory_limit_gib: float = typer.Option(2.0, "--memory-limit-gib",
                                            help="DuckDB memory limit; beyond it DuckDB spills to disk."),
-    threads: int = typer.Option(2, "--threads", help="DuckDB and spatial-pass threads."),
+    threads: int = typer.Option(2, "--threads", help="DuckDB threads."),
     report: bool = typer.Option(False, "--report", help="Also write RUN_DIR/report.html."),
     json_out: bool = typer.Option(False, "--json", help="Print every headline figure as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),

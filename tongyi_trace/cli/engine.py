@@ -51,6 +51,8 @@ def start_cmd(
                                        "(sets KVTRACE_POLICY for the engine's WA plugin)."),
     eviction: str | None = typer.Option(None, "--eviction", help="wa|lru|fifo|s3fifo (sets "
                                         "KVTRACE_EVICTION); default: vLLM's own LRU, or wa with --policy."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Trace seconds per wall second for the plugin "
+                                     "(KVTRACE_TIME_SCALE): the --speedup the replay will use."),
     name: str = _NAME,
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="Give up when not ready after this long."),
     json_out: bool = typer.Option(False, "--json", help="Print the engine state (url, pid, log) as JSON."),
@@ -64,7 +66,7 @@ def start_cmd(
 
     st = run_cli(lambda: eng.start(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                                    eviction=eviction, policy=policy, name=name, timeout_s=timeout_s,
-                                   log=say))
+                                   time_scale=time_scale, log=say))
     if json_out:
         print_json(asdict(st))
     else:

@@ -16,6 +16,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.dispatch import DispatchState
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID
 from tongyi_trace.replay.runner import ReplayOptions, ReplayResult, ServerInfo, run_replay
+from tongyi_trace.replay.runner import reconcile_only as reconcile_only_fn
 from tongyi_trace.replay.schedule import Schedule, ScheduleOptions
 
 
@@ -63,7 +64,7 @@ def _render(res: ReplayResult) -> None:
 @app.command()
 def replay(
     run_dir: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest' (or 'kvtrace synth')."),
-    server: str = typer.Option(..., "--server", help="Base URL of a vLLM OpenAI-compatible server."),
+    server: str | None = typer.Option(None, "--server", help="Base URL of a vLLM OpenAI-compatible server."),
     model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
     name: str = typer.Option("default", "--name", help="Artifacts go to RUN_DIR/replay/NAME/."),
     speedup: float = typer.Option(1.0, "--speedup", help="Divide the trace's inter-arrival times by this."),
@@ -92,12 +93,18 @@ def replay(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing replay of this name."),
     reset_cache: bool = typer.Option(False, "--reset-cache", help="Empty the server's prefix cache first "
                                      "(POST /reset_prefix_cache; needs VLLM_SERVER_DEV_MODE=1)."),
+    plugin_stats: Path | None = typer.Option(None, "--plugin-stats", help="The WA plugin's plugin_stats.json "
+                                             "(default: found for a local 'kvtrace engine')."),
+    reconcile_only: bool = typer.Option(False, "--reconcile-only", help="Only recompute the reconciliation "
+                                        "of replay NAME from its records (no server needed)."),
     json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no tables."),
 ) -> None:
     """Replay a trace against a live vLLM server and reconcile its cache hits with the simulator."""
 
     def build() -> ReplayOptions:
+        if server is None and not reconcile_only:
+            raise UsageError("--server URL is required (e.g. the URL 'kvtrace engine start' printed)")
         api_key = None
         if api_key_env is not None:
             api_key = os.environ.get(api_key_env)
@@ -107,12 +114,20 @@ def replay(
             name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
             max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
             engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
-            reset_cache=reset_cache,
+            reset_cache=reset_cache, plugin_stats=plugin_stats,
             schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
                                      max_requests=max_requests, sample_sessions=sample_sessions,
                                      closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))
 
     opts = run_cli(build)
+    if reconcile_only:
+        res = run_cli(lambda: reconcile_only_fn(run_dir, name))
+        if json_out:
+            print_json(res.summary)
+        elif not quiet:
+            _render(res)
+        return
+    assert server is not None
     bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("sent {task.fields[sent]} errors {task.fields[errors]} hit {task.fields[hit]}"),
                    TimeElapsedColumn(), console=err_console, disable=quiet or json_out, transient=True)

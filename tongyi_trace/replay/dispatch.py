@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
@@ -38,7 +38,6 @@ class DispatchState:
     num_errors: int = 0
     prompt_tokens_ok: int = 0
     cached_tokens_ok: int = 0
-    records: list[RequestRecord] = field(default_factory=list)
 
     @property
     def hit_ratio(self) -> float | None:
@@ -159,7 +158,6 @@ async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: Prompt
                 state.num_sent += 1
                 rec = await _send(session, completions_url, body, sr, num_prompt, t0, headers)
                 writer.write(rec)
-                state.records.append(rec)
                 state.num_done += 1
                 if rec.ok:
                     state.prompt_tokens_ok += rec.prompt_tokens

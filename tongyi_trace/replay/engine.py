@@ -196,6 +196,8 @@ class EngineState:
     policy: str | None
     started_at: float
     command: list[str]
+    stats_dir: str | None = None
+    time_scale: float = 1.0
 
 
 def state_dir(name: str = DEFAULT_ENGINE_NAME) -> Path:
@@ -218,6 +220,21 @@ def read_state(name: str = DEFAULT_ENGINE_NAME) -> EngineState | None:
         return EngineState(**json.loads(p.read_text()))
     except (OSError, json.JSONDecodeError, TypeError) as e:
         raise EngineError(f"{p}: unreadable engine state ({e}); delete it and start again") from e
+
+
+def local_engine_at(url: str) -> EngineState | None:
+    """The running kvtrace engine (any name) serving URL, or None (a remote or foreign server)."""
+    root = engine_dir() / "state"
+    if not root.is_dir():
+        return None
+    for d in sorted(root.iterdir()):
+        try:
+            st = read_state(d.name)
+        except (EngineError, UsageError):
+            continue
+        if st is not None and st.url == url.rstrip("/") and _alive(st):
+            return st
+    return None
 
 
 def _alive(st: EngineState) -> bool:
@@ -282,9 +299,12 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
 
 def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
           eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
-          timeout_s: float = 600.0, port: int | None = None, log: Log = _no_log) -> EngineState:
+          timeout_s: float = 600.0, port: int | None = None, time_scale: float = 1.0,
+          log: Log = _no_log) -> EngineState:
     """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state."""
     _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
+    if not time_scale > 0:
+        raise UsageError(f"--time-scale {time_scale} must be > 0 (trace seconds per wall second)")
     if policy is not None:
         from tongyi_trace.fit.params import load_policy
         load_policy(policy)  # a malformed policy file is refused here, not inside the engine
@@ -315,7 +335,9 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
            "--num-gpu-blocks-override", str(num_blocks),
            "--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ)
-    for k in ("KVTRACE_POLICY", "KVTRACE_EVICTION", "PYTHONPATH", "VIRTUAL_ENV"):
+    for k in [k for k in env if k.startswith("KVTRACE_") and k != "KVTRACE_CACHE_DIR"]:
+        env.pop(k)
+    for k in ("PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(k, None)
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache (replay --reset-cache)
@@ -325,6 +347,12 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
         env["KVTRACE_EVICTION"] = eviction
     if policy is not None:
         env["KVTRACE_POLICY"] = str(policy.resolve())
+    stats_dir = None
+    if eviction is not None:  # the plugin runs: its counters go to STATE/plugin_stats.json
+        stats_dir = str(sdir)
+        env["KVTRACE_STATS_DIR"] = stats_dir
+        env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
+        (sdir / "plugin_stats.json").unlink(missing_ok=True)
     log_path = sdir / "engine.log"
     url = f"http://127.0.0.1:{port}"
     with log_path.open("w") as fh:
@@ -335,7 +363,8 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     st = EngineState(name=name, pid=proc.pid, port=port, url=url, log_path=str(log_path),
                      model_dir=str(model_dir), served_model_name=SERVED_MODEL_NAME, num_blocks=num_blocks,
                      block_size=block_size, max_model_len=max_model_len, eviction=eviction,
-                     policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd)
+                     policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd,
+                     stats_dir=stats_dir, time_scale=float(time_scale))
     _state_path(name).write_text(json.dumps(asdict(st), indent=2) + "\n")
     log(f"engine start: pid {proc.pid}, waiting for {url}/health (log {log_path})")
     deadline = time.monotonic() + timeout_s

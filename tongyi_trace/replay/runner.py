@@ -11,6 +11,7 @@ crash), so every outcome leaves the finished records and a summary. Artifacts: d
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -23,15 +24,17 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace import __version__
-from tongyi_trace.errors import EngineError, KvtraceError, UsageError
+from tongyi_trace.errors import EngineError, InputError, KvtraceError, UsageError
 from tongyi_trace.replay.cost import fit_ttft_cost
 from tongyi_trace.replay.dispatch import DispatchOptions, DispatchState, dispatch
+from tongyi_trace.replay.engine import local_engine_at
 from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, snapshot_from_text
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
 from tongyi_trace.replay.reconcile import reconcile
 from tongyi_trace.replay.records import RecordWriter, read_records
 from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOptions, build_schedule
 from tongyi_trace.run import RunDir, open_run, write_json
+from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
 
 REPLAY_SCHEMA = "kvtrace.replay/1"
 
@@ -53,6 +56,7 @@ class ReplayOptions:
     engine_num_blocks: int | None = None
     overwrite: bool = False
     reset_cache: bool = False
+    plugin_stats: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,9 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
     write_json(out_dir / "summary.json", summary)
     if on_start is not None:
         on_start(sched, info)
+    stats_path = _plugin_stats_path(info.url, opts.plugin_stats)
+    stats_before = read_stats(stats_path) if stats_path else None
+    summary["plugin_stats_path"] = str(stats_path) if stats_path else None
     state = DispatchState(num_scheduled=len(sched.requests))
     dopts = DispatchOptions(model=info.model, api_key=opts.api_key, max_in_flight=opts.max_in_flight,
                             closed_sessions=opts.schedule.closed_sessions,
@@ -239,8 +246,44 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
     finally:
         writer.close()
         summary.update(_finish(run, out_dir, info, opts, summary, status, error, time.monotonic() - t_start))
+        summary["plugin"] = _plugin_window(stats_path, stats_before)
         write_json(out_dir / "summary.json", summary)
     return ReplayResult(out_dir, summary)
+
+
+def reconcile_only(run_dir: str | Path, name: str) -> ReplayResult:
+    """Recompute the reconciliation of an existing replay from its records (e.g. after a simulator fix)."""
+    run = open_run(run_dir)
+    out_dir = run.path / "replay" / name
+    summary_path = out_dir / "summary.json"
+    try:
+        summary: dict[str, Any] = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{summary_path}: unreadable ({e}); run 'kvtrace replay' with --name {name} first") from e
+    if summary.get("schema") != REPLAY_SCHEMA:
+        raise InputError(f"{summary_path}: field 'schema' is {summary.get('schema')!r}, expected {REPLAY_SCHEMA!r}")
+    ok = read_records(out_dir / "records.jsonl").filter(pl.col("status") == "ok")
+    summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok,
+                                                                           summary.get("engine") or {})
+    write_json(summary_path, summary)
+    return ReplayResult(out_dir, summary)
+
+
+def _plugin_stats_path(url: str, given: Path | None) -> Path | None:
+    """plugin_stats.json of the engine: --plugin-stats, else the local kvtrace engine serving URL."""
+    if given is not None:
+        return given
+    st = local_engine_at(url)
+    return Path(st.stats_dir) / STATS_FILE if st is not None and st.stats_dir else None
+
+
+def _plugin_window(path: Path | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The plugin's counters over the replay (it rewrites its stats file at most once a second)."""
+    if path is None:
+        return None
+    time.sleep(1.5)
+    after = read_stats(path)
+    return stats_delta(before, after) if after is not None else None
 
 
 def _finish(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],
@@ -294,5 +337,8 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame,
         return None, f"simulator engine model unavailable ({e})"
     except KvtraceError as e:
         return None, f"simulator prediction failed: {e}"
+    except Exception as e:  # a simulator bug must not lose the replay's summary: say it, keep the records
+        return None, (f"simulator prediction crashed ({type(e).__name__}: {e}); once fixed, run "
+                      f"'kvtrace replay {run.path} --name {out_dir.name} --reconcile-only'")
     rec.table.write_parquet(out_dir / "reconcile.parquet")
     return rec.aggregate, None

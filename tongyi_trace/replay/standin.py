@@ -25,12 +25,13 @@ class StandInState:
     """Counters and the block cache shared by the handler threads."""
 
     def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
-                 token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20) -> None:
+                 token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.fail_every = fail_every
         self.token_delay_s = token_delay_s
         self.num_gpu_blocks = num_gpu_blocks
+        self.api_key = api_key
         self.lock = threading.Lock()
         self.cache: set[bytes] = set()
         self.num_completions = 0
@@ -76,7 +77,15 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
+        def _authorized(self) -> bool:
+            if state.api_key is None or self.headers.get("Authorization") == f"Bearer {state.api_key}":
+                return True
+            self._json(401, {"error": {"message": "invalid API key"}})
+            return False
+
         def do_GET(self) -> None:
+            if not self._authorized():
+                return
             if self.path == "/health":
                 self._json(200, {})
             elif self.path == "/v1/models":
@@ -96,6 +105,8 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self) -> None:
+            if not self._authorized():
+                return
             if self.path != "/v1/completions":
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
                 return

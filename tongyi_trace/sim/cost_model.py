@@ -54,13 +54,13 @@ def preset_cost(model_name: str) -> CostModel:
 def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: float | None = None,
              s_per_loaded_token: float | None = None, arrival_scale: float | None = None) -> CostModel:
     """MODEL with the given values replaced."""
-    changes = {k: v for k, v in {"overhead_s": overhead_s, "s_per_token": s_per_token,
+    changes: dict[str, float] = {k: v for k, v in {"overhead_s": overhead_s, "s_per_token": s_per_token,
                                  "s_per_loaded_token": s_per_loaded_token,
                                  "arrival_scale": arrival_scale}.items() if v is not None}
     for k, v in changes.items():
         if v < 0:
             raise UsageError(f"cost model {k} must be >= 0, got {v}")
-    return replace(model, **changes)
+    return replace(model, **changes)  # type: ignore[arg-type]
 
 
 @njit(cache=True)
@@ -92,11 +92,23 @@ def summarize_qttft(q: np.ndarray) -> dict[str, float]:
 
 
 def calibrate_from_replay(run_path: Path, base: CostModel) -> CostModel:
-    """BASE with a, b fitted (least squares, non-negative) to ttft_s = a + b x (prompt - cached tokens)
-    over every RUN/replay/*/records.jsonl line."""
-    files = sorted((Path(run_path) / "replay").glob("*/records.jsonl"))
+    """BASE with a, b taken from a real engine: RUN/replay/cost_model.json (schema kvtrace.cost/1, written
+    by `kvtrace replay`: ttft_s = a_s + b_s_per_token x (prompt_tokens - cached_tokens)) when present,
+    else a least-squares fit over every ok line of RUN/replay/*/records.jsonl (ttft_ms, prompt_tokens,
+    cached_tokens)."""
+    root = Path(run_path) / "replay"
+    fitted = root / "cost_model.json"
+    if fitted.is_file():
+        try:
+            doc = json.loads(fitted.read_text())
+            a, b = float(doc["a_s"]), float(doc["b_s_per_token"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"{fitted}: field a_s/b_s_per_token unreadable ({e}); re-run 'kvtrace replay'") from e
+        return replace(base, name=f"{base.name}+replay", overhead_s=max(a, 0.0), s_per_token=max(b, 0.0))
+    files = sorted(root.glob("*/records.jsonl"))
     if not files:
-        raise InputError(f"{run_path}: no replay/*/records.jsonl; run 'kvtrace replay' first")
+        raise InputError(f"{run_path}: no replay/cost_model.json or replay/*/records.jsonl; "
+                         "run 'kvtrace replay' first")
     xs: list[float] = []
     ys: list[float] = []
     for f in files:
@@ -105,15 +117,17 @@ def calibrate_from_replay(run_path: Path, base: CostModel) -> CostModel:
                 continue
             try:
                 rec = json.loads(line)
-                ttft = float(rec["ttft_s"])
+                if rec.get("status", "ok") != "ok" or rec.get("ttft_ms") is None:
+                    continue
+                ttft = float(rec["ttft_ms"]) / 1000.0
                 unc = float(rec["prompt_tokens"]) - float(rec.get("cached_tokens") or 0)
             except (ValueError, KeyError, TypeError) as e:
-                raise InputError(f"{f}:{lineno}: field ttft_s/prompt_tokens/cached_tokens unreadable ({e}); "
+                raise InputError(f"{f}:{lineno}: field ttft_ms/prompt_tokens/cached_tokens unreadable ({e}); "
                                  "re-run 'kvtrace replay'") from e
             xs.append(unc)
             ys.append(ttft)
     if len(xs) < 2:
-        raise InputError(f"{run_path}: fewer than 2 replay records; replay more requests")
+        raise InputError(f"{run_path}: fewer than 2 completed replay records; replay more requests")
     x = np.array(xs)
     y = np.array(ys)
     design = np.stack([np.ones_like(x), x], axis=1)

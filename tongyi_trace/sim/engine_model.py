@@ -4,6 +4,7 @@ Model of vLLM 0.32's KV-cache manager (checked in vllm/v1/core/: kv_cache_manage
 single_type_kv_cache_manager.py, kv_cache_utils.py), one request at a time in the given order:
 - Only FULL engine blocks are hashed and cached; the trace's blocks are regrouped to the engine's block
   size (stream.regroup).
+- The prompt is input_tokens long (the replay pads the blocks' tokens with request-unique filler).
 - Last-token rule: `get_computed_blocks` caps the hit at `max_cache_hit_length = num_tokens - 1`, so at
   most floor((P - 1) / E) blocks of a P-token prompt hit (a fully cached prompt recomputes its last block).
 - Generated tokens fill blocks too: the engine caches floor((P + O - 1) / E) full blocks of a request
@@ -30,13 +31,17 @@ from tongyi_trace.sim.simulate import EngineShape, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, regroup
 
 
-def engine_stream(stream: Stream, engine_block_size: int, output_tokens: np.ndarray | None
-                  ) -> tuple[Stream, EngineShape]:
-    """STREAM regrouped to ENGINE_BLOCK_SIZE with never-hit output blocks appended to each request."""
+def engine_stream(stream: Stream, engine_block_size: int, output_tokens: np.ndarray | None,
+                  prompt_tokens: np.ndarray | None = None) -> tuple[Stream, EngineShape]:
+    """STREAM regrouped to ENGINE_BLOCK_SIZE with never-hit output blocks appended to each request.
+    PROMPT_TOKENS: tokens sent per request (default: those its blocks cover; the replay pads a prompt
+    with request-unique filler up to input_tokens)."""
     e = int(engine_block_size)
     es = regroup(stream, e)
     n = es.num_requests
     prompt = stream.req_tokens.astype(np.int64)
+    if prompt_tokens is not None:
+        prompt = np.maximum(prompt, np.asarray(prompt_tokens, np.int64))
     out = np.ones(n, np.int64) if output_tokens is None else np.asarray(output_tokens, np.int64)
     if out.shape != (n,):
         raise UsageError(f"output_tokens has {out.size} values for {n} requests")
@@ -69,8 +74,10 @@ def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: in
     (None = unlimited cache, the ideal). POLICY is the engine's eviction policy ("lru" = stock vLLM,
     "wa" = the kvtrace plugin, which needs PARAMS); OUTPUT_TOKENS = tokens generated per request
     (None: one token, no output block)."""
-    stream = load_stream(run, np.asarray(req_idx, np.int64))
-    full, shape = engine_stream(stream, engine_block_size, output_tokens)
+    sel = np.asarray(req_idx, np.int64)
+    stream = load_stream(run, sel)
+    input_tokens = run.requests()["input_tokens"].to_numpy()[sel]
+    full, shape = engine_stream(stream, engine_block_size, output_tokens, input_tokens)
     if num_engine_blocks is None:
         capacity = full.num_ids + int(shape.req_extra.max(initial=0))
     else:

@@ -15,12 +15,17 @@ blocks after them); extra[r] slots are held by r while it runs and free afterwar
 
 from __future__ import annotations
 
+import hashlib
+from functools import lru_cache
+from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any
 
 import numpy as np
 from numba import njit
 
+# The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
+from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.structs import G_CURSOR, G_SIZE, PINNED, PRESENT, read_cycles
 
 # stats vector layout
@@ -29,12 +34,13 @@ NUM_STATS = 8
 
 
 def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
-               req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
-               capacity: int, bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
-               timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY blocks, on the state arrays made by
-    structs.make_state (policy parameters in ip/fp, WA category parameters in cw, ORACLE next uses in nxt).
+              req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
+              capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+              qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+              timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
+    blocks, on the state arrays made by structs.make_state (policy parameters in ip/fp, WA category
+    parameters in cw, ORACLE next uses in nxt).
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
@@ -63,7 +69,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
                 break
             pinned[x] = 1
-            access(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
+            access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
             h += 1
         hits = min(h, nstat)
         hit_tok = 0
@@ -77,7 +83,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if present[x] == 1:
                 if pinned[x] == 0:
                     pinned[x] = 1
-                    access(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
+                    access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
                     if k < nstat:
                         stats[S_TOUCHED] += 1
                 continue
@@ -85,16 +91,16 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 stats[S_BYPASS] += 1
                 continue
             if g[G_SIZE] >= cap:
-                t0 = read_cycles() if timing else np.uint64(0)
+                t0 = read_cycles() if timing else np.uint64(0)  # type: ignore[call-arg]
                 while g[G_SIZE] >= cap:
-                    v = evict(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                    v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
                     if v < 0:
                         break
                     present[v] = 0
                     g[G_SIZE] -= 1
                     stats[S_EVICTIONS] += 1
                 if timing:
-                    stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)
+                    stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
                 if g[G_SIZE] >= cap:
                     full = True
                     stats[S_BYPASS] += 1
@@ -102,13 +108,13 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             present[x] = 1
             pinned[x] = 1
             g[G_SIZE] += 1
-            insert(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x)
+            insert(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
         # 3. served: release deepest first
         for k in range(n - 1, -1, -1):
             x = blk[s + k]
             if pinned[x] == 1:
                 pinned[x] = 0
-                release(bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
+                release(bk, hp, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
         tok = 0
         for k in range(nstat):
             tok += ntok[s + k]
@@ -132,12 +138,27 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict).
 
     The loop's code is shared; each policy gets its own function object whose globals bind the hook
-    names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy)."""
+    names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy). The
+    name carries a digest of the simulator's sources: numba checks only this file's timestamp, so without
+    it an edited policy or structs.py would keep running the stale cached machine code."""
     if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict)
-        fn = FunctionType(_run_loop.__code__, env, f"run_{name}")
-        fn.__qualname__ = f"run_{name}"
+        fn_name = f"run_{name}_{_sources_digest()}"
+        fn = FunctionType(_run_loop.__code__, env, fn_name)
+        fn.__qualname__ = fn_name
         fn.__doc__ = _run_loop.__doc__
         _KERNELS[name] = njit(cache=True)(fn)
     return _KERNELS[name]
+
+
+@lru_cache(maxsize=1)
+def _sources_digest() -> str:
+    """8 hex digits over the sources compiled into the kernels."""
+    here = Path(__file__).parent
+    files = [here / "kernel.py", here / "structs.py", *sorted((here / "policies").glob("*.py")),
+             here.parent / "wa_priority.py"]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:8]

@@ -48,7 +48,6 @@ class PolicySpec:
     params_cls: type
     summary: str
     uses_heap: bool = False
-    per_block: bool = False  # needs cat/tlast/bpos/aux arrays
     queues_per_category: bool = False
     num_queues: int = 1
     needs_next_use: bool = False

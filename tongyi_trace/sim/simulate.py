@@ -140,12 +140,12 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     cap_eff = min(capacity_blocks, stream.num_ids)
     heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1
     t0 = time.perf_counter()
-    bk, ft, hp, g, gf, qs = make_state(stream.num_ids, num_queues, heap_size, spec.per_block)
+    bk, hp, g, gf, qs = make_state(stream.num_ids, num_queues, heap_size)
     kernel = policy_kernel(spec.name, spec.hooks)
     stats, req_hits, req_hit_tok, cat_stats = kernel(
         stream.req_off, stream.blk, stream.ntok, stream.req_cat, stream.req_time_s,
         engine.req_maxhit, engine.req_nstat, engine.req_extra, capacity_blocks,
-        bk, ft, hp, g, gf, qs, ip, fp, cw, nxt, timing)
+        bk, hp, g, gf, qs, ip, fp, cw, nxt, timing)
     elapsed = time.perf_counter() - t0
     num_tokens = int(stream.req_tokens.sum())
     cat_stats = np.vstack([cat_stats, np.zeros((max(0, len(stream.categories) - len(cat_stats)), 4), np.int64)])

@@ -7,15 +7,14 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
     bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (one cache line or two per
                                  block): PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX,
                                  AUX2; rows D.. are the queue sentinels
-    ft  float64[D or 1]          per-block time of the last access (WA)
     hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
-    g   int64[8 + NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
+    g   int64[8 + 2 NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
     qs  int64[NQ]                queue sizes
 
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
 
-Lazy heap: keys are int64 pairs (policies scale float priorities to integers). An entry is valid while
+Lazy 4-ary min-heap: keys are int64 pairs (policies scale float priorities to integers). An entry is valid while
 bk[id, VER] still equals its version and the block is cached and not pinned; a block's version is bumped
 whenever it is re-pushed, so stale entries are skipped on pop. When the heap is full it is compacted to
 its valid entries (at most the capacity).
@@ -34,6 +33,7 @@ PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX, AUX2 = range(11)
 NUM_ROWS = 11
 # columns of hp
 KEY1, KEY2, HID, HVER = range(4)
+ARITY = 4  # a 4-ary heap: half the depth of a binary one, a node's children in two cache lines
 # indices into g (int64 scalars); g[G_QCACHE + q] is a per-queue cache
 G_HSIZE = 0  # entries in the heap
 G_STAMP = 1  # monotone counter for tie-breaks
@@ -48,9 +48,9 @@ GF_NOW = 2  # WA: the time the per-queue caches were computed for
 GF_QCACHE = 4
 
 
-def make_state(num_ids: int, num_queues: int, heap_size: int, per_block: bool
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(bk, ft, hp, g, gf, qs) for NUM_IDS blocks."""
+def make_state(num_ids: int, num_queues: int, heap_size: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(bk, hp, g, gf, qs) for NUM_IDS blocks."""
     d = num_ids
     nq = max(num_queues, 1)
     bk = np.zeros((d + nq, NUM_ROWS), np.int64)
@@ -58,13 +58,12 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, per_block: bool
     for q in range(nq):
         bk[d + q, QPREV] = d + q
         bk[d + q, QNEXT] = d + q
-    g = np.zeros(G_QCACHE + nq, np.int64)
+    g = np.zeros(G_QCACHE + 2 * nq, np.int64)
     g[G_CURSOR] = -1
     g[G_QCACHE:] = -1
     gf = np.zeros(GF_QCACHE + nq, np.float64)
     gf[GF_NOW] = np.nan
-    return (bk, np.zeros(d if per_block else 1, np.float64), np.zeros((max(heap_size, 1), 4), np.int64),
-            g, gf, np.zeros(nq, np.int64))
+    return bk, np.zeros((max(heap_size, 1), 4), np.int64), g, gf, np.zeros(nq, np.int64)
 
 
 # ---------------------------------------------------------------- queues
@@ -130,11 +129,10 @@ def _swap(hp: np.ndarray, i: int, j: int) -> None:
 def _sift_down(hp: np.ndarray, i: int, n: int) -> None:
     while True:
         lo = i
-        left = 2 * i + 1
-        if left < n and _less(hp, left, lo):
-            lo = left
-        if left + 1 < n and _less(hp, left + 1, lo):
-            lo = left + 1
+        first = ARITY * i + 1
+        for c in range(first, min(first + ARITY, n)):
+            if _less(hp, c, lo):
+                lo = c
         if lo == i:
             return
         _swap(hp, i, lo)
@@ -157,7 +155,7 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> None:
                 hp[m, c] = hp[i, c]
             m += 1
     g[G_HSIZE] = m
-    for i in range(m // 2 - 1, -1, -1):
+    for i in range((m - 2) // ARITY, -1, -1):
         _sift_down(hp, i, m)
 
 
@@ -174,7 +172,7 @@ def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, k1: int, k2
     hp[i, HID] = x
     hp[i, HVER] = bk[x, VER]
     while i > 0:
-        p = (i - 1) // 2
+        p = (i - 1) // ARITY
         if _less(hp, i, p):
             _swap(hp, i, p)
             i = p
@@ -201,11 +199,11 @@ def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray
 
 # ---------------------------------------------------------------- cycle counter
 @intrinsic
-def read_cycles(typingctx):  # type: ignore[no-untyped-def]
+def read_cycles(typingctx):
     """The CPU cycle counter (llvm.readcyclecounter), for eviction timing inside compiled code."""
     sig = types.uint64()
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         fnty = ir.FunctionType(ir.IntType(64), [])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.readcyclecounter")
         return builder.call(fn, [])
@@ -216,4 +214,4 @@ def read_cycles(typingctx):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def cycles_now() -> int:
     """read_cycles() callable from Python (for calibrating cycles to seconds)."""
-    return np.int64(read_cycles())
+    return int(read_cycles())  # type: ignore[call-arg]

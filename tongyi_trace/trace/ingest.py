@@ -225,13 +225,13 @@ def _rekey_blocks(run: RunDir, file_order_path: Path, requests: pl.DataFrame) ->
 
 def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **ingest_options: Any) -> RunDir:
     """A run folder for TRACE_OR_RUN: opened as is when it is one, else the trace is ingested into OUT_DIR
-    (default: `<trace name>.kvtrace` beside the trace)."""
+    (default: `<trace name>.kvtrace` in the current directory: the trace's folder may be read-only)."""
     p = Path(trace_or_run)
     if is_run_dir(p):
         return open_run(p)
     if p.is_dir():
         return open_run(p)  # raises the "not a run folder" error
-    target = Path(out_dir) if out_dir is not None else p.with_name(p.name.split(".")[0] + ".kvtrace")
+    target = Path(out_dir) if out_dir is not None else Path(p.name.split(".")[0] + ".kvtrace")
     if is_run_dir(target):
         prov = open_run(target).provenance()
         if prov.get("sha256") == file_sha256(p):

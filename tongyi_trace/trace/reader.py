@@ -186,7 +186,8 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
                 hashes = _check_record(path, line_no, rec, spec)
                 if bailian and "user_id" in rec and rec["user_id"] is not None \
                         and not isinstance(rec["user_id"], str | int):
-                    raise located(path, line_no, "user_id", f"must be a string or integer, got {rec['user_id']!r:.40}", _FIX)
+                    raise located(path, line_no, "user_id",
+                                  f"must be a string or integer, got {rec['user_id']!r:.40}", _FIX)
             except InputError as e:
                 if on_error != "skip":
                     raise

@@ -85,7 +85,8 @@ def build(run: RunDir) -> list[Section]:
 def _panel_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cats = sorted((r for r in rows if r.get("category") != "default"),
                   key=lambda r: (-(r.get("train_num_samples") or 0), str(r.get("category"))))
-    return [r for r in rows if r.get("category") == "default"] + cats[:MAX_PANELS]
+    shown = sorted(cats[:MAX_PANELS], key=lambda r: str(r.get("category")))  # most samples kept, by name
+    return [r for r in rows if r.get("category") == "default"] + shown
 
 
 def _panel(df: pl.DataFrame, with_test: bool) -> Fig | None:

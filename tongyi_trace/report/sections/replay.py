@@ -91,9 +91,6 @@ def _replay_section(d: Path, index: int) -> Section:
             s.values["cost"] = {"a_ms": fmt.milliseconds(1000 * float(cost.get("a_s") or 0)),
                                 "b_us": fmt.num(1e6 * float(cost.get("b_s_per_token") or 0)),
                                 "r2": fmt.ratio(cost.get("r2"), 3), "n": fmt.count(cost.get("num_points"))}
-    plugin = doc.get("plugin") or read_stats(d)
-    if plugin:
-        _plugin(s, plugin)
     s.headline = [Headline(f"engine hit ratio, replay {name}", fmt.ratio(doc.get("records_hit_ratio")))]
     if rec is not None:
         s.headline += [
@@ -101,6 +98,9 @@ def _replay_section(d: Path, index: int) -> Section:
             Headline(f"requests where engine = simulator, replay {name}", fmt.pct(rec.get("exact_share"))),
         ]
     s.headline.append(Headline(f"TTFT P50 / P99, replay {name}", _ms_pair(doc.get("ttft_ms"))))
+    plugin = doc.get("plugin") or read_stats(d)
+    if plugin:
+        _plugin(s, plugin)
     return s
 
 

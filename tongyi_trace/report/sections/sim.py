@@ -61,8 +61,11 @@ def build(run: RunDir) -> list[Section]:
                                rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["wa"]), g["best"],
                                       fmt.ratio(g["best_hit"]), f"{100 * g['gain']:+.2f} points"] for g in gains])
     abl = [p for p in ABLATION if p in set(results["policy"].to_list())]
-    if len(abl) > 1:
-        s.tables["ablation"] = _pivot(results, caps, abl, "hit_ratio")
+    if len(abl) > 1 and abl[0] == "wa":
+        s.tables["ablation"] = _ablation(results, caps, abl)
+    per_cat = read_parquet(d / "per_category.parquet", REMEDY)
+    if per_cat is not None and gains:
+        s.tables["per_category"] = _per_category(per_cat, gains[0])
     s.tables["cost"] = _cost_table(results, policies + abl[1:])
     s.values = {
         "ideal": fmt.ratio(ideal), "peak_live": fmt.count(summary.get("peak_live_blocks")),
@@ -72,6 +75,7 @@ def build(run: RunDir) -> list[Section]:
         "gain_large": f"{100 * gains[-1]['gain']:+.2f}" if gains else None,
         "cap_small": gains[0]["capacity"] if gains else "", "cap_large": gains[-1]["capacity"] if gains else "",
         "best_small": gains[0]["best"] if gains else "",
+        "cost_model": _cost_caption(summary.get("cost_model")),
     }
     if gains:
         s.headline = [
@@ -116,8 +120,9 @@ def _hit_figure(results: pl.DataFrame, curve: pl.DataFrame | None, ideal: float 
     fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit ratio (blocks)", height_px=440)
     fig.update_xaxes(type="log")
     fig.update_yaxes(rangemode="tozero", tickformat=".0%")
-    if curve is not None and curve.height:
-        c = curve.filter(pl.col("capacity_blocks") > 0)
+    lo, hi = float(results["capacity_blocks"].min() or 1) / 4, float(results["capacity_blocks"].max() or 1) * 2  # type: ignore[arg-type]
+    if curve is not None and curve.height:  # the exact curve around the swept capacities
+        c = curve.filter(pl.col("capacity_blocks").is_between(max(lo, 1), hi))
         x, y = downsample(c["capacity_blocks"].to_numpy(), c["hit_ratio"].to_numpy())
         fig.add_scatter(x=x, y=y, mode="lines", name="LRU, exact one-pass curve",
                         line={"color": COLORS["lru"], "width": 1, "shape": "hv"}, opacity=0.5)
@@ -160,6 +165,35 @@ def _pivot(results: pl.DataFrame, caps: pl.DataFrame, policies: list[str], col: 
                        for c in caps.iter_rows(named=True)])
 
 
+def _ablation(results: pl.DataFrame, caps: pl.DataFrame, variants: list[str]) -> Table:
+    """Hit ratio of WA and each variant per capacity, the variants with their difference to WA."""
+    cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
+    rows = []
+    for c in caps.iter_rows(named=True):
+        wa = cell.get(("wa", c["capacity"]))
+        row = [str(c["capacity"]), fmt.count(c["capacity_blocks"]), fmt.ratio(wa)]
+        for v in variants[1:]:
+            hit = cell.get((v, c["capacity"]))
+            row.append(fmt.ratio(hit) + ("" if hit is None or wa is None else f" ({100 * (hit - wa):+.2f})"))
+        rows.append(row)
+    return Table(columns=["capacity", "blocks", "wa", *[f"{v} (points vs wa)" for v in variants[1:]]], rows=rows)
+
+
+def _per_category(per_cat: pl.DataFrame, gain: dict[str, Any]) -> Table:
+    """Per category at GAIN's capacity: WA against the best baseline there."""
+    at = per_cat.filter(pl.col("capacity") == gain["capacity"])
+    wa = {r["category"]: r for r in at.filter(pl.col("policy") == "wa").iter_rows(named=True)}
+    best = {r["category"]: r for r in at.filter(pl.col("policy") == gain["best"]).iter_rows(named=True)}
+    rows = []
+    for cat in sorted(wa):
+        w, b = wa[cat], best.get(cat)
+        rows.append([str(cat), fmt.count(w["num_refs"]), fmt.ratio(w["hit_ratio"]),
+                     fmt.ratio(b["hit_ratio"] if b else None),
+                     fmt.NA if b is None else f"{100 * (w['hit_ratio'] - b['hit_ratio']):+.2f} points"])
+    return Table(columns=["category", "block refs", "WA", gain["best"], "WA - " + gain["best"]], rows=rows,
+                 caption=f"Per category at capacity {gain['capacity']} ({fmt.count(gain['blocks'])} blocks).")
+
+
 def _wa_gains(results: pl.DataFrame, caps: pl.DataFrame) -> list[dict[str, Any]]:
     cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
     gains = []
@@ -168,7 +202,7 @@ def _wa_gains(results: pl.DataFrame, caps: pl.DataFrame) -> list[dict[str, Any]]
         base = [(cell[(p, c["capacity"])], p) for p in BASELINES if cell.get((p, c["capacity"])) is not None]
         if wa is None or not base:
             continue
-        best_hit, best = max(base)
+        best_hit, best = max(base, key=lambda hp: hp[0])  # ties: the first in BASELINES order
         gains.append({"capacity": str(c["capacity"]), "blocks": c["capacity_blocks"], "wa": wa, "best": best,
                       "best_hit": best_hit, "gain": wa - best_hit})
     return gains
@@ -181,13 +215,22 @@ def _cost_table(results: pl.DataFrame, policies: list[str]) -> Table:
         if not part.height:
             continue
         refs_per_s = _median(part["refs_per_s"])
-        qttft_s = _median(part["qttft_mean_s"])
+        qttft_s = _median(part["qttft_mean_s"])  # seconds: queueing makes it minutes when the cache is small
         rows.append([pol, fmt.num(None if refs_per_s is None else refs_per_s / 1e6),
-                     fmt.num(_median(part.filter(pl.col("num_evictions") > 0)["evict_decision_ns"])),
+                     fmt.count(_median(part.filter(pl.col("num_evictions") > 0)["evict_decision_ns"])),
                      fmt.count(float(part["num_evictions"].cast(pl.Float64).sum())),
-                     fmt.milliseconds(None if qttft_s is None else 1000 * qttft_s)])
+                     fmt.seconds(qttft_s)])
     return Table(columns=["policy", "M refs/s (median over capacities)", "eviction decision (ns, median)",
                           "evictions (all capacities)", "mean QTTFT (median over capacities)"], rows=rows)
+
+
+def _cost_caption(cost: dict[str, Any] | None) -> str:
+    if not cost:
+        return ""
+    return (f"cost model {cost.get('name', '')}: prefill = {fmt.milliseconds(1000 * float(cost.get('overhead_s') or 0))}"
+            f" + {fmt.num(1e6 * float(cost.get('s_per_token') or 0))} us x uncached tokens"
+            f" (+ {fmt.num(1e6 * float(cost.get('s_per_loaded_token') or 0))} us x tokens loaded from CPU),"
+            f" arrival times x {fmt.num(cost.get('arrival_scale'))}")
 
 
 def _median(values: pl.Series) -> float | None:

@@ -54,13 +54,13 @@ SPEC = PolicySpec("gdsf", PID, GdsfParams, "GreedyDual-Size-Frequency, cost = re
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 1
 
@@ -72,16 +72,16 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     h = gf[GF_CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[1], fp[0])
     g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, np.int64(h * KEY_SCALE), g[G_STAMP])
+    heap_push(bk, hp, g, x, int(h * KEY_SCALE), g[G_STAMP])
 
 
 @njit(cache=True, inline="always")
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     x = heap_pop_valid(bk, hp, g, gf)
     if x >= 0:

@@ -59,11 +59,11 @@ class S3FifoParams:
 
 
 SPEC = PolicySpec("s3fifo", PID, S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost",
-                  per_block=True, num_queues=2)
+                  num_queues=2)
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     if bk[x, FREQ] < ip[1]:
         bk[x, FREQ] += 1
@@ -78,7 +78,7 @@ def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, fp: np.ndarray, x: 
 
 
 @njit(cache=True, inline="always")
-def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 0
     if _in_ghost(bk, g, ip, fp, x):
@@ -89,7 +89,7 @@ def insert(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np
 
 
 @njit(cache=True, inline="always")
-def release(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     if bk[x, QID] < 0:
@@ -139,7 +139,7 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def evict(bk: np.ndarray, ft: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
     small_target = max(1, int(fp[0] * ip[7]))
     if qs[_S] >= small_target or qs[_M] == 0:
