@@ -75,13 +75,11 @@ def get_preset(name: str, *, gpu_mem_gib: float | None = None, tp: int | None = 
         preset = PRESETS[name.lower()]
     except KeyError:
         raise UsageError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
-    changes: dict[str, object] = {}
-    if gpu_mem_gib is not None:
-        changes["gpu_mem_bytes"] = int(gpu_mem_gib * GIB)
-    if tp is not None:
-        changes["tp"] = tp
-    if reserve_gib is not None:
-        changes["activation_reserve_bytes"] = int(reserve_gib * GIB)
-    if utilization is not None:
-        changes["gpu_mem_utilization"] = utilization
-    return replace(preset, **changes) if changes else preset
+    return replace(
+        preset,
+        gpu_mem_bytes=preset.gpu_mem_bytes if gpu_mem_gib is None else int(gpu_mem_gib * GIB),
+        tp=preset.tp if tp is None else tp,
+        activation_reserve_bytes=(preset.activation_reserve_bytes if reserve_gib is None
+                                  else int(reserve_gib * GIB)),
+        gpu_mem_utilization=preset.gpu_mem_utilization if utilization is None else utilization,
+    )

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
+from tongyi_trace.errors import UsageError
+from tongyi_trace.report import screenshot
 from tongyi_trace.run import RunDir
 
 
@@ -31,3 +34,8 @@ def test_not_a_run_folder_is_a_one_line_error(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "not a kvtrace run folder" in res.stderr and "kvtrace ingest" in res.stderr
     assert "Traceback" not in res.output
+
+
+def test_screenshot_of_a_missing_report_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"missing\.html: no such report; run 'kvtrace report RUN_DIR' first"):
+        screenshot(tmp_path / "missing.html", tmp_path / "shot.png")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
@@ -71,3 +72,18 @@ def test_list_policies_prints_parameters() -> None:
     assert set(doc) >= {"lru", "fifo", "lfu", "s3fifo", "gdsf", "wa", "oracle"}
     assert {p["name"]: p["default"] for p in doc["s3fifo"]["parameters"]} == {
         "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main_threshold": 1, "freq_cap": 3}
+
+
+def test_hbm_split_and_cost_overrides(make_run: Callable[..., Path]) -> None:
+    # LRU with 2 blocks on REQS: r2 hits only block 1 (block 2 was evicted by r1's 3... see test_golden):
+    # 1 hit of 7. With --hbm-capacity 2 and capacity 3, r2's second block (16 tokens) is loaded from CPU.
+    run = make_run(REQS, times_s=[0.0, 100.0, 200.0, 300.0, 400.0])
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru", "-c", "3", "--hbm-capacity", "2",
+                                   "--prefill-overhead-s", "1", "--prefill-s-per-token", "0.01",
+                                   "--load-s-per-token", "0.001", "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["hbm_hit_ratio"] == 1 / 7
+    # QTTFT (no queueing, arrivals 100 s apart): 1 + 0.01 x uncached tokens + 0.001 x loaded tokens
+    # r0 32 uncached, r1 16, r2 0 (+16 loaded), r3 16, r4 16 -> 1.32, 1.16, 1.016, 1.16, 1.16
+    assert row["qttft_mean_s"] == pytest.approx((1.32 + 1.16 + 1.016 + 1.16 + 1.16) / 5)

@@ -29,7 +29,8 @@ def main(
     """KV-cache reuse in LLM serving traces: characterize, fit, simulate, replay on vLLM, report."""
 
 
-# Each module registers its command(s) on `app`.
+# Each module registers its command(s) on `app`, in the pipeline's order (shown so in --help).
+# isort: off
 from tongyi_trace.cli import ingest as _ingest  # noqa: E402,F401
 from tongyi_trace.cli import synth as _synth  # noqa: E402,F401
 from tongyi_trace.cli import analyze as _analyze  # noqa: E402,F401
@@ -39,3 +40,4 @@ from tongyi_trace.cli import simulate as _simulate  # noqa: E402,F401
 from tongyi_trace.cli import engine as _engine  # noqa: E402,F401
 from tongyi_trace.cli import replay as _replay  # noqa: E402,F401
 from tongyi_trace.cli import compare as _compare  # noqa: E402,F401
+# isort: on

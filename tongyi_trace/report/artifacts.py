@@ -24,6 +24,14 @@ def read_json(path: Path, remedy: str) -> dict[str, Any] | None:
     return obj
 
 
+def read_versioned(path: Path, schema: str, remedy: str) -> dict[str, Any] | None:
+    """`read_json`, and an InputError unless the document's field 'schema' is SCHEMA."""
+    doc = read_json(path, remedy)
+    if doc is not None and doc.get("schema") != schema:
+        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {schema!r}; {remedy}")
+    return doc
+
+
 def read_parquet(path: Path, remedy: str, columns: list[str] | None = None) -> pl.DataFrame | None:
     """The Parquet table at PATH (optionally only COLUMNS), None when PATH does not exist."""
     if not path.is_file():

@@ -11,9 +11,9 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tongyi_trace.errors import UsageError
+from tongyi_trace.errors import KvtraceError, UsageError
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -22,6 +22,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 900}
 TIMEOUT_MS = 180_000  # generous: a loaded 2-core CI machine parses the 5 MB page slowly
+
+
+def _playwright() -> Any:
+    """playwright.sync_api, or a UsageError saying how to install it."""
+    try:
+        import playwright.sync_api
+    except ImportError:
+        raise UsageError("the Python package 'playwright' is missing: pip install -e '.[dev]'") from None
+    return playwright.sync_api
 
 
 def find_chromium() -> Path | None:
@@ -37,14 +46,10 @@ def open_page(html: Path) -> Iterator[Page]:
     if exe is None:
         raise UsageError("chromium not found: run 'make browser' (installs Debian's chromium) "
                          "or set KVTRACE_CHROMIUM to its path")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        raise UsageError("the Python package 'playwright' is missing: pip install -e '.[dev]'") from None
-    with sync_playwright() as pw:
+    with _playwright().sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(exe), args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+            page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(TIMEOUT_MS)
             page.set_default_navigation_timeout(TIMEOUT_MS)
             page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
@@ -63,9 +68,15 @@ def wait_until_drawn(page: Page) -> None:
 
 def screenshot(html: Path, png: Path) -> Path:
     """Save a full-page PNG of the report HTML, taken after all figures are drawn; return PNG."""
+    playwright = _playwright()
     if not html.is_file():
         raise UsageError(f"{html}: no such report; run 'kvtrace report RUN_DIR' first")
-    with open_page(html) as page:
-        wait_until_drawn(page)
-        page.screenshot(path=str(png), full_page=True)
+    try:
+        with open_page(html) as page:
+            wait_until_drawn(page)
+            page.screenshot(path=str(png), full_page=True)
+    except playwright.Error as e:
+        first = (str(e).strip().splitlines() or ["unknown error"])[0]
+        raise KvtraceError(f"{html}: headless Chromium could not draw the report ({first}); "
+                           "check 'chromium --version' or re-run 'make browser'") from e
     return png

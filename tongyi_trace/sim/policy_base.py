@@ -49,6 +49,7 @@ class PolicySpec:
     summary: str
     uses_heap: bool = False
     queues_per_category: bool = False
+    queues_per_count: bool = False  # one queue per reference count (LFU buckets)
     num_queues: int = 1
     needs_next_use: bool = False
     needs_fit: bool = False

@@ -136,6 +136,8 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
         lens = np.diff(stream.req_off)
         engine = EngineShape(lens, lens, np.zeros(n, np.int64))
     num_queues = len(stream.categories) if spec.queues_per_category else spec.num_queues
+    if spec.queues_per_count:
+        num_queues = int(np.bincount(stream.blk, minlength=1).max()) + 2
     max_req = int(np.diff(stream.req_off).max()) if n else 0
     cap_eff = min(capacity_blocks, stream.num_ids)
     heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1

@@ -40,6 +40,7 @@ G_STAMP = 1  # monotone counter for tie-breaks
 G_SIZE = 2  # cached blocks
 G_GHOST = 3  # S3-FIFO: ghost insertions so far
 G_CURSOR = 4  # FIFO: walk cursor inside one request (-1 = from the head)
+G_MINF = 5  # LFU: no non-empty bucket below this count
 G_QCACHE = 8
 # indices into gf (float64 scalars); gf[GF_QCACHE + q] is a per-queue cache
 GF_CLOCK = 0  # GDSF inflation value L

@@ -143,7 +143,7 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
         examples.setdefault("hash_len_mismatch", [
             f"len(hash_ids) != ceil(input_length / {block_size}) for {findings['hash_len_mismatch']} requests"])
     num_refs = int(requests["num_blocks"].sum())
-    ts = requests["arrival_s"]
+    ts = requests["arrival_s"].to_numpy()
     prov: dict[str, Any] = {
         "schema": RUN_SCHEMA,
         "source": str(path.resolve()),
@@ -153,7 +153,7 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
         "num_requests": requests.height,
         "num_block_refs": num_refs,
         "num_distinct_blocks": dense.num_distinct,
-        "duration_s": float(ts.max() - ts.min()),  # type: ignore[operator]
+        "duration_s": float(ts.max() - ts.min()),
         "has_types": bool(requests["type"].is_not_null().any()),
         "has_turns": bool(requests["turn"].is_not_null().any()),
         "has_users": bool(requests["user_id"].is_not_null().any()),

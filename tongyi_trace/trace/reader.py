@@ -90,11 +90,11 @@ class ReadStats:
 
 def _open_binary(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     if path.suffix == ".zst":
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb")))  # type: ignore[arg-type]
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb")))
     return path.open("rb")
 
 

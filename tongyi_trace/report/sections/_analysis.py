@@ -7,13 +7,14 @@ absent_parts {part: reason}.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.report.artifacts import read_json, read_parquet
+from tongyi_trace.report.artifacts import read_parquet, read_versioned
 from tongyi_trace.report.model import Section
 from tongyi_trace.run import RunDir
 
@@ -57,13 +58,8 @@ class Analysis:
 
 def load(run: RunDir, name: str) -> Analysis | None:
     """The artifact of analysis NAME, or None when that analysis was not run."""
-    path = run.path / "analysis" / f"{name}.json"
-    doc = read_json(path, REMEDY)
-    if doc is None:
-        return None
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r}; {REMEDY}")
-    return Analysis(run, name, doc)
+    doc = read_versioned(run.path / "analysis" / f"{name}.json", SCHEMA, REMEDY)
+    return None if doc is None else Analysis(run, name, doc)
 
 
 def section(a: Analysis, title: str | None = None) -> Section:
@@ -76,3 +72,20 @@ def section(a: Analysis, title: str | None = None) -> Section:
         absent_reason=None if a.ok else str(a.doc.get("reason") or "the analysis could not run on this trace"),
         absent_parts={str(k): str(v) for k, v in (a.doc.get("absent_parts") or {}).items()},
     )
+
+
+def analysis_builder(name: str, fill: Callable[[Analysis, Section], None]) -> Callable[[RunDir], list[Section]]:
+    """The section builder of analysis NAME: nothing when it was not run, the frame alone with its reason
+    when it is absent, else the frame that FILL completes (figures, tables, values, headline)."""
+
+    def build(run: RunDir) -> list[Section]:
+        a = load(run, name)
+        if a is None:
+            return []
+        s = section(a)
+        if a.ok:
+            fill(a, s)
+        return [s]
+
+    build.__doc__ = f"The section of analysis {name!r} (nothing when it was not run)."
+    return build

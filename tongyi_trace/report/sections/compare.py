@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tongyi_trace.errors import InputError
 from tongyi_trace.report import fmt
-from tongyi_trace.report.artifacts import read_json
+from tongyi_trace.report.artifacts import read_versioned
 from tongyi_trace.report.figures import Fig, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
@@ -29,10 +28,8 @@ def build(run: RunDir) -> list[Section]:
 
 
 def _section(path: Path, index: int) -> Section:
-    doc = read_json(path, REMEDY)
-    assert doc is not None
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r}; {REMEDY}")
+    doc = read_versioned(path, SCHEMA, REMEDY)
+    assert doc is not None  # build() lists existing files
     a: dict[str, Any] = doc.get("a") or {}
     b: dict[str, Any] = doc.get("b") or {}
     diff: dict[str, Any] = doc.get("diff") or {}

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tongyi_trace.errors import InputError
 from tongyi_trace.report import fmt
-from tongyi_trace.report.artifacts import read_json, read_parquet, require
+from tongyi_trace.report.artifacts import read_parquet, read_versioned, require
 from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
@@ -33,11 +32,9 @@ CURVES: list[tuple[str, str, str, dict[str, Any]]] = [
 def build(run: RunDir) -> list[Section]:
     """The fit section, or nothing when `kvtrace fit` was not run."""
     path = run.path / "fit" / "train_test.json"
-    doc = read_json(path, REMEDY)
+    doc = read_versioned(path, SCHEMA, REMEDY)
     if doc is None:
         return []
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r}; {REMEDY}")
     rows: list[dict[str, Any]] = require(doc, "rows", path, REMEDY)
     train = doc.get("train") or {}
     test = doc.get("test")

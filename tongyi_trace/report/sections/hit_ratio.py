@@ -8,21 +8,14 @@ import polars as pl
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import Fig, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 VARIANTS = [("hit_ratio", "prefix, blocks"), ("token_hit_ratio", "prefix, tokens"),
             ("content_hit_ratio", "content ids at any position")]
 
 
-def build(run: RunDir) -> list[Section]:
-    """The hit-ratio section, or nothing when the analysis was not run."""
-    a = load(run, "hit_ratio")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     cat = a.table("by_category").sort("category")
     s.figures["by_category"] = _bars(cat, "category")
@@ -41,7 +34,9 @@ def build(run: RunDir) -> list[Section]:
         Headline("content-id hit ratio (no prefix rule)", fmt.ratio(h.get("content_hit_ratio")),
                  "80%+ often claimed on synthetic data"),
     ]
-    return [s]
+
+
+build = analysis_builder("hit_ratio", fill)
 
 
 def _bars(df: pl.DataFrame, key: str) -> Fig:

@@ -10,18 +10,11 @@ import polars as pl
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 
-def build(run: RunDir) -> list[Section]:
-    """The KV-size section, or nothing when the analysis was not run."""
-    a = load(run, "kv_size")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     models: dict[str, dict[str, Any]] = a.headline.get("models") or {}
     pc = a.table("percentiles")
     fig = new_figure(x_title="KV of one request (prompt + output) as a share of HBM for KV",
@@ -51,4 +44,6 @@ def build(run: RunDir) -> list[Section]:
                  "0.875 MiB (Qwen2-7B)" if s.values["model"] == "qwen2-7b" else ""),
         Headline(f"P99 request KV / HBM for KV ({s.values['model']})", s.values["p99_x_hbm"]),
     ]
-    return [s]
+
+
+build = analysis_builder("kv_size", fill)

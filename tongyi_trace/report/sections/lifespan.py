@@ -7,19 +7,12 @@ import polars as pl
 
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import ALL, load, section
+from tongyi_trace.report.sections._analysis import ALL, Analysis, analysis_builder
 from tongyi_trace.report.sections._curves import categories_to_show, category_cdf
-from tongyi_trace.run import RunDir
 
 
-def build(run: RunDir) -> list[Section]:
-    """The lifespan section, or nothing when the analysis was not run."""
-    a = load(run, "lifespan")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     s.figures["reused_cdf"] = category_cdf(a.table("reused_cdf"), "share_of_reused_blocks",
                                            x_title="lifespan (s)", y_title="share of reused blocks", all_label=ALL)
@@ -41,7 +34,9 @@ def build(run: RunDir) -> list[Section]:
         Headline("block lifespan P90 (all blocks)", s.values["p90_s"], "612 s (A), 0.3 s (B)"),
         Headline("block lifespan P99 (all blocks)", s.values["p99_s"], "97 s (B)"),
     ]
-    return [s]
+
+
+build = analysis_builder("lifespan", fill)
 
 
 def _share(part: float | None, whole: float | None) -> float | None:

@@ -9,20 +9,13 @@ from typing import Any
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import downsample_max, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 X_HBM_PREFIX = "x_hbm_"
 
 
-def build(run: RunDir) -> list[Section]:
-    """The live-set section, or nothing when the analysis was not run."""
-    a = load(run, "live_set")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     models: dict[str, dict[str, Any]] = h.get("models") or {}
     ts = a.table("timeseries").sort("time_s")
@@ -49,4 +42,6 @@ def build(run: RunDir) -> list[Section]:
     s.headline = [Headline("oracle peak live set (blocks)", s.values["peak_blocks"])]
     s.headline += [Headline(f"oracle peak live set / HBM ({name})", fmt.multiple(m.get("peak_x_hbm")),
                             "~4x (A, Llama3-70B)" if "70b" in name else "") for name, m in models.items()]
-    return [s]
+
+
+build = analysis_builder("live_set", fill)

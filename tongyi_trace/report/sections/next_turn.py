@@ -6,18 +6,11 @@ from __future__ import annotations
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import category_lines, label, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 
-def build(run: RunDir) -> list[Section]:
-    """The next-turn section, or nothing when the analysis was not run."""
-    a = load(run, "next_turn")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     window_min = float(h.get("window_s") or 600.0) / 60.0
     cats = a.table("categories").sort("category")
@@ -46,4 +39,6 @@ def build(run: RunDir) -> list[Section]:
                 "all": fmt.ratio(h.get("next_turn_prob"), 2)}
     s.headline = [Headline(f"next-turn probability within {window_min:g} min: after turn 1 / within "
                            "a conversation", f"{s.values['single']} / {s.values['multi']}", "~0.5 / ~0.8")]
-    return [s]
+
+
+build = analysis_builder("next_turn", fill)

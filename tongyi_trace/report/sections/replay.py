@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tongyi_trace.errors import InputError
 from tongyi_trace.replay.records import read_records
 from tongyi_trace.report import fmt
-from tongyi_trace.report.artifacts import read_json, read_parquet
+from tongyi_trace.report.artifacts import read_parquet, read_versioned
 from tongyi_trace.report.figures import Fig, add_curves, category_lines, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
@@ -39,11 +38,8 @@ def build(run: RunDir) -> list[Section]:
 
 
 def _replay_section(d: Path, index: int) -> Section:
-    path = d / "summary.json"
-    doc = read_json(path, REMEDY)
-    assert doc is not None
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r}; {REMEDY}")
+    doc = read_versioned(d / "summary.json", SCHEMA, REMEDY)
+    assert doc is not None  # build() lists folders holding a summary.json
     name = str(doc.get("name") or d.name)
     s = Section(key=f"replay-{index}", partial="replay", title=f"Live replay on vLLM: {name}",
                 paper_ref="section 5 (replay)",

@@ -8,18 +8,11 @@ import polars as pl
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import Fig, labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 
-def build(run: RunDir) -> list[Section]:
-    """The request-mix section, or nothing when the analysis was not run."""
-    a = load(run, "request_mix")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     key_label = str(h.get("key_label") or "users")
     if a.has_table("types"):
@@ -55,7 +48,9 @@ def build(run: RunDir) -> list[Section]:
                  f"{s.values['turn_max']}", "1 / 5 / 232 (A)"),
         Headline(f"top-10% {key_label}: requests vs average", f"{s.values['top10_turn_ratio']}x", "8.9x (A, users)"),
     ]
-    return [s]
+
+
+build = analysis_builder("request_mix", fill)
 
 
 def _types_figure(types: pl.DataFrame) -> Fig:

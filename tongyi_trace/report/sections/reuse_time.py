@@ -8,19 +8,12 @@ import polars as pl
 
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import ALL, load, section
+from tongyi_trace.report.sections._analysis import ALL, Analysis, analysis_builder
 from tongyi_trace.report.sections._curves import categories_to_show, category_cdf
-from tongyi_trace.run import RunDir
 
 
-def build(run: RunDir) -> list[Section]:
-    """The reuse-time section, or nothing when the analysis was not run."""
-    a = load(run, "reuse_time")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     cdf = a.table("cdf")
     s.figures["share_within"] = category_cdf(cdf, "share_of_reuses_within", x_title="reuse time (s)",
@@ -41,4 +34,6 @@ def build(run: RunDir) -> list[Section]:
         Headline("reuses within 10 s", s.values["within_10s"], "80% (B)"),
         Headline("reuses within 10 min", s.values["within_600s"], "80% (A)"),
     ]
-    return [s]
+
+
+build = analysis_builder("reuse_time", fill)

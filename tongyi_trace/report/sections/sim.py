@@ -15,7 +15,7 @@ import polars as pl
 
 from tongyi_trace.errors import InputError
 from tongyi_trace.report import fmt
-from tongyi_trace.report.artifacts import read_json, read_parquet
+from tongyi_trace.report.artifacts import read_parquet, read_versioned
 from tongyi_trace.report.figures import Fig, downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
@@ -34,14 +34,10 @@ COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_rati
 def build(run: RunDir) -> list[Section]:
     """The simulation section, or nothing when `kvtrace simulate` was not run."""
     d = run.path / "sim"
-    summary = read_json(d / "summary.json", REMEDY)
     results = _results(d)
     if results is None:
         return []
-    if summary is not None and summary.get("schema") != SCHEMA:
-        raise InputError(f"{d / 'summary.json'}: field 'schema' is {summary.get('schema')!r}, expected "
-                         f"{SCHEMA!r}; {REMEDY}")
-    summary = summary or {}
+    summary = read_versioned(d / "summary.json", SCHEMA, REMEDY) or {}  # absent while the sweep runs
     s = Section(key="sim", title="Eviction policies in the simulator (kvtrace simulate)", paper_ref="section 5",
                 definition="Requests in arrival order; a request's hit is the longest prefix of its blocks present in "
                            "the cache; its blocks are pinned while served, then evictable with the prefix head most "
@@ -227,7 +223,8 @@ def _cost_table(results: pl.DataFrame, policies: list[str]) -> Table:
 def _cost_caption(cost: dict[str, Any] | None) -> str:
     if not cost:
         return ""
-    return (f"cost model {cost.get('name', '')}: prefill = {fmt.milliseconds(1000 * float(cost.get('overhead_s') or 0))}"
+    overhead = fmt.milliseconds(1000 * float(cost.get("overhead_s") or 0))
+    return (f"cost model {cost.get('name', '')}: prefill = {overhead}"
             f" + {fmt.num(1e6 * float(cost.get('s_per_token') or 0))} us x uncached tokens"
             f" (+ {fmt.num(1e6 * float(cost.get('s_per_loaded_token') or 0))} us x tokens loaded from CPU),"
             f" arrival times x {fmt.num(cost.get('arrival_scale'))}")

@@ -6,18 +6,11 @@ from __future__ import annotations
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import new_figure
 from tongyi_trace.report.model import Headline, Section
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 
-def build(run: RunDir) -> list[Section]:
-    """The skew section, or nothing when the analysis was not run."""
-    a = load(run, "skew")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     key_label = str(h.get("key_label") or "users")
     curves = [("blocks_curve", "blocks, most reused first (share of reuses)")]
@@ -40,4 +33,6 @@ def build(run: RunDir) -> list[Section]:
     if s.values["keys_90"] is not None:
         s.headline.append(Headline(f"share of {key_label} receiving 90% of hits", s.values["keys_90"],
                                    "19% (A) / 4% (B) of users"))
-    return [s]
+
+
+build = analysis_builder("skew", fill)

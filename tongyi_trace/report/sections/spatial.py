@@ -10,20 +10,13 @@ import polars as pl
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 MAX_TYPES = 6  # per-type heatmaps shown (largest types first)
 
 
-def build(run: RunDir) -> list[Section]:
-    """The spatial-locality section, or nothing when the analysis was not run."""
-    a = load(run, "spatial")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     hm = a.table("heatmap")
     s.figures["all"] = _heatmap(hm.filter(pl.col("type").is_null()))
@@ -48,7 +41,9 @@ def build(run: RunDir) -> list[Section]:
     s.headline = [Headline("ideal hit ratio caching only the first / last 50% of each request",
                            f"{s.values['head50']} / {s.values['tail50']}",
                            "head caching wins; B peaks ~50% at stride 50%")]
-    return [s]
+
+
+build = analysis_builder("spatial", fill)
 
 
 def _heatmap(df: pl.DataFrame, height_px: int = 420) -> Fig:

@@ -6,20 +6,13 @@ from __future__ import annotations
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import labels, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 KINDS = [("single", "single-turn (turn 1)"), ("multi", "multi-turn (turn >= 2)")]
 
 
-def build(run: RunDir) -> list[Section]:
-    """The turn-hits section, or nothing when the analysis was not run."""
-    a = load(run, "turn_hits")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     by_type = a.table("by_type")
     fig = new_figure(x_title="request type", y_title="share of all ideal hits", barmode="stack")
@@ -38,4 +31,6 @@ def build(run: RunDir) -> list[Section]:
                 "multi_ratio": fmt.ratio(h.get("multi_turn_hit_ratio"))}
     s.headline = [Headline("share of hits from single-turn requests", s.values["single"],
                            "97% (B); A's come mostly from multi-turn")]
-    return [s]
+
+
+build = analysis_builder("turn_hits", fill)

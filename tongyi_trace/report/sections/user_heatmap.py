@@ -8,18 +8,11 @@ import numpy as np
 from tongyi_trace.report import fmt
 from tongyi_trace.report.figures import labels, new_figure
 from tongyi_trace.report.model import Headline, Section
-from tongyi_trace.report.sections._analysis import load, section
-from tongyi_trace.run import RunDir
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
 
-def build(run: RunDir) -> list[Section]:
-    """The heatmap section, or nothing when the analysis was not run."""
-    a = load(run, "user_heatmap")
-    if a is None:
-        return []
-    s = section(a)
-    if not a.ok:
-        return [s]
+def fill(a: Analysis, s: Section) -> None:
+    """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     key_label = str(h.get("key_label") or "users")
     m = a.table("matrix")
@@ -46,4 +39,6 @@ def build(run: RunDir) -> list[Section]:
                 "sessions": h.get("key_kind") == "session"}
     s.headline = [Headline(f"diagonal share of hits ({key_label} reuse their own blocks)",
                            fmt.pct(h.get("diagonal_share")), "almost all on the diagonal")]
-    return [s]
+
+
+build = analysis_builder("user_heatmap", fill)

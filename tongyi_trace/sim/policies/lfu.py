@@ -1,9 +1,12 @@
 """LFU: evict the unpinned block with the fewest accesses since it entered the cache; LRU among equals.
 
     insert(x):  freq[x] = 1
-    access(x):  freq[x] += 1; invalidate x's heap entry (pinned)
-    release(x): push x with key (freq[x], stamp++)   (deepest-first: the deeper block gets the lower stamp)
-    evict():    pop the smallest valid key
+    access(x):  freq[x] += 1; unlink x from its bucket (pinned)
+    release(x): append x to bucket freq[x] (buckets are LRU queues: deepest first, so the deeper block of
+                a request goes first among equals); min = min(min, freq[x])
+    evict():    advance min to the lowest non-empty bucket; pop its oldest block
+One bucket per possible count (the stream's largest per-block reference count + 1), so the order is exact
+(count, then recency) and every operation is O(1) amortized (min only moves up between releases).
 
 Definition: least-frequently-used with in-cache frequency (libCacheSim LFU.c); ties broken by recency.
 """
@@ -17,17 +20,18 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.sim.policy_base import NoParams, PolicySpec
-from tongyi_trace.sim.structs import FREQ, G_STAMP, heap_pop_valid, heap_push
+from tongyi_trace.sim.structs import FREQ, G_MINF, q_append, q_head, q_unlink
 
 PID = 2
 SPEC = PolicySpec("lfu", PID, NoParams, "least frequently used (in-cache count), LRU among equal counts",
-                  uses_heap=True)
+                  queues_per_count=True)
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
     bk[x, FREQ] += 1
+    q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
@@ -40,14 +44,26 @@ def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, bk[x, FREQ], g[G_STAMP])
+    f = min(bk[x, FREQ], qs.shape[0] - 1)
+    q_append(bk, qs, f, x)
+    if f < g[G_MINF]:
+        g[G_MINF] = f
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    return heap_pop_valid(bk, hp, g, gf)
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+    m = g[G_MINF]
+    nq = qs.shape[0]
+    while m < nq and qs[m] == 0:
+        m += 1
+    if m == nq:
+        g[G_MINF] = nq
+        return -1
+    g[G_MINF] = m
+    x = q_head(bk, qs, m)
+    q_unlink(bk, qs, x)
+    return x
 
 
 SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])
