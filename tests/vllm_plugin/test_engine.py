@@ -219,10 +219,8 @@ def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
     from tongyi_trace.replay.schedule import ScheduledRequest, ScheduleOptions
 
-    probe = request_body("m", np.zeros(1, np.int64), ScheduledRequest(0, 0.0, 1, 1, "text-1", 0, None))
-    if b"kv_time_s" not in probe:
-        pytest.skip("kvtrace replay does not send vllm_xargs.kv_time_s (the request's trace time) yet: "
-                    "without it the plugin runs on wall time, which drifts from the simulator's trace time")
+    probe = request_body("m", np.zeros(1, np.int64), ScheduledRequest(0, 0.0, 1, 1, "text-1", 0, None, 12.5))
+    assert json.loads(probe)["vllm_xargs"] == {"kv_category": "text-1", "kv_time_s": 12.5}
 
     run, policy = toc_slice
     with warnings.catch_warnings():

@@ -3,8 +3,9 @@
 Each request is sent at its scheduled time (drift = actual - scheduled send time is recorded) as
 POST /v1/completions with the token-id prompt, max_tokens = min_tokens = the trace's output length,
 ignore_eos, stream with stream_options.include_usage (the final usage chunk carries
-prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category}` (arrives in the engine
-as SamplingParams.extra_args, read by the WA plugin). TTFT = first chunk with a choice - send time.
+prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category, "kv_time_s": trace time}`
+(arrives in the engine as SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as the
+simulator does). TTFT = first chunk with a choice - send time.
 A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
 (a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
 """
@@ -68,7 +69,7 @@ def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest) -> bytes:
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "vllm_xargs": {"kv_category": sr.category},
+        "vllm_xargs": {"kv_category": sr.category, "kv_time_s": sr.arrival_s},
     }, separators=(",", ":")).encode()
 
 

@@ -65,6 +65,8 @@ TINY_QWEN2_CONFIG: dict[str, Any] = {
 
 Log = Callable[[str], None]
 
+_LAUNCHED: list[subprocess.Popen[bytes]] = []
+
 
 def _no_log(_: str) -> None:
     return None
@@ -360,6 +362,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=run_dir, env=env, start_new_session=True)
+    _LAUNCHED.append(proc)  # keep the handle: the server outlives this call (no ResourceWarning on GC)
     st = EngineState(name=name, pid=proc.pid, port=port, url=url, log_path=str(log_path),
                      model_dir=str(model_dir), served_model_name=SERVED_MODEL_NAME, num_blocks=num_blocks,
                      block_size=block_size, max_model_len=max_model_len, eviction=eviction,

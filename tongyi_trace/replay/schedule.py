@@ -45,6 +45,7 @@ class ScheduledRequest:
     category: str
     session_id: int
     parent_req_idx: int | None
+    arrival_s: float  # the request's time in the trace (sent to the engine as kv_time_s)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def build_schedule(requests: pl.DataFrame, opts: ScheduleOptions, max_model_len:
                          input_tokens=int(r["input_tokens"]), max_tokens=int(r["max_tokens"]),
                          category=str(r["category"]), session_id=int(r["session_id"]),
                          parent_req_idx=chat_to_req.get(r["parent_chat_id"])
-                         if r["parent_chat_id"] is not None and r["parent_chat_id"] >= 0 else None)
+                         if r["parent_chat_id"] is not None and r["parent_chat_id"] >= 0 else None,
+                         arrival_s=float(r["arrival_s"]))
         for r in window.select("req_idx", "arrival_s", "input_tokens", "max_tokens", "category",
                                "session_id", "chat_id", "parent_chat_id").iter_rows(named=True)
     ]
