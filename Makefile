@@ -25,7 +25,7 @@ browser:
 vllm-engine: $(STAMP)
 	$(VENV)/bin/kvtrace engine install
 
-demo: $(STAMP) browser
+demo: $(STAMP) browser vllm-engine
 	bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP) browser vllm-engine

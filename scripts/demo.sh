@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make demo`: the whole kvtrace pipeline on the embedded default, a synthetic to-C trace calibrated to
+# the paper's Trace A, with the CPU vLLM engine (no GPU, no download). Usage: scripts/demo.sh [OUT_DIR]
+set -euo pipefail
+OUT=${1:-demo-run}
+K=${KVTRACE:-.venv/bin/kvtrace}
+REPLAY_REQUESTS=${REPLAY_REQUESTS:-200}
+SPEEDUP=20
+mkdir -p "$OUT"
+cleanup() { $K engine stop --name demo-lru >/dev/null 2>&1 || true; $K engine stop --name demo-wa >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "1/9 synth: a Trace-A-like to-C trace (~43k requests, ~2 h)"
+$K synth --profile to-c --seed 1 -o "$OUT/to-c.jsonl"
+step "2/9 ingest: normalized tables with prefix-chained block ids"
+$K ingest "$OUT/to-c.jsonl" -o "$OUT/run"
+step "3/9 analyze: the paper's characterization (Fig 4-22)"
+$K analyze "$OUT/run"
+step "4/9 fit: per-category reuse models, hour 1 -> hour 2"
+$K fit "$OUT/run" --train 0:3600 --test 3600: -o "$OUT/policy.json"
+step "5/9 simulate: every policy and the oracle over capacities (x the oracle's peak live set)"
+$K simulate "$OUT/run" --policy all --capacity 0.125L,0.25L,0.5L,1L,2L,4L --params "$OUT/policy.json" --ablation
+step "6/9 replay on the CPU vLLM engine with its own LRU ($REPLAY_REQUESTS requests)"
+URL=$($K engine start --num-blocks 512 --name demo-lru --quiet)
+$K replay "$OUT/run" --server "$URL" --name lru --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
+    --max-output 4 --speedup "$SPEEDUP" --overwrite
+$K engine stop --name demo-lru
+step "7/9 replay the same slice with the WA policy inside vLLM (kvtrace plugin)"
+URL=$($K engine start --num-blocks 512 --name demo-wa --policy "$OUT/policy.json" --eviction wa \
+    --time-scale "$SPEEDUP" --quiet)
+$K replay "$OUT/run" --server "$URL" --name wa --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
+    --max-output 4 --speedup "$SPEEDUP" --overwrite
+$K engine stop --name demo-wa
+step "8/9 compare: engine vs simulator, LRU vs WA"
+$K compare "$OUT/run/replay/lru" "$OUT/run/replay/wa" --policy "$OUT/policy.json"
+step "9/9 report: one self-contained HTML file, and a screenshot from headless Chromium"
+$K report "$OUT/run" --screenshot "$OUT/report.png"
+printf '\nreport: %s\nscreenshot: %s\n' "$(realpath "$OUT/run/report.html")" "$(realpath "$OUT/report.png")"
