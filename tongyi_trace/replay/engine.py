@@ -429,6 +429,10 @@ def stop(name: str = DEFAULT_ENGINE_NAME) -> EngineState | None:
         return None
     if _alive(st):
         _kill_group(st.pid)
+    for proc in [p for p in _LAUNCHED if p.pid == st.pid]:  # started by this process: reap it
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        _LAUNCHED.remove(proc)
     _state_path(name).unlink(missing_ok=True)
     return st
 
