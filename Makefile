@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check tongyi_trace tests bench
 	$(VENV)/bin/mypy tongyi_trace
 
-bench: $(STAMP)
+bench: $(STAMP) browser vllm-engine
 	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:

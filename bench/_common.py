@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import resource
 import subprocess
 import sys
@@ -30,19 +31,35 @@ def timed_child(args: list[str]) -> tuple[float, float]:
     return wall, max(peak, before) / 1024
 
 
-def synthetic_trace(profile: str = "to-c", scale: float = 1.0, seed: int = 1) -> Path:
-    """The default synthetic trace of PROFILE (cached in .bench/)."""
+def _generator_digest() -> str:
+    """Digest of the sources that shape a synthetic run, so a cached one is rebuilt when they change."""
+    h = hashlib.sha256()
+    for src in sorted((REPO / "tongyi_trace" / "trace").glob("*.py")):
+        h.update(src.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def synthetic_trace(profile: str = "to-c", scale: float = 1.0, seed: int = 0) -> Path:
+    """The default synthetic trace of PROFILE (`kvtrace synth` defaults: seed 0), cached in .bench/."""
     BENCH_DIR.mkdir(exist_ok=True)
-    path = BENCH_DIR / f"{profile}-x{scale:g}-s{seed}.jsonl"
+    path = BENCH_DIR / f"{profile}-x{scale:g}-s{seed}-{_generator_digest()}.jsonl"
     if not path.exists():
         kvtrace("synth", "--profile", profile, "--seed", str(seed), "--scale", f"{scale:g}", "-o", str(path))
     return path
 
 
-def ingested_run(profile: str = "to-c", scale: float = 1.0, seed: int = 1) -> Path:
+def ingested_run(profile: str = "to-c", scale: float = 1.0, seed: int = 0) -> Path:
     """The run folder of the default synthetic trace (ingested once, cached in .bench/)."""
     trace = synthetic_trace(profile, scale, seed)
     run = trace.with_suffix(".run")
     if not (run / "provenance.json").exists():
         kvtrace("ingest", str(trace), "-o", str(run), "-q")
     return run
+
+
+def fitted_policy(run: Path) -> Path:
+    """RUN's policy file from `kvtrace fit` over the whole trace (made once, kept beside the run)."""
+    policy = run.with_suffix(".policy.json")
+    if not policy.exists():
+        kvtrace("fit", str(run), "-o", str(policy), "-q")
+    return policy

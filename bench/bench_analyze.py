@@ -2,8 +2,8 @@
 
 Prints the total wall time, each analysis's time and the peak RSS of the analyze process, against
 the targets (<= 20 s and <= 4 GB on 2 cores at scale 1). The trace (synth) and the run folder
-(ingest) are built once and cached in $KVTRACE_BENCH_DIR (default /tmp/kvtrace-bench/analyze); their time is
-not counted. `analyze` runs in a child process so its peak RSS is its own.
+(ingest) are built once and cached by bench/_common.py in .bench/; their time is not counted.
+`analyze` runs in a child process so its peak RSS is its own.
 
     .venv/bin/python bench/bench_analyze.py              # scale 1 (~6 M block refs)
     .venv/bin/python bench/bench_analyze.py --scale 10   # the 10x run: must finish without OOM
@@ -21,29 +21,13 @@ import time
 from pathlib import Path
 
 import psutil
+from _common import ingested_run
 
 from tongyi_trace.run import is_run_dir
 from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth import synth_to_file
 
 TARGET_S = 20.0
 TARGET_RSS_GB = 4.0
-
-
-def _prepare(base: Path, profile: str, scale: float, seed: int) -> Path:
-    name = f"{profile}-x{scale:g}-s{seed}"
-    trace, run = base / f"{name}.jsonl", base / f"{name}.run"
-    if not is_run_dir(run):
-        base.mkdir(parents=True, exist_ok=True)
-        t = time.perf_counter()
-        s = synth_to_file(profile, seed, trace, scale=scale)
-        print(f"synth {profile} x{scale:g}: {s.num_requests:,} requests, {s.num_block_refs:,} block refs "
-              f"({time.perf_counter() - t:.1f} s)")
-        t = time.perf_counter()
-        ingest_trace(trace, run)
-        print(f"ingest: {time.perf_counter() - t:.1f} s")
-        trace.unlink()
-    return run
 
 
 def _children_cpu_s() -> float:
@@ -86,11 +70,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="to-c")
     ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory-limit-gib", type=float, default=2.0)
     args = ap.parse_args()
-    base = Path(os.environ.get("KVTRACE_BENCH_DIR", "/tmp/kvtrace-bench/analyze"))
-    run = _prepare(base, args.profile, args.scale, args.seed)
+    run = ingested_run(args.profile, args.scale, args.seed)
+    base = run.parent
     extra = ["--memory-limit-gib", str(args.memory_limit_gib)]
     _warm_up(base)
     wall, cpu_s, rss_gb, doc = _run_analyze(run, extra)

@@ -1,7 +1,7 @@
 """Benchmark of `kvtrace fit` (issue 4): fit time on the default to-C synthetic trace (target < 10 s).
 
 The trace is `kvtrace synth --profile to-c` (seed 0: 43,000 requests over 2 h), ingested once and
-cached in $TMPDIR/kvtrace-bench/to-c-seed0 (delete it to regenerate). Prints the time of each phase
+cached by bench/_common.py in .bench/. Prints the time of each phase
 (linking accesses, whole fit with and without a held-out window) as the best of 3 runs.
 """
 
@@ -12,28 +12,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import ingested_run
+
 from tongyi_trace.fit.events import load_accesses
 from tongyi_trace.fit.policy_fit import fit_policy
-from tongyi_trace.run import is_run_dir, open_run
-from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth import synth_to_file
+from tongyi_trace.run import open_run
 
 TARGET_S = 10.0
 REPEATS = 3
-
-
-def run_dir() -> Path:
-    """The ingested default to-C synthetic trace (built on first use)."""
-    base = Path(tempfile.gettempdir()) / "kvtrace-bench"
-    run = base / "to-c-seed0"
-    if not is_run_dir(run):
-        base.mkdir(parents=True, exist_ok=True)
-        trace = base / "to-c-seed0.jsonl"
-        t0 = time.perf_counter()
-        synth_to_file("to-c", 0, trace)
-        ingest_trace(trace, run)
-        print(f"built {run} in {time.perf_counter() - t0:.1f} s")
-    return run
 
 
 def best_of(fn: Callable[[], object], repeats: int = REPEATS) -> tuple[float, float]:
@@ -48,7 +34,7 @@ def best_of(fn: Callable[[], object], repeats: int = REPEATS) -> tuple[float, fl
 
 
 def main() -> None:
-    run = run_dir()
+    run = ingested_run("to-c")
     prov = open_run(run).provenance()
     print(f"trace: {prov['num_requests']:,} requests, {prov['num_block_refs']:,} block refs, "
           f"{prov['num_distinct_blocks']:,} distinct blocks, {prov['duration_s']:.0f} s")

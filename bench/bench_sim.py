@@ -13,12 +13,11 @@ than one libCacheSim LRU run, sweep < 60 s on 2 cores.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _common import fitted_policy, ingested_run
 
 from tongyi_trace.fit.params import load_policy
 from tongyi_trace.run import open_run
@@ -27,21 +26,7 @@ from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 from tongyi_trace.sim.sweep import SweepConfig, run_sweep
 
-KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 SHARED = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "s3fifo": "S3FIFO", "gdsf": "GDSF"}
-
-
-def ensure_toc_run(workdir: Path) -> tuple[Path, Path]:
-    """The default to-C synthetic trace, ingested and fitted, under WORKDIR (made once)."""
-    run, policy = workdir / "run", workdir / "policy.json"
-    if not (run / "provenance.json").is_file():
-        workdir.mkdir(parents=True, exist_ok=True)
-        trace = workdir / "toc.jsonl"
-        subprocess.run([*KVTRACE, "synth", "--profile", "to-c", "--seed", "1", "-o", str(trace), "-q"], check=True)
-        subprocess.run([*KVTRACE, "ingest", str(trace), "-o", str(run), "-q"], check=True)
-    if not policy.is_file():
-        subprocess.run([*KVTRACE, "fit", str(run), "-o", str(policy), "-q"], check=True)
-    return run, policy
 
 
 def write_oracle_general(stream: Stream, path: Path) -> None:
@@ -78,12 +63,12 @@ def libcachesim_run(path: Path, name: str, capacity: int) -> tuple[float, float]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "kvtrace" / "bench-toc")
-    args = ap.parse_args()
-    run_path, policy_path = ensure_toc_run(args.workdir)
+    ap.parse_args()
+    run_path = ingested_run("to-c")
+    policy_path = fitted_policy(run_path)
     stream = load_stream(open_run(run_path))
     fit = load_policy(policy_path)
-    og = args.workdir / "toc.oracleGeneral.bin"
+    og = run_path.with_suffix(".oracleGeneral.bin")
     if not og.is_file():
         write_oracle_general(stream, og)
     refs = stream.num_refs
