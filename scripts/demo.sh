@@ -5,7 +5,8 @@ set -euo pipefail
 OUT=${1:-demo-run}
 K=${KVTRACE:-.venv/bin/kvtrace}
 REPLAY_REQUESTS=${REPLAY_REQUESTS:-200}
-SPEEDUP=20
+SPEEDUP=1  # real time: the tiny CPU engine keeps up, so dispatch drift stays small
+export COLUMNS=${COLUMNS:-160}  # wide tables when the output is not a terminal
 mkdir -p "$OUT"
 cleanup() { $K engine stop --name demo-lru >/dev/null 2>&1 || true; $K engine stop --name demo-wa >/dev/null 2>&1 || true; }
 trap cleanup EXIT
