@@ -21,8 +21,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import expit
 
 from tongyi_trace.fit.events import Samples
 
@@ -72,6 +70,8 @@ class _Objective:
         v = float(np.clip(x[1], _LOG_RATE_MIN, _LOG_RATE_MAX))
         if self._at == (u, v):
             return self._val
+        from scipy.special import expit  # scipy is imported on first use: it slows every CLI start-up
+
         p, q = float(expit(u)), float(expit(-u))  # q = 1 - p without cancellation
         rate = math.exp(v)
         c, w, n_obs = self.c, self.w, self.n_obs
@@ -119,6 +119,9 @@ def fit_reuse(samples: Samples) -> ReuseFit:
     else:
         p0 = min(max(n_obs / n_total, 1e-6), 1.0 - 1e-6)
         rate0 = float(np.clip(n_obs / max(sum_d, 1e-300), MIN_RATE_PER_S, MAX_RATE_PER_S))
+        from scipy.optimize import minimize  # imported on first use: it slows every CLI start-up
+        from scipy.special import expit
+
         obj = _Objective(n_obs, sum_d, cens_t, cens_w, float(n_total))
         res = minimize(obj.fun, np.array([math.log(p0 / (1 - p0)), math.log(rate0)]), jac=obj.jac,
                        hess=obj.hess, method="trust-exact", options={"gtol": 1e-10, "maxiter": 200})
