@@ -57,6 +57,7 @@ def export(
     run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest'."),
     out: Path = typer.Option(..., "-o", "--out", help="Output trace: .parquet (lossless) or .jsonl (Bailian)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
 ) -> None:
     """Write a run folder back out as a trace file (Parquet ingests back to identical tables).
 
@@ -65,5 +66,5 @@ def export(
     n = run_cli(lambda: export_trace(open_run(run_dir), out))
     if json_out:
         print_json({"path": str(out), "num_requests": n})
-    else:
+    elif not quiet:
         console.print(f"wrote {n:,} requests to {out}")
