@@ -125,6 +125,12 @@ def test_duplicate_chat_id_is_an_error(tmp_path: Path) -> None:
         ingest_trace(path, tmp_path / "run")
 
 
+def test_parent_cycle_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", [_req(1), _req(2, parent=3, ts=1), _req(3, parent=2, ts=2)])
+    with pytest.raises(InputError, match=r"t.jsonl:2: field 'parent_chat_id' 3 is part of a cycle"):
+        ingest_trace(path, tmp_path / "run")
+
+
 def test_findings_are_counted_not_fatal(tmp_path: Path) -> None:
     recs = [_req(1, ts=5.0), _req(2, ts=1.0), _req(3, parent=99, ts=6.0, turn=2),
             _req(4, ts=7.0, input_length=100)]  # 100 tokens need 7 blocks, has 2

@@ -67,7 +67,8 @@ def _block_table(chunk: Chunk, raw0: int, block_size: int, dense: DenseIds) -> t
     return table, int(np.count_nonzero(expected != lengths))
 
 
-def _sessions(chat_id: npt.NDArray[np.int64], parent: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _sessions(path: Path, line_no: npt.NDArray[np.int64], chat_id: npt.NDArray[np.int64],
+              parent: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Root chat id of each request's parent chain (pointer jumping; parents already resolved)."""
     order = np.argsort(chat_id, kind="stable")
     sorted_ids = chat_id[order]
@@ -75,16 +76,16 @@ def _sessions(chat_id: npt.NDArray[np.int64], parent: npt.NDArray[np.int64]) -> 
     has_parent = parent != -1
     up = idx.copy()
     up[has_parent] = order[np.searchsorted(sorted_ids, parent[has_parent])]
-    for _ in range(64):
+    for _ in range(64):  # pointer jumping: converges within log2(depth) steps
         nxt = up[up]
         if np.array_equal(nxt, up):
             break
         up = nxt
-    else:
-        raise InputError("parent_chat_id links form a cycle; every chain must end at a root (-1)")
-    cyc = up[up] != up
-    if cyc.any():
-        raise InputError("parent_chat_id links form a cycle; every chain must end at a root (-1)")
+    looped = has_parent[up]  # a "root" that still has a parent: the links loop
+    if looped.any():
+        i = int(np.argmax(looped))
+        raise InputError(f"{path}:{line_no[i]}: field 'parent_chat_id' {parent[i]} is part of a cycle of "
+                         "parent links; every chain must end at a root (-1)")
     return chat_id[up]
 
 
@@ -204,7 +205,8 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
             examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
                                          for ln, p in orphans.select("line_no", "parent_chat_id").head(5).iter_rows()]
             df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
-        sessions = _sessions(df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy())
+        sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
+                             df["parent_chat_id"].to_numpy())
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
@@ -227,10 +229,8 @@ def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **in
     """A run folder for TRACE_OR_RUN: opened as is when it is one, else the trace is ingested into OUT_DIR
     (default: `<trace name>.kvtrace` in the current directory: the trace's folder may be read-only)."""
     p = Path(trace_or_run)
-    if is_run_dir(p):
-        return open_run(p)
     if p.is_dir():
-        return open_run(p)  # raises the "not a run folder" error
+        return open_run(p)  # a folder that is not a run raises the "not a run folder" error
     target = Path(out_dir) if out_dir is not None else Path(p.name.split(".")[0] + ".kvtrace")
     if is_run_dir(target):
         prov = open_run(target).provenance()
