@@ -1,8 +1,10 @@
-"""`kvtrace synth`: write a synthetic Qwen-Bailian trace (a paper profile, or `--like` a fitted policy)."""
+"""`kvtrace synth`: write a synthetic Qwen-Bailian trace (a profile, or `--like` a measured workload);
+`--check` measures a profile's calibrated figures against their bands."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -12,19 +14,24 @@ from tongyi_trace.cli._common import console, print_json, progress, run_cli
 from tongyi_trace.errors import UsageError
 from tongyi_trace.trace.synth import PROFILES, SynthSummary, synth_to_file
 
+if TYPE_CHECKING:
+    from tongyi_trace.trace.synth_check import CheckRow
+
 
 @app.command()
 def synth(
-    out: Path = typer.Option(..., "-o", "--out", help="Output JSONL (.gz/.zst compress by suffix)."),
-    profile: str = typer.Option(None, "--profile", help=f"Paper profile: {' or '.join(PROFILES)} "
-                                "(trace A chatbot / trace B API)."),
-    like: Path = typer.Option(None, "--like", help="A kvtrace.policy/1 file from 'kvtrace fit': follow its "
-                              "per-category reuse, request mix and lengths."),
+    out: Path = typer.Option(None, "-o", "--out", help="Output JSONL (.gz/.zst compress by suffix)."),
+    profile: str = typer.Option(None, "--profile", help=f"Profile: {', '.join(PROFILES)} "
+                                "(trace A chatbot, trace B API, reasoning chat, agentic coding)."),
+    like: Path = typer.Option(None, "--like", help="A workload.json, a run folder or a policy file from "
+                              "'kvtrace fit': follow its request mix, turns and lengths."),
+    check: bool = typer.Option(False, "--check", help="Generate the profile, ingest and analyze it, and "
+                               "print each calibrated figure with its band and pass/fail (no -o needed)."),
     seed: int = typer.Option(0, "--seed", help="Random seed: the same seed gives a byte-identical file."),
-    requests: int = typer.Option(None, "--requests", help="Number of requests (default 43,000; --like: "
-                                 "the fitted trace's)."),
+    requests: int = typer.Option(None, "--requests", help="Number of requests (default: the profile's "
+                                 "published size; --like: the measured trace's)."),
     duration: float = typer.Option(None, "--duration", help="Trace length in seconds (default 7,200; "
-                                   "--like: the fitted trace's)."),
+                                   "--like: the measured trace's)."),
     scale: float = typer.Option(1.0, "--scale", help="Multiply the number of requests (and users) by X."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -32,11 +39,18 @@ def synth(
     """Generate a synthetic trace in the Qwen-Bailian JSONL format, deterministic for a seed.
 
     Examples: kvtrace synth --profile to-c --seed 1 -o toc.jsonl;
-    kvtrace synth --like policy.json --seed 1 -o like.jsonl.zst
+    kvtrace synth --like run/fit/workload.json --seed 1 -o like.jsonl.zst;
+    kvtrace synth --profile to-c --seed 1 --check
     """
+    if check:
+        _check(profile, like, out, seed, scale, json_out, quiet)
+        return
+
     def go() -> SynthSummary:
         if (profile is None) == (like is None):
-            raise UsageError("give exactly one of --profile to-c|to-b or --like policy.json")
+            raise UsageError("give exactly one of --profile " + "|".join(PROFILES) + " or --like workload.json")
+        if out is None:
+            raise UsageError("give the output file with -o/--out (or --check to measure a profile)")
         with progress(quiet or json_out) as bar:
             bar.add_task("generating", total=None)
             if like is not None:
@@ -59,3 +73,37 @@ def synth(
             v = ", ".join(f"{a} {b:.1%}" for a, b in v.items())
         t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
     console.print(t)
+
+
+def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, scale: float, json_out: bool,
+           quiet: bool) -> None:
+    """--check: the band table of PROFILE (measured through ingest, analyses and the LRU curve)."""
+    def go() -> list[CheckRow]:
+        if profile is None or like is not None or out is not None:
+            raise UsageError("--check takes --profile P (and --seed, --scale), not --like or -o")
+        if profile not in PROFILES:
+            raise UsageError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
+        from tongyi_trace.trace.synth_check import check_profile
+
+        with progress(quiet or json_out) as bar:
+            bar.add_task(f"generating, ingesting and analyzing {profile} seed {seed}", total=None)
+            return check_profile(profile, seed, scale)
+
+    rows = run_cli(go)
+    if json_out:
+        print_json({"profile": profile, "seed": seed, "scale": scale, "rows": [r.to_json() for r in rows]})
+    else:
+        console.print(check_table(f"{profile} seed {seed} scale {scale:g}", rows))
+    if any(r.ok is False for r in rows):
+        raise typer.Exit(1)
+
+
+def check_table(title: str, rows: list[CheckRow]) -> Table:
+    """The band table: figure, measured value, band, pass/fail (- = not checked at this scale)."""
+    t = Table(title=title)
+    for col in ("figure", "measured", "band", "pass"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for r in rows:
+        t.add_row(r.label, "-" if r.value is None else f"{r.value:,.3f}", f"{r.lo:,.3g} - {r.hi:,.3g}",
+                  "-" if r.ok is None else "pass" if r.ok else "FAIL")
+    return t

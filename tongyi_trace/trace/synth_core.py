@@ -45,7 +45,11 @@ class SessionRequests:
     """Requests grouped by session (sessions contiguous, turns 1..T in order); one array entry a request.
 
     `sys_id` is -1 when the session has no shared system prompt; `user` is -1 when the trace has no
-    users. `sys_tokens_by_id[s]` is the length of system prompt s."""
+    users. `sys_tokens_by_id[s]` is the length of system prompt s. `redo_kind` marks a request the user
+    then redid (the next row is the same turn again, and only that one continues the conversation):
+    REGENERATE (the same input, hence the same blocks) or EDIT (the same history, another new input);
+    None = no redos. `kept_output_tokens` is the part of each output carried into the next turn's
+    context (a reasoning model's answer without its reasoning); None = the whole output."""
 
     session: I64
     turn: I64
@@ -57,6 +61,11 @@ class SessionRequests:
     output_tokens: I64
     type_names: tuple[str, ...]
     sys_tokens_by_id: I64
+    redo_kind: I64 | None = None
+    kept_output_tokens: I64 | None = None
+
+
+MAIN, REGENERATE, EDIT = 0, 1, 2  # redo_kind values
 
 
 @dataclass(frozen=True)
@@ -101,48 +110,72 @@ def system_prompt_tokens(sr: SessionRequests) -> I64:
     return padded[sr.sys_id]
 
 
-def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthTrace:
-    """Input lengths, content block ids, chat ids and parents of SR, sorted by arrival (see module doc)."""
+def redo_kinds(sr: SessionRequests) -> I64:
+    """SR's redo_kind, MAIN where a redone request is not followed by its redo (cut off by the end)."""
     n = sr.session.size
+    if sr.redo_kind is None:
+        return np.zeros(n, dtype=np.int64)
+    nxt = np.minimum(np.arange(n) + 1, n - 1)
+    redone = (np.arange(n) + 1 < n) & (sr.session[nxt] == sr.session) & (sr.turn[nxt] == sr.turn)
+    return np.where(redone, sr.redo_kind, MAIN).astype(np.int64)
+
+
+def input_tokens_of(sr: SessionRequests) -> I64:
+    """Input tokens of each request: system prompt + earlier kept turns' new input and kept output +
+    its new input (a redone request adds nothing to its session's stream)."""
+    kind = redo_kinds(sr)
+    kept = sr.kept_output_tokens if sr.kept_output_tokens is not None else sr.output_tokens
     start = group_starts(sr.session)
+    step = np.where(kind == MAIN, sr.new_tokens + kept, 0)
+    cs = np.cumsum(step) - step
+    return (cs - cs[start] + system_prompt_tokens(sr) + sr.new_tokens).astype(np.int64)
+
+
+def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthTrace:
+    """Input lengths, content block ids, chat ids and parents of SR, sorted by arrival (see module doc).
+
+    A redone request (redo_kind != MAIN) adds nothing to its session's stream; a REGENERATE has the
+    blocks of the next row (the same input), an EDIT shares only the full blocks of the history before
+    its new input; both have the parent of the request they were redone as."""
+    n = sr.session.size
+    idx = np.arange(n, dtype=np.int64)
+    kind = redo_kinds(sr)
+    main = kind == MAIN
     sys_tok = system_prompt_tokens(sr)
-    # stream tokens before turn k = sys + sum_{j<k} (new_j + out_j)
-    step = sr.new_tokens + sr.output_tokens
-    cs = np.cumsum(step) - step  # exclusive cumsum over the whole array
-    before = cs - cs[start] + sys_tok
-    input_tokens = before + sr.new_tokens
+    input_tokens = input_tokens_of(sr)
+    before = input_tokens - sr.new_tokens
     num_blocks = -(-input_tokens // block_size)
     full = input_tokens // block_size
+    stream_full = np.where(kind == EDIT, before // block_size, full)  # blocks equal to the session's
     sys_full = sys_tok // block_size
+    next_main = np.minimum.accumulate(np.where(main, idx, n - 1)[::-1])[::-1]
+    src = np.where(kind == REGENERATE, next_main, idx)  # whose blocks a request has
 
-    # id spaces: [system prompt blocks][session stream blocks][one partial block per request]
+    # id spaces: [system prompt blocks][session stream blocks][a request's own blocks, by (request, pos)]
     sys_full_by_id = sr.sys_tokens_by_id // block_size
     sys_base = np.concatenate([[0], np.cumsum(sys_full_by_id)]).astype(np.int64)
     num_sys_ids = int(sys_base[-1])
     sess_codes, sess_idx = np.unique(sr.session, return_inverse=True)
+    sess_idx = sess_idx.reshape(-1)
     sess_span = np.zeros(sess_codes.size, dtype=np.int64)
     np.maximum.at(sess_span, sess_idx, full)
     sess_base = num_sys_ids + np.concatenate([[0], np.cumsum(sess_span)[:-1]]).astype(np.int64)
-    partial_base = num_sys_ids + int(sess_span.sum())
+    own_base = num_sys_ids + int(sess_span.sum()) + np.concatenate([[0], np.cumsum(num_blocks)[:-1]])
 
     # arrival order (stable: ties keep session/turn order; a child is always strictly later)
-    order = np.lexsort((np.arange(n), sr.arrival_ms))
+    order = np.lexsort((idx, sr.arrival_ms))
     rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
+    rank[order] = idx
 
     nb_sorted = num_blocks[order]
     offsets = np.concatenate([[0], np.cumsum(nb_sorted)]).astype(np.int64)
     total = int(offsets[-1])
-    ref_req = np.repeat(order, nb_sorted)  # original request index of each ref, in arrival order
+    ref_req = src[np.repeat(order, nb_sorted)]  # request whose blocks each ref is, in arrival order
     pos = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], nb_sorted)
-    r_sys_full = sys_full[ref_req]
-    r_full = full[ref_req]
-    ids = partial_base + ref_req
-    in_stream = pos < r_full
-    ids = np.where(in_stream, sess_base[sess_idx[ref_req]] + pos, ids)
-    in_sys = pos < r_sys_full
-    ids = np.where(in_sys, sys_base[np.maximum(sr.sys_id[ref_req], 0)] + pos, ids)
-    del ref_req, pos, r_sys_full, r_full, in_stream, in_sys
+    ids = own_base[ref_req] + pos
+    ids = np.where(pos < stream_full[ref_req], sess_base[sess_idx[ref_req]] + pos, ids)
+    ids = np.where(pos < sys_full[ref_req], sys_base[np.maximum(sr.sys_id[ref_req], 0)] + pos, ids)
+    del ref_req, pos
 
     # renumber 0.. by first appearance
     uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
@@ -151,7 +184,10 @@ def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthT
     new_of_uniq[np.argsort(first, kind="stable")] = np.arange(uniq.size, dtype=np.int64)
     hash_ids = new_of_uniq[inverse.reshape(-1)]
 
-    parent_orig = np.where(sr.turn > 1, np.arange(n) - 1, -1)
+    # parent: the last kept (MAIN) request of the session before this one
+    last_main = np.maximum.accumulate(np.where(main, idx, -1))
+    prev_main = np.concatenate([[-1], last_main[:-1]])
+    parent_orig = np.where(sr.turn > 1, prev_main, -1)
     parent_chat = np.where(parent_orig >= 0, rank[np.maximum(parent_orig, 0)], -1)
     return SynthTrace(
         chat_id=np.arange(n, dtype=np.int64),

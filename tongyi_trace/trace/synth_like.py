@@ -1,43 +1,44 @@
-"""`kvtrace synth --like policy.json`: a synthetic trace that reuses blocks as a fitted policy says.
+"""`kvtrace synth --like X`: a synthetic trace with the workload of a measured trace.
 
-Source: the per-category reuse model of "KVCache Cache in the Wild" (paper section 3 "Reuse time",
-Fig 12-15, and section 4.2): after an access by a request of category w, a block is accessed again
-within d seconds with probability F_w(d) = p_w (1 - exp(-lambda_w d)).
+X is a workload summary (`kvtrace.workload/1`, written by `kvtrace fit` as RUN/fit/workload.json), a
+run folder (its fit/workload.json, or the summary computed from the run), or an older policy file
+(`kvtrace.policy/1`) that embeds the summary as "workload". The trace follows the conversational model
+of the `to-c` profile (synth_chat.py: users, shared prompts, turns, think times, redos) with the
+recorded mix: the type shares of conversations, the turn distribution (P(2nd turn) and the mean
+number of further turns), lognormal lengths matched to the recorded median and 10-90% spread of each
+type's first input, later input and output, the share of conversations that open with a shared
+prefix, the session rate shape over the trace, the request count, duration and number of users.
+Everything not recorded (think times, redos, user skew, prompt lengths) is the to-C profile's.
 
-The generative model makes that exact. Sessions open at the recorded rate shape with the recorded mix
-of first-turn types; after a request of category w (`<type>-<turn bucket>`, the policy's names) its
-session sends a next turn with probability p_w (reuse_prob) after an Exp(lambda_w) delay (rate_per_s);
-the next turn carries every block of the request (input lengths are whole blocks: no partial last
-block), then the request's output and a new input. So a block accessed by a request of category w is
-next accessed with probability p_w after an Exp(lambda_w) delay, and only by its own next turn: there
-are no shared system prompts here (they would add reuse the policy does not describe). Turns past the
-trace's end are dropped, as real ones are cut by the window (the fit treats them as censored).
-
-New-input and output lengths are drawn per type from the quantiles recorded by `workload_summary`
-(the policy file's "workload", written by `kvtrace fit`; format in docs/synth.md); the request count,
-duration and number of users default to the recorded ones.
+`load_workload` validates the summary in one place (one-line errors naming file and field).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.errors import InputError
 from tongyi_trace.run import RunDir
-from tongyi_trace.trace.categories import categories
-from tongyi_trace.trace.synth import SynthSummary, ToCParams, activity_weights, select_requests, summarize
-from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, F64, SessionRequests, assemble, write_jsonl
+from tongyi_trace.trace.synth import MAX_REQUESTS, TO_C, SynthSummary, summarize, trace_size
+from tongyi_trace.trace.synth_chat import ChatType, draw_chat
+from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, assemble, write_jsonl
 
 WORKLOAD_SCHEMA = "kvtrace.workload/1"
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 NUM_RATE_BINS = 24
-MAX_TURNS = 1000
 UNKNOWN_TYPE = "unknown"
+WORKLOAD_FILE = "workload.json"  # inside RUN/fit/
+MAX_TOKENS = 1 << 20  # a recorded length above this (tokens) is a corrupt file, not a workload
+MAX_USERS = 100_000_000
+MAX_DURATION_S = 366 * 86_400.0
+Z90 = 1.2815515655446004  # standard normal quantile at 0.9
 
 
 def _quantiles(values: pl.Series) -> list[float]:
@@ -113,153 +114,167 @@ def _root_prefix_hit_share(run: RunDir, root_idx: pl.Series) -> float | None:
     return float(shared.mean()) if shared.len() else None  # type: ignore[arg-type]
 
 
-def _workload(policy: PolicyParams, path: Path) -> dict[str, Any]:
-    wl = policy.extra.get("workload")
-    if not isinstance(wl, dict) or wl.get("schema") != WORKLOAD_SCHEMA:
-        raise InputError(f"{path}: field 'workload' is missing or not {WORKLOAD_SCHEMA!r}; refit with "
-                         "'kvtrace fit' of this kvtrace version (it records the request mix and lengths)")
+def _fail(path: Path, field: str, what: str) -> InputError:
+    return InputError(f"{path}: field '{field}' {what}; fix it or regenerate it with 'kvtrace fit'")
+
+
+def _number(path: Path, field: str, v: Any, lo: float, hi: float, integer: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _fail(path, field, f"must be a number, got {json.dumps(v)[:40]}")
+    if not math.isfinite(v) or not lo <= v <= hi or (integer and v != int(v)):
+        kind = "an integer" if integer else "a finite number"
+        raise _fail(path, field, f"must be {kind} in [{lo:g}, {hi:g}], got {v}")
+    return float(v)
+
+
+def _numbers(path: Path, field: str, v: Any, lo: float, hi: float) -> list[float]:
+    if not isinstance(v, list):
+        raise _fail(path, field, "must be a list of numbers")
+    return [_number(path, f"{field}[{i}]", x, lo, hi) for i, x in enumerate(v)]
+
+
+def _shares(path: Path, field: str, v: Any) -> dict[str, float]:
+    if not isinstance(v, dict):
+        raise _fail(path, field, "must be an object of shares")
+    return {str(k): _number(path, f"{field}.{k}", x, 0.0, 1.0) for k, x in v.items()}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A validated kvtrace.workload/1 summary (the fields --like uses)."""
+
+    num_requests: int
+    duration_s: float
+    num_users: int | None
+    first_turn_type_share: dict[str, float]
+    turn_share: dict[int, float]
+    quantile_levels: list[float]
+    lengths: dict[str, dict[str, list[float]]]
+    session_rate_shape: list[float]
+    prefix_share: float | None
+
+
+def parse_workload(doc: Any, path: Path) -> Workload:
+    """Validate a kvtrace.workload/1 document; every problem is one InputError naming PATH and field."""
+    if not isinstance(doc, dict) or doc.get("schema") != WORKLOAD_SCHEMA:
+        raise _fail(path, "schema", f"must be {WORKLOAD_SCHEMA!r}")
     for key in ("num_requests", "duration_s", "first_turn_type_share", "lengths", "quantile_levels"):
-        if key not in wl:
-            raise InputError(f"{path}: field 'workload.{key}' is missing; refit with 'kvtrace fit'")
-    return wl
+        if key not in doc:
+            raise _fail(path, key, "is missing")
+    n = int(_number(path, "num_requests", doc["num_requests"], 1, MAX_REQUESTS, integer=True))
+    dur = _number(path, "duration_s", doc["duration_s"], 1e-3, MAX_DURATION_S)
+    users = doc.get("num_users")
+    num_users = None if users is None else int(_number(path, "num_users", users, 1, MAX_USERS, integer=True))
+    if "block_size" in doc:
+        _number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True)
+    if "turn_buckets" in doc:
+        tb = _numbers(path, "turn_buckets", doc["turn_buckets"], 1, 1 << 20)
+        if not tb or tb != sorted(set(tb)) or any(x != int(x) for x in tb):
+            raise _fail(path, "turn_buckets", "must be strictly ascending integers >= 1")
+    types = _shares(path, "first_turn_type_share", doc["first_turn_type_share"])
+    if not types or sum(types.values()) <= 0:
+        raise _fail(path, "first_turn_type_share", "is empty or all zero")
+    levels = _numbers(path, "quantile_levels", doc["quantile_levels"], 0.0, 1.0)
+    if len(levels) < 2 or levels != sorted(levels):
+        raise _fail(path, "quantile_levels", "must be at least 2 ascending levels in [0, 1]")
+    if not isinstance(doc["lengths"], dict):
+        raise _fail(path, "lengths", "must be an object per type")
+    lengths: dict[str, dict[str, list[float]]] = {}
+    for ty, per in doc["lengths"].items():
+        if not isinstance(per, dict):
+            raise _fail(path, f"lengths.{ty}", "must be an object")
+        lengths[ty] = {}
+        for key in ("first_input_tokens", "next_input_tokens", "output_tokens"):
+            q = _numbers(path, f"lengths.{ty}.{key}", per.get(key) or [], 0, MAX_TOKENS)
+            if q and (len(q) != len(levels) or q != sorted(q)):
+                raise _fail(path, f"lengths.{ty}.{key}", f"must be {len(levels)} ascending quantiles")
+            lengths[ty][key] = q
+    turns = doc.get("turn_share") or {}
+    if not isinstance(turns, dict):
+        raise _fail(path, "turn_share", "must be an object of shares per turn number")
+    turn_share: dict[int, float] = {}
+    for k, v in turns.items():
+        if not str(k).isdigit() or int(k) < 1:
+            raise _fail(path, f"turn_share.{k}", "must be keyed by turn numbers >= 1")
+        turn_share[int(k)] = _number(path, f"turn_share.{k}", v, 0.0, 1.0)
+    shape = _numbers(path, "session_rate_shape", doc.get("session_rate_shape") or [1], 0, 1e12)
+    if sum(shape) <= 0:
+        shape = [1.0]
+    prefix = doc.get("first_turn_prefix_hit_share")
+    prefix_share = None if prefix is None else _number(path, "first_turn_prefix_hit_share", prefix, 0.0, 1.0)
+    return Workload(n, dur, num_users, types, turn_share, levels, lengths, shape, prefix_share)
 
 
-def _sample_quantiles(rng: np.random.Generator, qs: list[float], levels: list[float], size: int,
-                      fallback: list[float]) -> F64:
-    """Inverse-CDF sampling, piecewise linear between the recorded quantiles."""
-    q = qs or fallback
+def load_workload(source: str | Path) -> Workload:
+    """The workload of SOURCE: a workload.json, a run folder (its fit/workload.json, else computed from
+    the run) or a kvtrace.policy/1 file embedding "workload"."""
+    path = Path(source)
+    if path.is_dir():
+        wl_path = path / "fit" / WORKLOAD_FILE
+        if not wl_path.exists():
+            return parse_workload(workload_summary(RunDir(path)), path)
+        path = wl_path
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the workload ({e.strerror}); give a workload.json, a run "
+                         "folder or a policy file") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not JSON ({e}); give a workload.json, a run folder or a policy file") from e
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("kvtrace.policy/"):
+        if not isinstance(doc.get("workload"), dict):
+            raise _fail(path, "workload", f"is missing (this policy file embeds no {WORKLOAD_SCHEMA}); use "
+                        "the run's fit/workload.json")
+        return parse_workload(doc["workload"], path)
+    return parse_workload(doc, path)
+
+
+def _lognormal_of(q: list[float], levels: list[float], fallback: tuple[float, float]) -> tuple[float, float]:
+    """(median, sigma) of the lognormal matching quantiles Q's median and 10-90% spread."""
     if not q:
-        return np.full(size, float(BLOCK_SIZE_TOKENS))
-    return np.asarray(np.interp(rng.random(size), levels, q), dtype=np.float64)
+        return fallback
+    med, p10, p90 = (float(np.interp(x, levels, q)) for x in (0.5, 0.1, 0.9))
+    sigma = math.log(max(p90, 1.0) / max(p10, 1.0)) / (2 * Z90)
+    return max(med, 1.0), min(max(sigma, 0.05), 3.0)
 
 
-def _turn_params(policy: PolicyParams, types: list[str]) -> tuple[F64, F64]:
-    """reuse_prob and rate_per_s for [type, turn 1..MAX_TURNS] from the policy's categories."""
-    probs = np.empty((len(types), MAX_TURNS))
-    rates = np.empty((len(types), MAX_TURNS))
-    turns = pl.Series(np.arange(1, MAX_TURNS + 1))
-    for i, ty in enumerate(types):
-        names = categories(pl.Series([ty] * MAX_TURNS), turns, policy.turn_buckets).to_list()
-        params = [policy.for_category(name) for name in names]
-        probs[i] = [c.reuse_prob for c in params]
-        rates[i] = [c.rate_per_s for c in params]
-    probs[:, -1] = 0.0
-    return probs, rates
+def like_params(wl: Workload) -> Any:
+    """The to-C model with WL's types, lengths, turn distribution and shared-prefix share."""
+    s1 = wl.turn_share.get(1, 0.0)
+    s2 = wl.turn_share.get(2, 0.0)
+    second = min(s2 / s1, 0.99) if s1 > 0 else 0.0
+    more = sum(v for k, v in wl.turn_share.items() if k >= 3) / s2 if s2 > 0 else 0.0
+    median_more = max(more, 1e-3) / math.exp(TO_C.engagement[1] ** 2 / 2)
+    base = TO_C.types["text"]
+    types = {}
+    for ty, share in sorted(wl.first_turn_type_share.items()):
+        lens = wl.lengths.get(ty, {})
+        first = _lognormal_of(lens.get("first_input_tokens", []), wl.quantile_levels, base.first_input)
+        types[ty] = ChatType(
+            share, second, first,
+            _lognormal_of(lens.get("next_input_tokens", []), wl.quantile_levels, first),
+            _lognormal_of(lens.get("output_tokens", []), wl.quantile_levels, base.output),
+            wl.prefix_share if wl.prefix_share is not None else base.prompt_prob,
+            base.num_prompts, base.prompt_tokens)
+    return replace(TO_C, types=types, engagement=(median_more, TO_C.engagement[1]))
 
 
-def draw_like(rng: np.random.Generator, policy: PolicyParams, wl: dict[str, Any], num_requests: int,
-              duration_s: float, num_users: int | None) -> SessionRequests:
-    """Sessions following POLICY's per-category reuse and WL's mix and lengths (see module doc)."""
-    types = sorted(wl["first_turn_type_share"])
-    share = np.array([wl["first_turn_type_share"][t] for t in types], dtype=np.float64)
-    if not types or share.sum() <= 0:
-        raise InputError("policy file: field 'workload.first_turn_type_share' is empty; refit with 'kvtrace fit'")
-    probs, rates = _turn_params(policy, types)
-    levels = [float(x) for x in wl["quantile_levels"]]
-    duration_ms = round(duration_s * 1000)
-    shape = np.asarray(wl.get("session_rate_shape") or [1], dtype=np.float64)
-    shape = shape / shape.sum() if shape.sum() > 0 else np.full(shape.size, 1.0 / shape.size)
-    user_w = activity_weights(rng, num_users, ToCParams().user_activity_sigma) if num_users else None
-    num_sessions = max(8, num_requests // 2)
-    while True:
-        sr = _draw_sessions(rng, num_sessions, types, share, probs, rates, shape, duration_ms, user_w)
-        keep = np.asarray(sr.arrival_ms < duration_ms)
-        # a session's turns are in time order: dropping past-the-end turns keeps a prefix of each
-        out = select_requests(sr, keep, num_requests)
-        if out is not None:
-            return _with_lengths(rng, out, types, wl, levels)
-        num_sessions *= 2
+def synth_like(source: str | Path, seed: int, num_requests: int | None = None,
+               duration_s: float | None = None, scale: float = 1.0) -> tuple[Workload, SynthTrace]:
+    """Draw the --like trace of SOURCE (see load_workload); returns (workload, trace)."""
+    wl = load_workload(source)
+    n, d = trace_size(seed, num_requests if num_requests is not None else wl.num_requests,
+                      duration_s if duration_s is not None else wl.duration_s, scale)
+    users = max(1, round(wl.num_users * n / wl.num_requests)) if wl.num_users else None
+    sr = draw_chat(np.random.default_rng(seed), n, d, like_params(wl), users,
+                   np.asarray(wl.session_rate_shape, dtype=np.float64))
+    return wl, assemble(sr)
 
 
-def _draw_sessions(rng: np.random.Generator, num_sessions: int, types: list[str], share: F64, probs: F64,
-                   rates: F64, shape: F64, duration_ms: int, user_w: F64 | None) -> SessionRequests:
-    s_type = rng.choice(len(types), size=num_sessions, p=share / share.sum())
-    bins = rng.choice(shape.size, size=num_sessions, p=shape)
-    s_t0 = ((bins + rng.random(num_sessions)) * (duration_ms / shape.size)).astype(np.int64)
-    s_user = rng.choice(user_w.size, size=num_sessions, p=user_w) if user_w is not None else \
-        np.full(num_sessions, -1, dtype=np.int64)
-    # walk the turns: the active sessions after turn k continue w.p. p_w, after Exp(lambda_w)
-    times = [s_t0]
-    alive = np.arange(num_sessions)
-    t = s_t0.copy()
-    for k in range(MAX_TURNS - 1):
-        p = probs[s_type[alive], k]
-        go = rng.random(alive.size) < p
-        alive, t = alive[go], t[go]
-        if alive.size == 0:
-            break
-        rate = rates[s_type[alive], k]
-        delay_ms = np.maximum(1, np.rint(rng.exponential(1.0, alive.size) / np.maximum(rate, 1e-12) * 1000))
-        t = t + np.minimum(delay_ms, 1 << 50).astype(np.int64)
-        nxt = np.full(num_sessions, -1, dtype=np.int64)
-        nxt[alive] = t
-        times.append(nxt)
-        # sessions already past the end cannot produce kept turns: stop walking them
-        inside = t < duration_ms
-        alive, t = alive[inside], t[inside]
-    grid = np.stack(times, axis=1)  # [session, turn], -1 = no such turn
-    has = grid >= 0
-    turns_per = has.sum(axis=1)
-    session = np.repeat(np.arange(num_sessions, dtype=np.int64), turns_per)
-    turn = np.nonzero(has)[1].astype(np.int64) + 1
-    n = session.size
-    zeros = np.zeros(n, dtype=np.int64)
-    return SessionRequests(
-        session=session, turn=turn, arrival_ms=grid[has].astype(np.int64),
-        type_code=s_type[session].astype(np.int64), user=s_user[session].astype(np.int64),
-        sys_id=np.full(n, -1, dtype=np.int64), new_tokens=zeros, output_tokens=zeros,
-        type_names=tuple(types), sys_tokens_by_id=np.zeros(0, dtype=np.int64))
-
-
-def _with_lengths(rng: np.random.Generator, sr: SessionRequests, types: list[str], wl: dict[str, Any],
-                  levels: list[float]) -> SessionRequests:
-    n = sr.session.size
-    new = np.empty(n, dtype=np.float64)
-    out = np.empty(n, dtype=np.float64)
-    for i, ty in enumerate(types):
-        lens = wl["lengths"].get(ty) or {}
-        first_q = lens.get("first_input_tokens") or []
-        for mask, key in (((sr.type_code == i) & (sr.turn == 1), "first_input_tokens"),
-                          ((sr.type_code == i) & (sr.turn > 1), "next_input_tokens")):
-            new[mask] = _sample_quantiles(rng, lens.get(key) or [], levels, int(mask.sum()), first_q)
-        m = sr.type_code == i
-        out[m] = _sample_quantiles(rng, lens.get("output_tokens") or [], levels, int(m.sum()), [])
-    out_tok = np.maximum(0, np.rint(out)).astype(np.int64)
-    new_tok = np.maximum(1, np.rint(new)).astype(np.int64)
-    # whole blocks: a root's input, and (parent output + new input) of a later turn, round up to 16
-    prev_out = np.where(sr.turn > 1, np.roll(out_tok, 1), 0)
-    b = BLOCK_SIZE_TOKENS
-    new_tok = (-(-(prev_out + new_tok) // b)) * b - prev_out
-    return SessionRequests(
-        session=sr.session, turn=sr.turn, arrival_ms=sr.arrival_ms, type_code=sr.type_code, user=sr.user,
-        sys_id=sr.sys_id, new_tokens=new_tok.astype(np.int64), output_tokens=out_tok,
-        type_names=sr.type_names, sys_tokens_by_id=sr.sys_tokens_by_id)
-
-
-def synth_like(policy_path: str | Path, seed: int, num_requests: int | None = None,
-               duration_s: float | None = None, scale: float = 1.0) -> tuple[PolicyParams, Any]:
-    """Draw the --like trace for the policy file at POLICY_PATH; returns (policy, SynthTrace)."""
-    path = Path(policy_path)
-    policy = load_policy(path)
-    wl = _workload(policy, path)
-    if scale <= 0:
-        raise UsageError(f"--scale must be > 0, got {scale}")
-    n = round((num_requests if num_requests is not None else int(wl["num_requests"])) * scale)
-    d = float(duration_s if duration_s is not None else wl["duration_s"])
-    if n < 1:
-        raise UsageError(f"the trace would have {n} requests; use --requests >= 1")
-    if not d > 0:
-        raise UsageError(f"--duration must be > 0 seconds, got {d}")
-    users = wl.get("num_users")
-    num_users = max(1, round(int(users) * n / max(int(wl["num_requests"]), 1))) if users else None
-    sr = draw_like(np.random.default_rng(seed), policy, wl, n, d, num_users)
-    return policy, assemble(sr)
-
-
-def synth_like_to_file(policy_path: str | Path, seed: int, out: str | Path, num_requests: int | None = None,
+def synth_like_to_file(source: str | Path, seed: int, out: str | Path, num_requests: int | None = None,
                        duration_s: float | None = None, scale: float = 1.0) -> SynthSummary:
-    """Generate the --like trace of POLICY_PATH and write it to OUT as Bailian JSONL."""
-    _, trace = synth_like(policy_path, seed, num_requests, duration_s, scale)
+    """Generate the --like trace of SOURCE and write it to OUT as Bailian JSONL."""
+    _, trace = synth_like(source, seed, num_requests, duration_s, scale)
     path = Path(out)
     write_jsonl(trace, path)
-    return summarize(trace, path, f"like:{Path(policy_path).name}", seed)
+    return summarize(trace, path, f"like:{Path(source).name}", seed)
