@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError
 
@@ -50,6 +62,19 @@ class RunDir:
         """The normalized blocks table (optionally only some columns)."""
         return pl.read_parquet(self.blocks_path, columns=columns)
 
+    def write_artifact(self, path: Path, obj: dict[str, Any]) -> None:
+        """Write a JSON artifact of this run atomically, stamped with the run identity."""
+        write_json(path, obj)
+
+    def read_artifact(self, path: Path, schema: str | None = None,
+                      required: bool = True) -> dict[str, Any] | None:
+        """Read a JSON artifact of this run (refused when another ingest made it); see read_artifact."""
+        return read_artifact(path, schema, required)
+
+    def lock(self) -> Any:
+        """Context manager: hold this run folder exclusively (see run_lock)."""
+        return run_lock(self.path)
+
 
 def is_run_dir(path: Path) -> bool:
     """True when PATH holds the normalized tables of an ingested trace."""
@@ -79,11 +104,125 @@ def load_provenance(run: RunDir) -> dict[str, Any]:
     return prov
 
 
+def run_identity(sha256: str, fmt: str, block_size: int, turn_buckets: list[int], on_error: str) -> str:
+    """The run's identity: a hash of the trace's content and of every ingest option that shapes the tables."""
+    key = f"{sha256}|{fmt}|{block_size}|{','.join(map(str, turn_buckets))}|{on_error}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def run_root(path: Path) -> Path | None:
+    """The run folder PATH lies in (PATH itself or an ancestor holding provenance.json), or None."""
+    p = path.resolve()
+    for d in [p, *p.parents][:5]:
+        if (d / "provenance.json").is_file():
+            return d
+    return None
+
+
+def _run_id_at(root: Path) -> str | None:
+    try:
+        prov = json.loads((root / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rid = prov.get("run_id") if isinstance(prov, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
+def check_identity(path: Path, doc: dict[str, Any]) -> None:
+    """Raise InputError when DOC (read from PATH inside a run folder) was made from another ingest."""
+    root = run_root(path.parent)
+    expected = _run_id_at(root) if root is not None else None
+    if expected is None or path.name == "provenance.json":
+        return  # not inside a run folder, or a run ingested before identities existed
+    found = doc.get("run_id")
+    if found != expected:
+        what = f"was made from another ingest (run_id {found})" if found else "carries no run_id (older kvtrace)"
+        raise InputError(f"{path}: {what}, the run folder is run_id {expected}; re-run the command that "
+                         "writes it, or re-ingest with --overwrite to clear stale results")
+
+
+def read_artifact(path: Path, schema: str | None = None, required: bool = True) -> dict[str, Any] | None:
+    """A JSON artifact of this run: a one-line InputError when unreadable, of another SCHEMA or of another
+    run identity; None when absent and not REQUIRED."""
+    if not path.is_file():
+        if required:
+            raise InputError(f"{path}: no such file; run the command that writes it first")
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: unreadable artifact ({' '.join(str(e).split())[:120]}); re-run the command "
+                         "that writes it") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a JSON object, found {type(doc).__name__}; re-run the command "
+                         "that writes it")
+    if schema is not None and doc.get("schema") != schema:
+        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, expected {schema!r}")
+    check_identity(path, doc)
+    return doc
+
+
+def _temp_name(path: Path) -> Path:
+    """A temporary name beside PATH, unique across processes and threads."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a unique temporary path beside PATH; on success it replaces PATH atomically, else it is removed."""
+    tmp = _temp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write ({e.strerror or e}); check the path and free space") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write TEXT to PATH atomically (unique temp file + rename): readers see the old or the new file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_parquet_atomic(table: pl.DataFrame | pa.Table, path: Path) -> None:
+    """Write a polars or Arrow table to PATH atomically."""
+    with atomic_path(path) as tmp:
+        if isinstance(table, pl.DataFrame):
+            table.write_parquet(tmp)
+        else:
+            pq.write_table(table, tmp)
+
+
+def json_text(obj: Any) -> str:
+    """OBJ as indented, strictly valid JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    return json.dumps(_finite(obj), indent=2, allow_nan=False, default=_json_default) + "\n"
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Write OBJ as indented JSON atomically (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
-    tmp.replace(path)
+    """Write OBJ as indented JSON atomically; a dict written inside a run folder is stamped with the run's
+    identity (field run_id) so that readers can refuse stale artifacts (check_identity)."""
+    if isinstance(obj, dict) and path.name != "provenance.json":
+        root = run_root(path.parent)
+        rid = _run_id_at(root) if root is not None else None
+        if rid is not None:
+            obj = {**obj, "run_id": rid}
+    atomic_write_text(path, json_text(obj))
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, str | bytes):
+        return _finite(o.item())
+    return o
 
 
 def _json_default(o: Any) -> Any:
@@ -92,3 +231,78 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+DOWNSTREAM = ("analysis", "fit", "sim", "replay", "report.html")
+LOCK_NAME = ".kvtrace.lock"
+_held: dict[Path, tuple[int, int]] = {}  # run folder -> (fd, depth): the lock is re-entrant in a process
+
+
+@contextmanager
+def run_lock(path: Path) -> Iterator[None]:
+    """Hold the run folder PATH exclusively (writers: ingest, analyze, fit, simulate, replay, report);
+    a second writer gets a one-line InputError naming the pid that holds it. Released on exit or death."""
+    key = path.resolve()
+    if key in _held:
+        fd, depth = _held[key]
+        _held[key] = (fd, depth + 1)
+        try:
+            yield
+        finally:
+            _held[key] = (fd, _held[key][1] - 1)
+        return
+    try:
+        fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise InputError(f"{path}: cannot lock the run folder ({e.strerror}); check the path and "
+                         "permissions") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise InputError(f"{path}: in use by pid {holder} (another kvtrace command writes it); wait for it "
+                         "to finish or use another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = (fd, 1)
+    try:
+        yield
+    finally:
+        depth = _held[key][1] - 1
+        if depth:
+            _held[key] = (fd, depth)
+        else:
+            del _held[key]
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def clear_downstream(run: RunDir) -> None:
+    """Delete every artifact made from the run's tables (analysis/, fit/, sim/, replay/, report.html)."""
+    for name in DOWNSTREAM:
+        p = run.path / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+@contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP stop the process like Ctrl-C (KeyboardInterrupt naming the
+    signal), so that the code's cleanup (finalizing a summary) runs for every kind of stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -35,13 +35,14 @@ def standin() -> Iterator[Callable[..., tuple[str, StandInState]]]:
     """Factory: start a stand-in OpenAI-compatible endpoint (NOT vLLM) on a free port; stopped at teardown."""
     servers = []
 
-    def start(**kwargs: float) -> tuple[str, StandInState]:
+    def start(**kwargs: float | str) -> tuple[str, StandInState]:
         state = StandInState(**kwargs)  # type: ignore[arg-type]
         httpd = serve(state)
-        servers.append(httpd)
+        servers.append((httpd, state))
         return f"http://127.0.0.1:{httpd.server_address[1]}", state
 
     yield start
-    for httpd in servers:
+    for httpd, state in servers:
+        state.stop.set()
         httpd.shutdown()
         httpd.server_close()

@@ -1,4 +1,9 @@
-"""Shared CLI plumbing: the console, error mapping, JSON output and progress bars."""
+"""Shared CLI plumbing: the console, error mapping, JSON output and progress bars.
+
+Both consoles have Rich markup and emoji codes OFF: user and server text (file names, trace values,
+server error bodies) is printed verbatim and can never be read as markup. Style a fixed part of a line
+with `say(("error:", "bold red"), " ", text)`; table cells are likewise plain text.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,26 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from tongyi_trace.errors import KvtraceError
 from tongyi_trace.run import _json_default
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)
 T = TypeVar("T")
+Part = str | tuple[str, str]
+
+
+def say(*parts: Part, err: bool = False) -> None:
+    """Print one line built from PARTS: a str verbatim, a (text, style) tuple in that Rich style."""
+    line = Text()
+    for p in parts:
+        if isinstance(p, str):
+            line.append(p)
+        else:
+            line.append(p[0], style=p[1])
+    (err_console if err else console).print(line, highlight=False, soft_wrap=True)
 
 
 def run_cli(fn: Callable[[], T]) -> T:
@@ -25,10 +43,10 @@ def run_cli(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except KvtraceError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        say(("error:", "bold red"), " ", " ".join(str(e).split()), err=True)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]: results written so far are kept")
+        say(("interrupted", "yellow"), ": results written so far are kept", err=True)
         raise typer.Exit(130) from None
 
 
@@ -41,7 +59,7 @@ def print_json(obj: Any) -> None:
 def progress(quiet: bool = False) -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json."""
     with Progress(
-        TextColumn("[progress.description]{task.description}"),
+        TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tongyi_trace.analysis import (
     ANALYSES,
@@ -17,7 +18,7 @@ from tongyi_trace.analysis import (
     run_analyses,
 )
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.trace.ingest import ensure_run
 
 
@@ -82,12 +83,12 @@ def analyze(
     console.print(_table(rep))
     for name, r in rep.results.items():
         if not r.ok:
-            console.print(f"[yellow]{name} absent[/]: {r.reason}", highlight=False)
+            say((f"{name} absent", "yellow"), f": {r.reason}")
         for part, why in r.absent_parts.items():
-            console.print(f"[yellow]{name}.{part} absent[/]: {why}", highlight=False)
-    console.print(f"artifacts: [bold]{rep.out_dir}[/] ({rep.elapsed_s:.1f} s)")
+            say((f"{name}.{part} absent", "yellow"), f": {why}")
+    say("artifacts: ", (str(rep.out_dir), "bold"), f" ({rep.elapsed_s:.1f} s)")
     if html:
-        console.print(f"report: [bold]{html}[/]")
+        say("report: ", (html, "bold"))
 
 
 def _fmt(v: Any) -> str:
@@ -132,7 +133,7 @@ def _table(rep: AnalysisReport) -> Table:
     for name, r in rep.results.items():
         label = f"{name} ({r.figure})"
         if not r.ok:
-            t.add_row(label, "[yellow]absent (see below)[/]", "-")
+            t.add_row(label, Text("absent (see below)", style="yellow"), "-")
             continue
         rows = _headlines(name, r.headline) or [("", "")]
         for i, (k, v) in enumerate(rows):

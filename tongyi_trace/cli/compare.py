@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, run_cli
+from tongyi_trace.cli._common import console, print_json, run_cli, say
 from tongyi_trace.replay.compare import SIM_POLICIES, Comparison, ReplaySide, compare_replays
 
 
@@ -34,10 +34,10 @@ def compare(
         console.print(_table(comp))
         for side in (comp.a, comp.b):
             for note in side.notes:
-                console.print(f"[dim]{side.name}: {note}[/]")
+                say((f"{side.name}: {note}", "dim"))
         for note in comp.notes:
-            console.print(f"[yellow]note:[/] {note}")
-        console.print(f"written to [bold]{comp.output_path}[/]")
+            say(("note:", "yellow"), f" {note}")
+        say("written to ", (str(comp.output_path), "bold"))
 
 
 def _pct(x: Any) -> str:

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, err_console, print_json, run_cli
+from tongyi_trace.cli._common import console, err_console, print_json, run_cli, say
 from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.dispatch import DispatchState
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID
@@ -30,14 +30,14 @@ def _fmt(v: Any, pct: bool = False) -> str:
 
 def _render(res: ReplayResult) -> None:
     s = res.summary
-    c = s.get("counts", {})
-    console.print(f"replay [bold]{s['name']}[/] {s['status']}: {c.get('num_ok', 0)} ok, "
-                  f"{c.get('num_error', 0)} failed, {c.get('num_not_finished', 0)} not finished "
-                  f"in {s.get('wall_s') or 0:.1f} s -> {res.out_dir}", highlight=False)
+    c = s.get("counts") or {}
+    say("replay ", (str(s.get("name")), "bold"), f" {s.get('status')}: {c.get('num_ok', 0)} ok, "
+        f"{c.get('num_error', 0)} failed, {c.get('num_not_finished', 0)} not finished "
+        f"in {s.get('wall_s') or 0:.1f} s -> {res.out_dir}")
     t = Table(title="hit ratio (tokens)", show_header=True)
     t.add_column("source")
     t.add_column("hit ratio", justify="right")
-    t.add_row("engine /metrics delta", _fmt(s["metrics"]["hit_ratio"], pct=True))
+    t.add_row("engine /metrics delta", _fmt((s.get("metrics") or {}).get("hit_ratio"), pct=True))
     t.add_row("engine cached_tokens (records)", _fmt(s.get("records_hit_ratio"), pct=True))
     rec = s.get("reconciliation")
     if rec and "predicted_hit_ratio" in rec:
@@ -54,11 +54,11 @@ def _render(res: ReplayResult) -> None:
     for col in ("", "p50", "p90", "p99", "max"):
         lat.add_column(col, justify="right")
     for key in ("ttft_ms", "e2e_ms", "drift_ms"):
-        d = s[key]
-        lat.add_row(key.removesuffix("_ms"), *(_fmt(d[k]) for k in ("p50", "p90", "p99", "max")))
+        d = s.get(key) or {}
+        lat.add_row(key.removesuffix("_ms"), *(_fmt(d.get(k)) for k in ("p50", "p90", "p99", "max")))
     console.print(lat)
     for e in s.get("errors", [])[:5]:
-        console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
+        say((f"{e['count']} x", "red"), f" {e['error']}")
 
 
 @app.command()
@@ -128,7 +128,8 @@ def replay(
             _render(res)
         return
     assert server is not None
-    bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+    bar = Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
+                   MofNCompleteColumn(),
                    TextColumn("sent {task.fields[sent]} errors {task.fields[errors]} hit {task.fields[hit]}"),
                    TimeElapsedColumn(), console=err_console, disable=quiet or json_out, transient=True)
     task: list[TaskID] = []
@@ -150,5 +151,6 @@ def replay(
     elif not quiet:
         _render(res)
     if res.summary["status"] == "interrupted":
-        err_console.print("[yellow]interrupted[/]: finished requests are in records.jsonl")
+        say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; finished requests are in "
+            "records.jsonl", err=True)
         raise typer.Exit(130)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, run_cli
+from tongyi_trace.cli._common import print_json, run_cli, say
 from tongyi_trace.report import render_report, screenshot
 from tongyi_trace.run import open_run
 
@@ -33,6 +33,6 @@ def report(
     if as_json:
         print_json(written)
     elif not quiet:
-        console.print(f"report: [bold]{written['report']}[/]")
+        say("report: ", (str(written["report"]), "bold"))
         if written["screenshot"]:
-            console.print(f"screenshot: [bold]{written['screenshot']}[/]")
+            say("screenshot: ", (str(written["screenshot"]), "bold"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,8 +84,19 @@ def _error_text(raw: str) -> str:
     return " ".join(str(msg).split())[:300]
 
 
+def _parse_chunk(data: bytes) -> dict[str, object]:
+    """One streamed `data:` payload as a JSON object; ValueError for anything else."""
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError(f"stream chunk is not a JSON object: {data[:80]!r}")
+    if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
+        raise ValueError(f"stream chunk's 'usage' is not an object: {str(obj['usage'])[:80]!r}")
+    return obj
+
+
 async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
                 num_prompt: int, t0: float, headers: dict[str, str]) -> RequestRecord:
+    """Send one request; every outcome (including a reply the client cannot understand) is a record."""
     sent = time.perf_counter()
     ttft: float | None = None
     usage: dict[str, object] | None = None
@@ -94,7 +106,8 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
                                 headers={**headers, "X-Request-Id": f"kvtrace-{sr.req_idx}"}) as resp:
             http_status = resp.status
             if resp.status != 200:
-                status, error = "error", f"HTTP {resp.status}: {_error_text((await resp.read()).decode())}"
+                raw_err = (await resp.content.read(64 * 1024)).decode(errors="replace")
+                status, error = "error", f"HTTP {resp.status}: {_error_text(raw_err)}"
             else:
                 async for raw in resp.content:
                     if not raw.startswith(b"data:"):
@@ -102,18 +115,19 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
                     data = raw[5:].strip()
                     if data == b"[DONE]":
                         break
-                    obj = json.loads(data)
+                    obj = _parse_chunk(data)
                     if "error" in obj:
-                        status, error = "error", f"stream error: {_error_text(data.decode())}"
+                        status, error = "error", f"stream error: {_error_text(data.decode(errors='replace'))}"
                         break
                     if ttft is None and obj.get("choices"):
                         ttft = time.perf_counter() - sent
                     if obj.get("usage"):
-                        usage = obj["usage"]
+                        usage = obj["usage"]  # type: ignore[assignment]
                 if status == "ok" and usage is None:
                     status, error = "error", "stream ended without a usage chunk"
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except Exception as e:  # any failure of one request is that request's error record
         status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        usage = None
     end = time.perf_counter()
     details = usage.get("prompt_tokens_details") if usage else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -128,7 +142,10 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
 
 
 def _int(v: object) -> int | None:
-    return int(v) if isinstance(v, int | float) else None
+    """A finite non-negative count from the server, else None (booleans, NaN, strings are not counts)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or v >= 2**62:
+        return None
+    return int(v)
 
 
 async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: PromptFn, opts: DispatchOptions,

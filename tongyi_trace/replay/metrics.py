@@ -10,6 +10,7 @@ vllm/v1/metrics/loggers.py, vllm/v1/core/kv_cache_manager.py (record_prefix_cach
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
             value = float(m.group(4))
         except ValueError:
             continue
+        if not math.isfinite(value):
+            continue  # NaN / +Inf counters are nonsense for what replay reads
         labels = dict(_LABEL.findall(m.group(3) or ""))
         out.setdefault(m.group(1), []).append((labels, value))
     return out
@@ -57,9 +60,10 @@ def _sum(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> f
 
 def _int_label(info: dict[str, str], key: str) -> int | None:
     try:
-        return int(info[key])
+        v = int(info[key])
     except (KeyError, ValueError):
         return None
+    return v if 0 < v < 2**40 else None
 
 
 def snapshot_from_text(text: str) -> MetricsSnapshot:
@@ -77,4 +81,6 @@ def delta_hit_ratio(before: MetricsSnapshot, after: MetricsSnapshot) -> tuple[fl
         return None, 0.0, 0.0
     hits = float(after.hits_tokens or 0) - float(before.hits_tokens or 0)
     queries = float(after.queries_tokens or 0) - float(before.queries_tokens or 0)
-    return (hits / queries if queries > 0 else None), hits, queries
+    if queries <= 0 or not 0 <= hits <= queries:  # counters reset or nonsense: no ratio
+        return None, 0.0, 0.0
+    return hits / queries, hits, queries

@@ -11,7 +11,7 @@ crash), so every outcome leaves the finished records and a summary. Artifacts: d
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -33,7 +33,7 @@ from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
 from tongyi_trace.replay.reconcile import reconcile
 from tongyi_trace.replay.records import RecordWriter, read_records
 from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOptions, build_schedule
-from tongyi_trace.run import RunDir, open_run, write_json
+from tongyi_trace.run import RunDir, open_run, stop_signals_interrupt, write_parquet_atomic
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
 
 REPLAY_SCHEMA = "kvtrace.replay/1"
@@ -147,7 +147,7 @@ class BlockIndex:
     def __init__(self, run: RunDir, req_idx: list[int]) -> None:
         wanted = pl.Series("req_idx", sorted(set(req_idx)), dtype=pl.Int64)
         df = (pl.scan_parquet(run.blocks_path).select("req_idx", "pos", "block_id", "num_tokens")
-              .filter(pl.col("req_idx").is_in(wanted)).sort(["req_idx", "pos"]).collect())
+              .filter(pl.col("req_idx").is_in(wanted.implode())).sort(["req_idx", "pos"]).collect())
         self._req = df["req_idx"].to_numpy()
         self._block = df["block_id"].to_numpy()
         self._ntok = df["num_tokens"].to_numpy()
@@ -181,19 +181,28 @@ def _selection(s: Schedule) -> dict[str, int]:
 def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
                on_start: Callable[[Schedule, ServerInfo], None] | None = None,
                on_update: Callable[[DispatchState], None] | None = None) -> ReplayResult:
-    """Replay RUN_DIR's requests against SERVER; write records, reconciliation, cost fit and summary."""
+    """Replay RUN_DIR's requests against SERVER; write records, reconciliation, cost fit and summary.
+    The run folder is held exclusively meanwhile; SIGTERM/SIGHUP stop it like Ctrl-C."""
     run = open_run(run_dir)
+    with run.lock():
+        return _replay(run, server, opts, on_start, on_update)
+
+
+def _replay(run: RunDir, server: str, opts: ReplayOptions,
+            on_start: Callable[[Schedule, ServerInfo], None] | None,
+            on_update: Callable[[DispatchState], None] | None) -> ReplayResult:
     prov = run.provenance()
     if not opts.name or "/" in opts.name or opts.name.startswith("."):
         raise UsageError(f"--name {opts.name!r}: use a plain folder name")
     if opts.max_in_flight is not None and opts.max_in_flight < 1:
         raise UsageError(f"--max-in-flight {opts.max_in_flight} must be >= 1")
+    if not (opts.request_timeout_s > 0 and math.isfinite(opts.request_timeout_s)):
+        raise UsageError(f"--request-timeout-s {opts.request_timeout_s}: give a positive number of seconds")
     out_dir = run.path / "replay" / opts.name
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not opts.overwrite:
-            raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
-        shutil.rmtree(out_dir)
-    # unreachable -> error before anything starts
+    replacing = out_dir.exists() and any(out_dir.iterdir())
+    if replacing and not opts.overwrite:
+        raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
+    # validate and connect before touching anything on disk: unreachable -> error, the old replay stays
     info = probe_server(server, opts.model, opts.api_key, opts.reset_cache)
     sched = build_schedule(run.requests(), opts.schedule, info.max_model_len)
     if not sched.requests:
@@ -206,6 +215,8 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
         ids, ntok = index.blocks_of(sr.req_idx)
         return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens)
 
+    if replacing:
+        shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
     summary: dict[str, Any] = {
@@ -223,7 +234,7 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
                    or (info.metrics.num_gpu_blocks if info.metrics else None),
                    "cache_config": info.metrics.cache_info if info.metrics else {}},
     }
-    write_json(out_dir / "summary.json", summary)
+    run.write_artifact(out_dir / "summary.json", summary)
     if on_start is not None:
         on_start(sched, info)
     stats_path = _plugin_stats_path(info.url, opts.plugin_stats)
@@ -237,36 +248,58 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
     t_start = time.monotonic()
     status, error = "complete", None
     try:
-        asyncio.run(dispatch(info.url, sched.requests, prompt_of, dopts, writer, state, on_update))
-    except KeyboardInterrupt:
-        status = "interrupted"
+        with stop_signals_interrupt():
+            asyncio.run(dispatch(info.url, sched.requests, prompt_of, dopts, writer, state, on_update))
+    except KeyboardInterrupt as e:
+        status, error = "interrupted", (str(e) or None)
     except Exception as e:
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
         writer.close()
-        summary.update(_finish(run, out_dir, info, opts, summary, status, error, time.monotonic() - t_start))
-        summary["plugin"] = _plugin_window(stats_path, stats_before)
-        write_json(out_dir / "summary.json", summary)
+        _finalize(run, out_dir, info, opts, summary, status, error, time.monotonic() - t_start,
+                  stats_path, stats_before)
     return ReplayResult(out_dir, summary)
 
 
 def reconcile_only(run_dir: str | Path, name: str) -> ReplayResult:
-    """Recompute the reconciliation of an existing replay from its records (e.g. after a simulator fix)."""
+    """Rebuild an existing replay's summary figures and reconciliation from its records alone (after a
+    simulator fix, or a replay stopped hard); engine-side figures already in summary.json are kept."""
     run = open_run(run_dir)
+    with run.lock():
+        return _reconcile_only(run, name)
+
+
+def _reconcile_only(run: RunDir, name: str) -> ReplayResult:
     out_dir = run.path / "replay" / name
     summary_path = out_dir / "summary.json"
-    try:
-        summary: dict[str, Any] = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{summary_path}: unreadable ({e}); run 'kvtrace replay' with --name {name} first") from e
-    if summary.get("schema") != REPLAY_SCHEMA:
-        raise InputError(f"{summary_path}: field 'schema' is {summary.get('schema')!r}, expected {REPLAY_SCHEMA!r}")
-    ok = read_records(out_dir / "records.jsonl").filter(pl.col("status") == "ok")
-    summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok,
-                                                                           summary.get("engine") or {})
-    write_json(summary_path, summary)
+    records_path = out_dir / "records.jsonl"
+    if not records_path.is_file():
+        raise InputError(f"{records_path}: no such file; run 'kvtrace replay {run.path} --server URL "
+                         f"--name {name}' first")
+    summary = run.read_artifact(summary_path, REPLAY_SCHEMA, required=False) or {
+        "schema": REPLAY_SCHEMA, "name": name, "status": "interrupted", "engine": {}, "selection": {}}
+    if summary.get("status") in (None, "running"):
+        summary["status"] = "interrupted"  # the replay process stopped before it could say so
+        summary["error"] = summary.get("error") or "stopped before its summary was finished; rebuilt from records"
+    recs = read_records(records_path)
+    engine = summary.get("engine") if isinstance(summary.get("engine"), dict) else {}
+    summary.update(_record_figures(recs, _num_scheduled(summary)))
+    summary.setdefault("metrics", _no_metrics())
+    ok = recs.filter(pl.col("status") == "ok")
+    summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok, engine or {})
+    run.write_artifact(summary_path, summary)
     return ReplayResult(out_dir, summary)
+
+
+def _num_scheduled(summary: dict[str, Any]) -> int | None:
+    sel = summary.get("selection")
+    n = sel.get("num_scheduled") if isinstance(sel, dict) else None
+    return n if isinstance(n, int) else None
+
+
+def _no_metrics() -> dict[str, Any]:
+    return {"before": None, "after": None, "hit_ratio": None, "hit_tokens": 0.0, "query_tokens": 0.0}
 
 
 def _plugin_stats_path(url: str, given: Path | None) -> Path | None:
@@ -286,38 +319,64 @@ def _plugin_window(path: Path | None, before: dict[str, Any] | None) -> dict[str
     return stats_delta(before, after) if after is not None else None
 
 
-def _finish(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],
-            status: str, error: str | None, wall_s: float) -> dict[str, Any]:
-    """Everything summary.json gets after the dispatch (also after Ctrl-C or a crash)."""
-    after = scrape_metrics(info.url, opts.api_key)
-    recs = read_records(out_dir / "records.jsonl")
+def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, Any]:
+    """Every summary figure that follows from the records alone."""
     ok = recs.filter(pl.col("status") == "ok")
-    hit_ratio, hit_tok, query_tok = (delta_hit_ratio(info.metrics, after) if info.metrics and after
-                                     else (None, 0.0, 0.0))
-    prompt_ok = int(ok["prompt_tokens"].sum() or 0)
     cached_known = ok.filter(pl.col("cached_tokens").is_not_null())
-    out: dict[str, Any] = {
-        "status": status, "error": error, "finished_at": time.time(), "wall_s": wall_s,
+    prompt_known = int(cached_known["prompt_tokens"].sum() or 0)
+    return {
         "counts": {"num_done": recs.height, "num_ok": ok.height, "num_error": recs.height - ok.height,
-                   "num_not_finished": summary["selection"]["num_scheduled"] - recs.height},
-        "metrics": {"before": _counters(info.metrics), "after": _counters(after),
-                    "hit_ratio": hit_ratio, "hit_tokens": hit_tok, "query_tokens": query_tok},
-        "records_hit_ratio": (int(cached_known["cached_tokens"].sum()) / int(cached_known["prompt_tokens"].sum())
-                              if cached_known.height and int(cached_known["prompt_tokens"].sum()) else None),
-        "prompt_tokens_ok": prompt_ok,
+                   "num_not_finished": None if num_scheduled is None else num_scheduled - recs.height},
+        "records_hit_ratio": (int(cached_known["cached_tokens"].sum()) / prompt_known
+                              if cached_known.height and prompt_known else None),
+        "prompt_tokens_ok": int(ok["prompt_tokens"].sum() or 0),
         "cached_tokens_reported": cached_known.height == ok.height,
         "drift_ms": _pcts(recs["drift_ms"]),
         "ttft_ms": _pcts(ok["ttft_ms"]),
         "e2e_ms": _pcts(ok["e2e_ms"]),
         "errors": (recs.filter(pl.col("status") != "ok").group_by("error").len()
-                   .sort("len", descending=True).head(10).rename({"len": "count"}).to_dicts()),
+                   .sort(["len", "error"], descending=[True, False]).head(10).rename({"len": "count"})
+                   .to_dicts()),
     }
+
+
+def _finalize(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],
+              status: str, error: str | None, wall_s: float, stats_path: Path | None,
+              stats_before: dict[str, Any] | None) -> None:
+    """Write summary.json after the dispatch, whatever stopped it: first the figures of the records (a
+    consistent summary even if the next step is interrupted), then the engine side (/metrics, cost fit,
+    reconciliation, plugin counters). A stop during the engine side leaves the first summary, marked."""
+    recs = read_records(out_dir / "records.jsonl")
+    summary.update({"status": status, "error": error, "finished_at": time.time(), "wall_s": wall_s,
+                    "metrics": _no_metrics(), "cost_model": None, "reconciliation": None,
+                    "reconciliation_note": "not computed: the replay stopped first; run --reconcile-only",
+                    "plugin": None, **_record_figures(recs, summary["selection"]["num_scheduled"])})
+    run.write_artifact(out_dir / "summary.json", summary)
+    try:
+        with stop_signals_interrupt():
+            summary.update(_engine_side(run, out_dir, info, opts, recs, summary["engine"]))
+            summary["plugin"] = _plugin_window(stats_path, stats_before)
+    except KeyboardInterrupt:
+        summary["status"] = "interrupted"
+        summary["error"] = summary["error"] or "stopped while reading the engine's final figures"
+    run.write_artifact(out_dir / "summary.json", summary)
+
+
+def _engine_side(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, recs: pl.DataFrame,
+                 engine: dict[str, Any]) -> dict[str, Any]:
+    """The summary figures that need the server or the simulator: /metrics delta, cost fit, reconciliation."""
+    after = scrape_metrics(info.url, opts.api_key)
+    ok = recs.filter(pl.col("status") == "ok")
+    hit_ratio, hit_tok, query_tok = (delta_hit_ratio(info.metrics, after) if info.metrics and after
+                                     else (None, 0.0, 0.0))
+    out: dict[str, Any] = {"metrics": {"before": _counters(info.metrics), "after": _counters(after),
+                                       "hit_ratio": hit_ratio, "hit_tokens": hit_tok, "query_tokens": query_tok}}
     cost = fit_ttft_cost(ok)
     out["cost_model"] = cost
     if cost is not None:
-        write_json(out_dir / "cost_model.json", cost)
-        write_json(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
-    out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, summary["engine"])
+        run.write_artifact(out_dir / "cost_model.json", cost)
+        run.write_artifact(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
+    out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, engine)
     return out
 
 
@@ -340,5 +399,5 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame,
     except Exception as e:  # a simulator bug must not lose the replay's summary: say it, keep the records
         return None, (f"simulator prediction crashed ({type(e).__name__}: {e}); once fixed, run "
                       f"'kvtrace replay {run.path} --name {out_dir.name} --reconcile-only'")
-    rec.table.write_parquet(out_dir / "reconcile.parquet")
+    write_parquet_atomic(rec.table, out_dir / "reconcile.parquet")
     return rec.aggregate, None

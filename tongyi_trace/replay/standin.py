@@ -5,7 +5,15 @@ GET /metrics (vllm:prefix_cache_{queries,hits}_total, vllm:cache_config_info), a
 POST /v1/completions with a final usage chunk. Its "cache" is an unlimited prefix cache of full blocks
 (chained hashes of block_size-token blocks; a hit never covers the last prompt token), enough to check
 that identical block ids reach the server as identical tokens. Every `fail_every`-th completion request
-is answered with HTTP 500, to exercise failure records. Run: python -m tongyi_trace.replay.standin --port N.
+is answered with HTTP 500, to exercise failure records.
+
+Fault injection (`fault`, applied to every `fault_every`-th completion request; see FAULTS): refuse
+(close the connection without a reply), 500, garbage (a 200 stream of bytes that are not SSE JSON),
+non_object (`data: 5`, `data: [1,2]` chunks), bad_usage (`usage` not an object), truncated (the stream
+ends cleanly but without usage or [DONE]), close (the socket is cut mid-stream), hang (the request is
+read and never answered), trickle (one byte every 0.2 s, forever), huge_line (a 4 MiB line without a
+newline), metrics (every completion is fine but GET /metrics answers nonsense: NaN counters, a negative
+block size, hits above queries). Run: python -m tongyi_trace.replay.standin --port N [--fault MODE].
 """
 
 from __future__ import annotations
@@ -19,25 +27,39 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MODEL_NAME = "stand-in"
+FAULTS = ("refuse", "500", "garbage", "non_object", "bad_usage", "truncated", "close", "hang", "trickle",
+          "huge_line", "metrics")
+_NONSENSE_METRICS = (b'vllm:prefix_cache_queries_total{engine="0"} NaN\n'
+                     b'vllm:prefix_cache_hits_total{engine="0"} 1e300\n'
+                     b'vllm:prefix_cache_hits_total banana\n'
+                     b'vllm:cache_config_info{block_size="-3",num_gpu_blocks="lots"} 1.0\n'
+                     b'}{ not prometheus at all \xff\n')
 
 
 class StandInState:
     """Counters and the block cache shared by the handler threads."""
 
     def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
-                 token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None) -> None:
+                 token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None,
+                 fault: str | None = None, fault_every: int = 1) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.fail_every = fail_every
         self.token_delay_s = token_delay_s
         self.num_gpu_blocks = num_gpu_blocks
         self.api_key = api_key
+        self.fault = fault
+        self.fault_every = max(1, fault_every)
+        self.stop = threading.Event()  # set at shutdown: releases hanging / trickling handlers
         self.lock = threading.Lock()
         self.cache: set[bytes] = set()
         self.num_completions = 0
         self.queries_tokens = 0
         self.hits_tokens = 0
         self.completed: list[str] = []  # X-Request-Id of every fully answered request
+        self.faulted: list[str] = []  # X-Request-Id of every request answered with the fault
 
     def lookup_and_insert(self, prompt: list[int]) -> int:
         """Cached tokens of PROMPT (full chained blocks, never the last token); caches its full blocks."""
@@ -73,6 +95,54 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _raw(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _stream_start(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+        def _fault(self, fault: str) -> None:
+            """Answer the current completion request with FAULT (see FAULTS)."""
+            if fault == "refuse":
+                self.close_connection = True
+                return
+            if fault == "500":
+                self._json(500, {"error": {"message": "stand-in [/x] boom: injected failure"}})
+                return
+            if fault == "hang":
+                state.stop.wait(120)
+                self.close_connection = True
+                return
+            self._stream_start()
+            token = b'data: {"choices": [{"index": 0, "text": ""}]}\n\n'
+            if fault == "garbage":
+                self._chunk(b"data: {not json \xff\xfe\n\n\x00\x01garbage\n")
+            elif fault == "non_object":
+                self._chunk(token + b"data: 5\n\ndata: [1,2]\n\n")
+            elif fault == "bad_usage":
+                self._chunk(token + b'data: {"choices": [], "usage": "lots"}\n\ndata: [DONE]\n\n')
+            elif fault == "truncated":
+                self._chunk(token)
+            elif fault == "close":
+                self._chunk(token)
+                self.wfile.write(b"ff\r\ndata: {\"cho")  # a chunk cut short, then the socket closes
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            elif fault == "trickle":
+                while not state.stop.wait(0.2):
+                    self._chunk(b":")
+            elif fault == "huge_line":
+                self._chunk(b"data: " + b"7" * (4 << 20))
+            self._chunk(b"")
+
         def _chunk(self, data: bytes) -> None:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
@@ -91,6 +161,8 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
                                                              "max_model_len": state.max_model_len}]})
+            elif self.path == "/metrics" and state.fault == "metrics":
+                self._raw(200, "text/plain", _NONSENSE_METRICS)
             elif self.path == "/metrics":
                 text = (f"vllm:prefix_cache_queries_total{{engine=\"0\"}} {float(state.queries_tokens)}\n"
                         f"vllm:prefix_cache_hits_total{{engine=\"0\"}} {float(state.hits_tokens)}\n"
@@ -114,6 +186,15 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.num_completions += 1
                 n = state.num_completions
+            request_id = self.headers.get("X-Request-Id", "")
+            if state.fault not in (None, "metrics") and n % state.fault_every == 0:
+                with state.lock:
+                    state.faulted.append(request_id)
+                try:
+                    self._fault(str(state.fault))
+                except OSError:
+                    self.close_connection = True  # the client gave up (its timeout): nothing more to send
+                return
             if state.fail_every and n % state.fail_every == 0:
                 self._json(500, {"error": {"message": f"stand-in failure of request #{n}"}})
                 return
@@ -137,7 +218,7 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             self._chunk(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
             self._chunk(b"")
             with state.lock:
-                state.completed.append(self.headers.get("X-Request-Id", ""))
+                state.completed.append(request_id)
 
     return Handler
 
@@ -165,8 +246,11 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=1 << 20)
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--token-delay-ms", type=float, default=0.0)
+    ap.add_argument("--fault", choices=FAULTS, default=None)
+    ap.add_argument("--fault-every", type=int, default=1)
     a = ap.parse_args()
-    httpd = serve(StandInState(a.block_size, a.max_model_len, a.fail_every, a.token_delay_ms / 1e3), a.port)
+    httpd = serve(StandInState(a.block_size, a.max_model_len, a.fail_every, a.token_delay_ms / 1e3,
+                               fault=a.fault, fault_every=a.fault_every), a.port)
     print(f"http://127.0.0.1:{httpd.server_address[1]}", flush=True)
     try:
         while True:

@@ -1,0 +1,60 @@
+"""The replay client against a misbehaving server (the stand-in's fault modes, NOT vLLM): whatever the
+server does, every request it answered is on disk as a record, and summary.json is strict JSON whose
+counts agree with the records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tongyi_trace.replay.records import read_records
+from tongyi_trace.replay.runner import ReplayOptions, run_replay
+from tongyi_trace.replay.schedule import ScheduleOptions
+from tongyi_trace.replay.standin import FAULTS, StandInState
+
+Standin = Callable[..., tuple[str, StandInState]]
+# the error each fault leaves in its record (the request's own error line, never a crash of the replay)
+EXPECTED_ERROR = {
+    "refuse": "ServerDisconnectedError", "500": "HTTP 500: stand-in [/x] boom", "garbage": "DecodeError",
+    "non_object": "stream chunk is not a JSON object", "bad_usage": "'usage' is not an object",
+    "truncated": "stream ended without a usage chunk", "close": "ClientPayloadError",
+    "hang": "TimeoutError", "trickle": "TimeoutError", "huge_line": "LineTooLong",
+}
+
+
+def _strict_json(path: Path) -> dict[str, Any]:
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"{path} holds a bare {name}")
+
+    doc: dict[str, Any] = json.loads(path.read_text(), parse_constant=no_constant)
+    return doc
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_answered_request_is_recorded_and_the_summary_agrees(fault: str, fresh_tiny_run: Path,
+                                                                  standin: Standin) -> None:
+    url, state = standin(block_size=32, fault=fault, fault_every=2)
+    opts = ReplayOptions(name=fault, max_in_flight=1, request_timeout_s=1.5,
+                         schedule=ScheduleOptions(speedup=1000.0))
+    res = run_replay(fresh_tiny_run, url, opts)
+    recs = read_records(res.out_dir / "records.jsonl")
+    s = _strict_json(res.out_dir / "summary.json")
+    assert s["status"] == "complete"
+    assert sorted(recs["req_idx"].to_list()) == list(range(6))  # nothing lost, nothing twice
+    ok = recs.filter(recs["status"] == "ok")
+    bad = recs.filter(recs["status"] == "error")
+    assert sorted(f"kvtrace-{i}" for i in ok["req_idx"].to_list()) == sorted(state.completed)
+    assert sorted(f"kvtrace-{i}" for i in bad["req_idx"].to_list()) == sorted(state.faulted)
+    assert s["counts"] == {"num_done": 6, "num_ok": ok.height, "num_error": bad.height, "num_not_finished": 0}
+    if fault == "metrics":
+        assert ok.height == 6 and s["metrics"]["hit_ratio"] is None
+        assert s["engine"]["block_size"] is None  # the nonsense block size is not believed
+        assert s["records_hit_ratio"] == pytest.approx(160 / 360)
+    else:
+        assert (ok.height, bad.height) == (3, 3)
+        assert all(EXPECTED_ERROR[fault] in e for e in bad["error"].to_list()), bad["error"].to_list()
+        assert sum(e["count"] for e in s["errors"]) == 3
