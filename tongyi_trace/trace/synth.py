@@ -41,19 +41,19 @@ TO_C = ChatParams(
     prompt_zipf=0.9, max_turns=250, max_context_tokens=131_072,
 )
 THINKING = ChatParams(
-    types={"thinking": ChatType(1.0, 0.45, (1500, 1.2), (300, 1.2), (1500, 0.8), 0.4, 6, (300, 0.5),
+    types={"thinking": ChatType(1.0, 0.2, (1700, 1.2), (300, 1.2), (1500, 0.8), 0.2, 6, (300, 0.5),
                                 kept_output_share=0.3)},
-    requests_per_user=8.0, user_activity_sigma=1.5, engagement=(1.5, 1.0), engagement_activity_corr=0.5,
+    requests_per_user=8.0, user_activity_sigma=1.5, engagement=(0.3, 1.4), engagement_activity_corr=0.5,
     pace_sigma=0.5, think_body_s=(60.0, 1.1), slow_return_prob=0.12, slow_return_s=(900.0, 0.8),
     decode_tokens_per_s=40.0, regenerate_prob=0.04, edit_prob=0.03, redo_think_s=(10.0, 0.8),
     prompt_zipf=1.1, max_turns=250, max_context_tokens=131_072,
 )
 CODER = ChatParams(
-    types={"coder": ChatType(1.0, 0.7, (1500, 1.0), (400, 1.3), (250, 0.9), 0.8, 200, (3000, 0.6))},
-    requests_per_user=40.0, user_activity_sigma=1.5, engagement=(6.0, 1.0), engagement_activity_corr=0.5,
+    types={"coder": ChatType(1.0, 0.6, (1500, 1.0), (600, 1.2), (300, 0.9), 0.5, 300, (1500, 0.6))},
+    requests_per_user=40.0, user_activity_sigma=1.5, engagement=(0.5, 1.2), engagement_activity_corr=0.5,
     pace_sigma=0.5, think_body_s=(3.0, 1.0), slow_return_prob=0.05, slow_return_s=(600.0, 0.8),
     decode_tokens_per_s=60.0, regenerate_prob=0.02, edit_prob=0.02, redo_think_s=(5.0, 0.8),
-    prompt_zipf=1.0, max_turns=250, max_context_tokens=131_072,
+    prompt_zipf=1.0, max_turns=250, max_context_tokens=32_768,
 )
 TO_B = ApiParams()
 

@@ -23,16 +23,16 @@ from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, F64, MAIN, REGENERA
 class ApiParams:
     """The to-B generative model; see docs/synth.md for each value's source."""
 
-    requests_per_program: float = 200.0  # programs = requests / this
-    program_activity_sigma: float = 2.5  # lognormal spread of program request rates (Fig 7-8)
-    system_prompt_tokens: Lognormal = (500, 0.6)  # per program (Fig 4: B ideal hit 54%)
-    input_to_prompt_ratio: Lognormal = (0.75, 0.3)  # per program: median new input / prompt
+    requests_per_program: float = 80.0  # programs = requests / this
+    program_activity_sigma: float = 3.3  # lognormal spread of program request rates (Fig 7-8)
+    system_prompt_tokens: Lognormal = (370, 0.6)  # per program (Fig 4: B ideal hit 54%)
+    input_to_prompt_ratio: Lognormal = (1.0, 0.3)  # per program: median new input / prompt
     input_tokens_sigma: float = 0.4  # spread of one program's new inputs
     output_tokens: Lognormal = (150, 0.8)
     always_on_share: float = 0.5  # programs active the whole trace; the others run one batch job
     batch_minutes: Lognormal = (10.0, 1.0)  # a batch job's length
-    repeat_prob: float = 0.1  # P(a request is sent again: n-sampling or a retry)
-    repeat_gap_s: Lognormal = (0.3, 1.5)  # time to the repeated send
+    repeat_prob: float = 0.19  # P(a request is sent again: n-sampling or a retry)
+    repeat_gap_s: Lognormal = (0.3, 3.0)  # time to the repeated send
     follow_up_prob: float = 0.0005  # Fig 5: <0.1% multi-turn in B
     follow_up_gap_mean_s: float = 5.0
 
