@@ -1,17 +1,15 @@
-"""Speed of `kvtrace synth` at the default size (issue 2: under 30 s for ~43,000 requests, ~6 M refs).
+"""`kvtrace synth`: speed of every profile at its default size, and the calibration band table.
 
-For each profile: the end-to-end CLI in a child process (wall time, peak RSS) and, in this process,
-the wall and CPU time of each phase (draw sessions + assemble block ids, write JSONL) and block refs/s
-(CPU times matter when the machine is shared: the load average is printed). No peer is named for this
-area; the floor printed beside the writer is json.dumps of the same records, already built as dicts,
-with the standard library: the cost of serializing alone.
+Speed (issue: to-C < 15 s, to-B < 20 s, coder < 30 s on 2 cores): the end-to-end CLI in a child
+process (wall time, peak RSS) and, in this process, draw + assemble vs writing the JSONL (CPU times
+matter when the machine is shared: the load average is printed).
+Bands (the slow check): `kvtrace synth --profile P --check` for to-C seeds 1-3 and to-B, thinking
+and coder seed 1, at full size, through the real ingest, analyses and LRU curve.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -19,50 +17,47 @@ from pathlib import Path
 
 from _common import KVTRACE, timed_child
 
-from tongyi_trace.trace.synth import generate
+from tongyi_trace.trace.synth import PROFILES, generate
+from tongyi_trace.trace.synth_check import check_profile
 from tongyi_trace.trace.synth_core import write_jsonl
 
 SEED = 1
+TARGET_S = {"to-c": 15, "to-b": 20, "thinking": 15, "coder": 30}
+BAND_RUNS = [("to-c", 1), ("to-c", 2), ("to-c", 3), ("to-b", 1), ("thinking", 1), ("coder", 1)]
 
 
-def _json_dumps_floor(trace_path: Path) -> float:
-    """CPU seconds to re-serialize the same records with json.dumps (parsing time excluded)."""
-    recs = [json.loads(line) for line in trace_path.read_text().splitlines()]
-    t0 = time.process_time()
-    with open(trace_path.with_suffix(".floor"), "w") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
-    return time.process_time() - t0
+def speed(tmp: Path) -> None:
+    for profile in PROFILES:
+        out = tmp / f"{profile}.jsonl"
+        wall, rss_mib = timed_child([*KVTRACE, "synth", "--profile", profile, "--seed", str(SEED),
+                                     "-o", str(out), "--quiet"])
+        c0 = time.process_time()
+        trace = generate(profile, SEED)
+        c1 = time.process_time()
+        write_jsonl(trace, out)
+        c2 = time.process_time()
+        print(f"{profile}: {trace.num_requests:,} requests, {trace.num_block_refs:,} block refs; cli "
+              f"{wall:.2f} s wall (target < {TARGET_S[profile]} s), peak RSS {rss_mib:,.0f} MiB; draw+assemble "
+              f"{c1 - c0:.2f} s CPU, write {c2 - c1:.2f} s CPU (load average {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores)", flush=True)
+        out.unlink()
 
 
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def bands(tmp: Path) -> None:
+    for profile, seed in BAND_RUNS:
+        rows = check_profile(profile, seed, work_dir=tmp)
+        print(f"\n{profile} seed {seed}: {sum(r.ok is True for r in rows)} of "
+              f"{sum(r.ok is not None for r in rows)} bands hold")
+        for r in rows:
+            mark = "-" if r.ok is None else "pass" if r.ok else "FAIL"
+            value = "-" if r.value is None else f"{r.value:,.3f}"
+            print(f"  {r.label:45s} {value:>14} {r.lo:>10,.3g} - {r.hi:<10,.3g} {mark}", flush=True)
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for profile in ("to-c", "to-b"):
-            out = Path(tmp) / f"{profile}.jsonl"
-            cpu0 = _children_cpu_s()
-            wall, rss_mib = timed_child([*KVTRACE, "synth", "--profile", profile, "--seed", str(SEED),
-                                         "-o", str(out), "--quiet"])
-            cpu = _children_cpu_s() - cpu0
-            t0, c0 = time.perf_counter(), time.process_time()
-            trace = generate(profile, SEED)
-            t1, c1 = time.perf_counter(), time.process_time()
-            write_jsonl(trace, out)
-            t2, c2 = time.perf_counter(), time.process_time()
-            floor = _json_dumps_floor(out)
-            print(f"{profile}: {trace.num_requests:,} requests, {trace.num_block_refs:,} block refs, "
-                  f"{out.stat().st_size / 2**20:,.0f} MiB")
-            print(f"  cli end-to-end  {wall:6.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss_mib:,.0f} MiB "
-                  f"(target < 30 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-            print(f"  draw+assemble   {t1 - t0:6.2f} s wall, {c1 - c0:.2f} s CPU")
-            print(f"  write jsonl     {t2 - t1:6.2f} s wall, {c2 - c1:.2f} s CPU "
-                  f"({trace.num_block_refs / (c2 - c0) / 1e6:.2f} M refs per CPU second overall)")
-            print(f"  json.dumps floor {floor:5.2f} s CPU for the same lines (write / floor = "
-                  f"{(c2 - c1) / floor:.2f})")
+        speed(Path(tmp))
+        bands(Path(tmp))
     sys.stdout.flush()
 
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from tongyi_trace.cli import app
 from tongyi_trace.errors import UsageError
 from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth import generate, synth_to_file
-from tongyi_trace.trace.synth_core import SessionRequests, SynthTrace, assemble, iter_lines
+from tongyi_trace.trace.synth import PROFILES, generate, synth_to_file
+from tongyi_trace.trace.synth_core import EDIT, MAIN, REGENERATE, SessionRequests, SynthTrace, assemble, iter_lines
 
 runner = CliRunner()
 KEYS = ["chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
@@ -53,6 +53,56 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
         a.read_bytes()
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_is_deterministic_per_seed(profile: str) -> None:
+    a, b, c = (generate(profile, seed, num_requests=600) for seed in (3, 3, 4))
+    assert a.num_requests == 600
+    assert np.array_equal(a.hash_ids, b.hash_ids) and np.array_equal(a.arrival_ms, b.arrival_ms)
+    assert not np.array_equal(a.arrival_ms, c.arrival_ms)
+
+
+def test_assemble_redos_golden() -> None:
+    """One session, 16-token blocks, no prompt: turn 1 (new 20, out 12) is sent, discarded and
+    regenerated; turn 2 (new 8) is sent as an edit first, then with another new input (new 40).
+
+    Stream: turn 1 input 20 = A0 + partial; kept answer 12 -> turn 2 input = 20 + 12 + 40 = 72 =
+    A0 A1 (tokens 16-31) + new blocks + partial. The edit has input 32 + 8 = 40: A0 A1 + its own partial."""
+    sr = SessionRequests(
+        session=np.zeros(4, dtype=np.int64), turn=np.array([1, 1, 2, 2]),
+        arrival_ms=np.array([0, 9000, 30000, 41000]), type_code=np.zeros(4, dtype=np.int64),
+        user=np.zeros(4, dtype=np.int64), sys_id=np.full(4, -1), new_tokens=np.array([20, 20, 8, 40]),
+        output_tokens=np.array([5, 12, 7, 3]), type_names=("text",), sys_tokens_by_id=np.zeros(0, dtype=np.int64),
+        redo_kind=np.array([REGENERATE, MAIN, EDIT, MAIN]))
+    tr = assemble(sr)
+    assert tr.input_tokens.tolist() == [20, 20, 40, 72]
+    blocks = [tr.hash_ids[tr.offsets[i]:tr.offsets[i + 1]].tolist() for i in range(4)]
+    assert blocks[0] == blocks[1] == [0, 1]  # a regenerate sends the same blocks
+    assert blocks[2] == [0, 2, 3] and blocks[3][:2] == [0, 2] and blocks[3][2] != 3
+    # both tries of a turn have the same parent: the kept request of the turn before
+    assert tr.parent_chat_id.tolist() == [-1, -1, 1, 1]
+
+
+def test_redos_and_repeats_are_siblings_with_the_same_blocks() -> None:
+    tr = generate("to-c", 6, num_requests=4000)
+    parent = tr.parent_chat_id
+    kids = np.bincount(parent[parent >= 0], minlength=tr.num_requests)
+    assert 0.02 < np.mean(kids >= 2) < 0.15  # some turns were sent twice (regenerate, edit)
+    api = generate("to-b", 6, num_requests=4000)
+    first = [tuple(api.hash_ids[api.offsets[i]:api.offsets[i + 1]].tolist()) for i in range(api.num_requests)]
+    assert 0.1 < 1 - len(set(first)) / len(first) < 0.3  # repeated sends of the same request
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--duration", "inf"], "--duration"), (["--duration", "-5"], "--duration"),
+    (["--scale", "nan"], "--scale"), (["--scale", "0"], "--scale"), (["--seed", "-1"], "--seed"),
+    (["--requests", "0"], "requests"), (["--requests", "900000000"], "limit")])
+def test_cli_rejects_absurd_values_in_one_line(tmp_path: Path, args: list[str], field: str) -> None:
+    res = runner.invoke(app, ["synth", "--profile", "to-c", "-o", str(tmp_path / "x.jsonl"), *args])
+    assert res.exit_code == 2 and field in res.output, res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists()
+
+
 def test_lines_follow_the_bailian_schema(toc_small: Path) -> None:
     lines = toc_small.read_text().splitlines()
     recs = [json.loads(line) for line in lines]
@@ -78,7 +128,7 @@ def test_lines_follow_the_bailian_schema(toc_small: Path) -> None:
         p = by_id[r["parent_chat_id"]]
         assert p["timestamp"] < r["timestamp"]
         assert (r["turn"], r["type"], r["user_id"]) == (p["turn"] + 1, p["type"], p["user_id"])
-        # a child sends the parent's input, the parent's output and a new input
+        # a child (also a discarded try of a turn) sends the parent's input, its output and a new input
         assert r["input_length"] > p["input_length"] + p["output_length"]
         full = p["input_length"] // 16  # every parent block but the last partial one
         assert ids[:full] == p["hash_ids"][:full]
@@ -138,6 +188,8 @@ def test_cli_json_summary_and_errors(tmp_path: Path) -> None:
     assert doc["type_share"] == {"api": 1.0}
     res = runner.invoke(app, ["synth", "-o", str(tmp_path / "x.jsonl")])
     assert res.exit_code == 2 and "exactly one of --profile" in res.output
+    res = runner.invoke(app, ["synth", "--profile", "to-c"])
+    assert res.exit_code == 2 and "-o/--out" in res.output
     assert "Traceback" not in res.output
 
 

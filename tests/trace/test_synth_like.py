@@ -1,13 +1,14 @@
-"""`kvtrace synth --like policy.json` and `workload_summary` (issue 4).
+"""`kvtrace synth --like X` and `workload_summary`.
 
-Golden workload on the tiny fixture; the generator's structure (every block of a request is carried
-by its next turn, whole blocks only, no cross-session sharing); bad policy files; and the round trip
-fit(synth --like fit(T)) ~ fit(T): lambda within 10% and p within 0.05 for well-sampled categories."""
+Golden workload on the tiny fixture; X as a workload.json, a run folder (with and without
+fit/workload.json) and an older policy file embedding "workload"; one-line errors for bad workload
+files; and the round trip: the workload of `synth --like` follows the workload it was given."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,12 +16,17 @@ from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
 from tongyi_trace.errors import InputError
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, load_policy, save_policy
-from tongyi_trace.fit.policy_fit import fit_policy
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import synth_to_file
-from tongyi_trace.trace.synth_like import QUANTILE_LEVELS, WORKLOAD_SCHEMA, synth_like, workload_summary
+from tongyi_trace.trace.synth_like import (
+    QUANTILE_LEVELS,
+    WORKLOAD_SCHEMA,
+    load_workload,
+    synth_like,
+    synth_like_to_file,
+    workload_summary,
+)
 
 runner = CliRunner()
 
@@ -46,53 +52,46 @@ def test_workload_summary_golden_on_tiny_fixture(tiny_bailian_path: Path, tmp_pa
     assert wl["first_turn_prefix_hit_share"] == pytest.approx(1 / 3)
 
 
-def _policy(tmp_path: Path, cats: dict[str, tuple[float, float]], num_requests: int = 4000) -> Path:
+def _workload(num_requests: int = 3000) -> dict[str, Any]:
     levels = list(QUANTILE_LEVELS)
-    lengths = {"text": {"first_input_tokens": list(np.linspace(20, 400, len(levels))),
-                        "next_input_tokens": list(np.linspace(5, 100, len(levels))),
-                        "output_tokens": list(np.linspace(1, 300, len(levels)))}}
-    workload = {"schema": WORKLOAD_SCHEMA, "block_size": 16, "num_requests": num_requests,
-                "num_users": 50, "duration_s": 3600.0, "session_rate_shape": [1, 1],
-                "first_turn_type_share": {"text": 1.0}, "quantile_levels": levels, "lengths": lengths}
-
-    def cp(p: float, lam: float) -> CategoryParams:
-        return CategoryParams(reuse_prob=p, rate_per_s=lam, mean_reuse_s=1 / lam, life_s=600.0)
-
-    policy = PolicyParams(categories={k: cp(*v) for k, v in cats.items()}, default=cp(0.5, 0.01),
-                          extra={"workload": workload})
-    path = tmp_path / "policy.json"
-    save_policy(policy, path)
-    return path
+    lengths = {"text": {"first_input_tokens": list(np.geomspace(20, 4000, len(levels))),
+                        "next_input_tokens": list(np.geomspace(5, 500, len(levels))),
+                        "output_tokens": list(np.geomspace(10, 2000, len(levels)))}}
+    return {"schema": WORKLOAD_SCHEMA, "block_size": 16, "num_requests": num_requests, "num_users": 200,
+            "duration_s": 3600.0, "session_rate_shape": [1, 3], "first_turn_type_share": {"text": 1.0},
+            "turn_share": {"1": 0.6, "2": 0.25, "3": 0.15}, "quantile_levels": levels, "lengths": lengths,
+            "first_turn_prefix_hit_share": 0.2}
 
 
-def test_like_trace_structure(tmp_path: Path) -> None:
-    path = _policy(tmp_path, {"text-1": (0.6, 1 / 30), "text-2": (0.5, 1 / 60), "text-3+": (0.3, 1 / 90)})
-    _, tr = synth_like(path, 3)
-    assert tr.num_requests == 4000
-    assert np.all(tr.input_tokens % 16 == 0)  # whole blocks: a child carries every block of its parent
-    assert tr.arrival_ms.max() < 3_600_000
-    assert set(np.unique(tr.user)) <= set(range(50))
-    blocks = [tr.hash_ids[tr.offsets[i]:tr.offsets[i + 1]] for i in range(tr.num_requests)]
-    owner: dict[int, int] = {}
-    for i in range(tr.num_requests):
-        p = int(tr.parent_chat_id[i])
-        if p >= 0:
-            assert np.array_equal(blocks[i][:blocks[p].size], blocks[p])
-            assert tr.input_tokens[i] >= tr.input_tokens[p] + tr.output_tokens[p] + 1
-        root = i if p < 0 else owner[p]
-        owner[i] = root
-    # no block is shared between two sessions
-    first_owner: dict[int, int] = {}
-    for i, b in enumerate(blocks):
-        for x in b.tolist():
-            assert first_owner.setdefault(x, owner[i]) == owner[i]
-    # turn continuation follows p: P(turn 2 | turn 1) ~ 0.6 (minus sessions cut by the trace end)
-    n1, n2 = np.sum(tr.turn == 1), np.sum(tr.turn == 2)
-    assert 0.5 < n2 / n1 < 0.62
+def test_like_accepts_workload_run_folder_and_old_policy(tmp_path: Path) -> None:
+    wl = _workload()
+    (tmp_path / "workload.json").write_text(json.dumps(wl))
+    (tmp_path / "policy.json").write_text(json.dumps({"schema": "kvtrace.policy/1", "workload": wl}))
+    run = tmp_path / "run"
+    (run / "fit").mkdir(parents=True)
+    (run / "fit" / "workload.json").write_text(json.dumps(wl))
+    traces = [synth_like(src, 3)[1] for src in (tmp_path / "workload.json", tmp_path / "policy.json", run)]
+    for tr in traces:
+        assert np.array_equal(tr.hash_ids, traces[0].hash_ids)
+    tr = traces[0]
+    assert tr.num_requests == 3000 and tr.arrival_ms.max() < 3_600_000
+    assert set(np.unique(tr.user)) <= set(range(200))
+    # the session rate shape: three times as many conversations open in the second half
+    roots = tr.arrival_ms[tr.parent_chat_id < 0]
+    assert 2.3 < np.sum(roots >= 1_800_000) / np.sum(roots < 1_800_000) < 3.7
+
+
+def test_like_on_a_run_without_fit_computes_the_workload(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    ingest_trace(tiny_bailian_path, tmp_path / "run")
+    wl = load_workload(tmp_path / "run")
+    assert (wl.num_requests, wl.duration_s, wl.num_users) == (6, 30.0, 3)
+    _, tr = synth_like(tmp_path / "run", 1, num_requests=50)
+    assert tr.num_requests == 50 and set(tr.type_names) == {"search", "text"}
 
 
 def test_like_is_deterministic_and_cli_runs(tmp_path: Path) -> None:
-    path = _policy(tmp_path, {"text-1": (0.5, 1 / 20)}, num_requests=600)
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps(_workload(600)))
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for out in (a, b):
         res = runner.invoke(app, ["synth", "--like", str(path), "--seed", "9", "-o", str(out), "--json"])
@@ -103,38 +102,48 @@ def test_like_is_deterministic_and_cli_runs(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "exactly one of" in res.output
 
 
-def test_like_needs_a_workload(tmp_path: Path) -> None:
-    path = _policy(tmp_path, {"text-1": (0.5, 0.1)})
-    doc = json.loads(path.read_text())
-    del doc["workload"]
-    path.write_text(json.dumps(doc))
-    with pytest.raises(InputError, match="workload"):
+@pytest.mark.parametrize("edit, field", [
+    ({"num_requests": "5"}, "'num_requests' must be a number"),
+    ({"duration_s": float("inf")}, "'duration_s' must be a finite number"),
+    ({"num_requests": 5e20}, "'num_requests' must be an integer in [1, 2e+07]"),
+    ({"num_users": -3}, "'num_users'"),
+    ({"turn_buckets": [3, 1, 2]}, "'turn_buckets' must be strictly ascending"),
+    ({"turn_buckets": [-1, 2]}, "'turn_buckets[0]'"),
+    ({"quantile_levels": [0.5, 0.1]}, "'quantile_levels'"),
+    ({"first_turn_type_share": {}}, "'first_turn_type_share'"),
+    ({"lengths": {"text": {"output_tokens": [1.0] * 10 + [1.2e17]}}}, "'lengths.text.output_tokens[10]'"),
+    ({"turn_share": {"x": 0.5}}, "'turn_share.x'"),
+    ({"schema": "kvtrace.other/1"}, "'schema'"),
+])
+def test_bad_workload_files_are_one_line_errors(tmp_path: Path, edit: dict[str, Any], field: str) -> None:
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps({**_workload(), **edit}))  # json.dumps writes inf as Infinity
+    with pytest.raises(InputError, match="workload.json: field") as e:
         synth_like(path, 1)
+    assert field in str(e.value) and "\n" not in str(e.value)
     res = runner.invoke(app, ["synth", "--like", str(path), "-o", str(tmp_path / "x.jsonl")])
-    assert res.exit_code == 2 and "workload" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_policy_without_workload_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"schema": "kvtrace.policy/1", "categories": {}}))
+    with pytest.raises(InputError, match="field 'workload' is missing"):
+        synth_like(path, 1)
 
 
 @pytest.mark.slow
-def test_round_trip_fit_synth_like_fit(tmp_path: Path) -> None:
-    """fit(synth --like fit(T)) ~ fit(T) for T = the to-C profile (a third of the default size); the
-    --like trace has 3x T's requests so that each category's estimate rests on enough conversations."""
-    trace = tmp_path / "t.jsonl"
-    synth_to_file("to-c", 21, trace, scale=1 / 3)
-    ingest_trace(trace, tmp_path / "run_t")
-    fit_policy(tmp_path / "run_t", tmp_path / "p1.json")
-    like = tmp_path / "like.jsonl"
-    from tongyi_trace.trace.synth_like import synth_like_to_file
-
-    synth_like_to_file(tmp_path / "p1.json", 22, like, scale=3.0)
-    ingest_trace(like, tmp_path / "run_like")
-    fit_policy(tmp_path / "run_like", tmp_path / "p2.json")
-    p1, p2 = load_policy(tmp_path / "p1.json"), load_policy(tmp_path / "p2.json")
-    checked = []
-    for name, c1 in p1.categories.items():
-        if c1.fallback or c1.num_samples < 2000:
-            continue
-        c2 = p2.categories[name]
-        assert abs(c2.rate_per_s / c1.rate_per_s - 1) <= 0.10, (name, c1, c2)
-        assert abs(c2.reuse_prob - c1.reuse_prob) <= 0.05, (name, c1, c2)
-        checked.append(name)
-    assert len(checked) >= 9, checked
+def test_round_trip_workload_of_like_follows_the_workload(tmp_path: Path) -> None:
+    """workload(synth --like workload(T)) ~ workload(T) for T = the to-C profile (a quarter size)."""
+    synth_to_file("to-c", 21, tmp_path / "t.jsonl", scale=0.25)
+    ingest_trace(tmp_path / "t.jsonl", tmp_path / "run_t")
+    synth_like_to_file(tmp_path / "run_t", 22, tmp_path / "like.jsonl")
+    ingest_trace(tmp_path / "like.jsonl", tmp_path / "run_like")
+    w1, w2 = workload_summary(RunDir(tmp_path / "run_t")), workload_summary(RunDir(tmp_path / "run_like"))
+    assert w2["num_requests"] == w1["num_requests"]
+    for ty, share in w1["first_turn_type_share"].items():
+        assert w2["first_turn_type_share"][ty] == pytest.approx(share, abs=0.02)
+        for key in ("first_input_tokens", "output_tokens"):
+            assert w2["lengths"][ty][key][5] == pytest.approx(w1["lengths"][ty][key][5], rel=0.2), (ty, key)
+    assert w2["multi_turn_share"] == pytest.approx(w1["multi_turn_share"], abs=0.08)
+    assert w2["turn_share"]["2"] == pytest.approx(w1["turn_share"]["2"], abs=0.05)

@@ -250,12 +250,14 @@ def like_params(wl: Workload) -> Any:
     for ty, share in sorted(wl.first_turn_type_share.items()):
         lens = wl.lengths.get(ty, {})
         first = _lognormal_of(lens.get("first_input_tokens", []), wl.quantile_levels, base.first_input)
+        prompt_prob = wl.prefix_share if wl.prefix_share is not None else base.prompt_prob
+        # the recorded first input includes the shared prompt: draw the rest of it
+        first_own = (max(first[0] - prompt_prob * base.prompt_tokens[0], 1.0), first[1])
         types[ty] = ChatType(
-            share, second, first,
+            share, second, first_own,
             _lognormal_of(lens.get("next_input_tokens", []), wl.quantile_levels, first),
             _lognormal_of(lens.get("output_tokens", []), wl.quantile_levels, base.output),
-            wl.prefix_share if wl.prefix_share is not None else base.prompt_prob,
-            base.num_prompts, base.prompt_tokens)
+            prompt_prob, base.num_prompts, base.prompt_tokens)
     return replace(TO_C, types=types, engagement=(median_more, TO_C.engagement[1]))
 
 
