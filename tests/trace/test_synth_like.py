@@ -118,7 +118,7 @@ def test_like_is_deterministic_and_cli_runs(tmp_path: Path) -> None:
 def test_bad_workload_files_are_one_line_errors(tmp_path: Path, edit: dict[str, Any], field: str) -> None:
     path = tmp_path / "workload.json"
     path.write_text(json.dumps({**_workload(), **edit}))  # json.dumps writes inf as Infinity
-    with pytest.raises(InputError, match="workload.json: field") as e:
+    with pytest.raises(InputError, match=r"workload\.json: field") as e:
         synth_like(path, 1)
     assert field in str(e.value) and "\n" not in str(e.value)
     res = runner.invoke(app, ["synth", "--like", str(path), "-o", str(tmp_path / "x.jsonl")])
