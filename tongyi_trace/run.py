@@ -162,7 +162,7 @@ def read_artifact(path: Path, schema: str | None = None, required: bool = True) 
     return doc
 
 
-def _temp_name(path: Path) -> Path:
+def temp_path(path: Path) -> Path:
     """A temporary name beside PATH, unique across processes and threads."""
     return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
 
@@ -170,7 +170,7 @@ def _temp_name(path: Path) -> Path:
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a unique temporary path beside PATH; on success it replaces PATH atomically, else it is removed."""
-    tmp = _temp_name(path)
+    tmp = temp_path(path)
     try:
         yield tmp
         os.replace(tmp, path)

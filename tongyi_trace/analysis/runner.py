@@ -34,8 +34,8 @@ from tongyi_trace.analysis.skew import skew
 from tongyi_trace.analysis.spatial import spatial
 from tongyi_trace.analysis.turn_hits import turn_hits
 from tongyi_trace.analysis.user_heatmap import user_heatmap
-from tongyi_trace.errors import UsageError
-from tongyi_trace.run import RunDir, load_provenance, write_json
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.run import RunDir, check_identity, load_provenance, write_json, write_parquet_atomic
 
 AnalysisFn = Callable[[AnalysisContext], AnalysisResult]
 
@@ -87,7 +87,16 @@ def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: 
                  write: bool = True) -> AnalysisReport:
     """Run the analyses ONLY (default all) over RUN; write artifacts into RUN/analysis/ unless WRITE is False.
 
-    ON_DONE is called after each analysis (progress). Returns the results in report order."""
+    ON_DONE is called after each analysis (progress). Returns the results in report order. A writing run
+    holds the run folder exclusively (run_lock)."""
+    if write:
+        with run.lock():
+            return _run_analyses(run, only, options, on_done, write)
+    return _run_analyses(run, only, options, on_done, write)
+
+
+def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
+                  on_done: Callable[[AnalysisResult], None] | None, write: bool) -> AnalysisReport:
     opts = options or AnalysisOptions()
     names = parse_only(only)
     prov = load_provenance(run)
@@ -116,9 +125,7 @@ def write_result(out_dir: Path, res: AnalysisResult) -> None:
         if old.name not in {res.table_file(k) for k in res.tables}:
             old.unlink()
     for key, df in res.tables.items():
-        tmp = out_dir / (res.table_file(key) + ".tmp")
-        df.write_parquet(tmp)
-        tmp.replace(out_dir / res.table_file(key))
+        write_parquet_atomic(df, out_dir / res.table_file(key))
     write_json(out_dir / f"{res.name}.json", res.to_json())
 
 
@@ -152,6 +159,10 @@ def _previous_summary(out_dir: Path) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(p.read_text())
     except (OSError, ValueError):
         return {}
+    try:
+        check_identity(p, doc)
+    except InputError:
+        return {}  # made from another ingest: nothing of it is kept
     return doc if doc.get("schema") == ANALYSIS_SCHEMA else {}
 
 

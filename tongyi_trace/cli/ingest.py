@@ -23,6 +23,8 @@ def ingest(
     block_size: int = typer.Option(None, "--block-size", help="Tokens per hash id (default 16 Bailian, 512 Mooncake)."),
     turn_buckets: str = typer.Option("1,2,3", "--turn-buckets", help="Turn bucket lower bounds for categories."),
     on_error: str = typer.Option("fail", "--on-error", help="'fail' on a bad line, or 'skip' it and count it."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run folder that holds another trace "
+                                   "(deletes its analysis/, fit/, sim/, replay/ results and report)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -35,6 +37,7 @@ def ingest(
             task = bar.add_task("reading requests", total=None)
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
                                 turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
+                                overwrite=overwrite,
                                 progress=lambda n: bar.update(task, completed=n))
         return summarize(prov)
 
@@ -42,7 +45,7 @@ def ingest(
     if json_out:
         print_json(summary)
         return
-    t = Table(title=f"ingested {trace.name} -> {out}", show_header=False)
+    t = Table(title=f"ingested {trace.name} -> {out}", show_header=False)  # plain text: console markup is off
     for k, v in summary.items():
         if k != "findings":
             t.add_row(k, f"{v:,.1f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))

@@ -27,7 +27,7 @@ import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
-from tongyi_trace.run import RunDir, open_run, write_json
+from tongyi_trace.run import RunDir, check_identity, open_run, write_json
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 COMPARE_SCHEMA = "kvtrace.compare/1"
@@ -98,6 +98,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a JSON object")
+    check_identity(path, doc)
     return doc
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import polars as pl
 
 from tongyi_trace.errors import InputError
+from tongyi_trace.run import check_identity
 
 
 def read_json(path: Path, remedy: str) -> dict[str, Any] | None:
@@ -21,6 +22,7 @@ def read_json(path: Path, remedy: str) -> dict[str, Any] | None:
         raise InputError(f"{path}: unreadable artifact ({e}); {remedy}") from e
     if not isinstance(obj, dict):
         raise InputError(f"{path}: expected a JSON object, found {type(obj).__name__}; {remedy}")
+    check_identity(path, obj)  # an artifact of another ingest of this folder is refused, never mixed in
     return obj
 
 

@@ -18,11 +18,12 @@ import plotly.offline
 from markupsafe import Markup
 
 from tongyi_trace import __version__
+from tongyi_trace.errors import UsageError
 from tongyi_trace.report.figures import figure_json, template_json
 from tongyi_trace.report.model import Headline, Section
 from tongyi_trace.report.sections import BUILDERS
 from tongyi_trace.resources import reports_dir
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunDir, atomic_write_text
 
 REPORT_NAME = "report.html"
 
@@ -44,13 +45,19 @@ class MissingStep:
 
 
 def render_report(run: RunDir, out: Path | None = None) -> Path:
-    """Write the HTML report of RUN (to OUT, default RUN_DIR/report.html) and return its path."""
+    """Write the HTML report of RUN (to OUT, default RUN_DIR/report.html) and return its path; the run
+    folder is held meanwhile, so no writer changes the artifacts under it."""
+    with run.lock():
+        return _render_report(run, out)
+
+
+def _render_report(run: RunDir, out: Path | None) -> Path:
     sections = build_sections(run)
     html = render_html(run, sections)
     path = out if out is not None else run.path / REPORT_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; give -o the path of the .html file to write")
+    atomic_write_text(path, html)
     return path
 
 

@@ -9,6 +9,9 @@ spills to disk, so traces larger than memory can be ingested.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +27,30 @@ import pyarrow.parquet as pq
 from tongyi_trace import __version__
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.resources import read_query
-from tongyi_trace.run import RUN_SCHEMA, RunDir, is_run_dir, open_run, write_json
+from tongyi_trace.run import (
+    DOWNSTREAM,
+    RUN_SCHEMA,
+    RunDir,
+    clear_downstream,
+    is_run_dir,
+    open_run,
+    run_identity,
+    run_lock,
+    temp_path,
+    write_json,
+)
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
 from tongyi_trace.trace.dense import DenseIds
-from tongyi_trace.trace.reader import Chunk, ReadStats, default_block_size, detect_format, read_chunks
+from tongyi_trace.trace.reader import (
+    Chunk,
+    ReadStats,
+    check_options,
+    check_trace_path,
+    default_block_size,
+    detect_format,
+    read_chunks,
+)
 
 BLOCKS_SCHEMA = pa.schema([("req_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
                            ("chain_id", pa.int64()), ("chain_idx", pa.int64()), ("num_tokens", pa.int64())])
@@ -89,25 +111,74 @@ def _sessions(path: Path, line_no: npt.NDArray[np.int64], chat_id: npt.NDArray[n
     return chat_id[up]
 
 
+KNOWN_RUN_FILES = ("provenance.json", "requests.parquet", "blocks.parquet", *DOWNSTREAM)
+
+
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
                  block_size: int | None = None, turn_buckets: list[int] | None = None,
-                 on_error: str = "fail", progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance."""
+                 on_error: str = "fail", progress: ProgressFn | None = None,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance.
+
+    OUT_DIR is held exclusively meanwhile. Re-ingesting other content (or other options) into a used run
+    folder is refused unless OVERWRITE, which then deletes every downstream artifact of the old run. The
+    tables are written under temporary names and renamed into place only once the whole trace is valid;
+    a failed ingest leaves the folder as it was (and removes it if it created it)."""
     path = Path(trace)
+    check_trace_path(path)
+    if fmt is not None:
+        check_options(fmt, on_error, block_size)
     fmt = fmt or detect_format(path)
+    check_options(fmt, on_error, block_size)
     if block_size is None:
         block_size = default_block_size(path, fmt)
-    if block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, got {block_size}")
-    buckets = turn_buckets or [1, 2, 3]
-    run = RunDir(Path(out_dir))
-    run.path.mkdir(parents=True, exist_ok=True)
+    buckets = list(turn_buckets or [1, 2, 3])
+    if buckets != sorted(set(buckets)) or buckets[0] < 1:
+        raise UsageError(f"turn buckets must be strictly ascending integers >= 1, got {buckets}")
+    sha256 = file_sha256(path)
+    run_id = run_identity(sha256, fmt, block_size, buckets, on_error)
+    out = Path(out_dir)
+    created = _prepare_out(out)
+    try:
+        with run_lock(out):
+            return _ingest_locked(path, RunDir(out), fmt, block_size, buckets, on_error, (sha256, run_id),
+                                  progress, overwrite)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _prepare_out(out: Path) -> bool:
+    """Create OUT if needed (True when created); one-line errors for a file or an unwritable place."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a folder; give -o a new or run folder path")
+    if out.is_dir():
+        if not os.access(out, os.W_OK):
+            raise InputError(f"{out}: not writable (permission denied); choose another -o")
+        return False
+    try:
+        out.mkdir(parents=True)
+    except OSError as e:
+        raise InputError(f"{out}: cannot create the run folder ({e.strerror}); choose another -o") from None
+    return True
+
+
+def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: list[int], on_error: str,
+                   identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool) -> dict[str, Any]:
+    run_id = identity[1]
+    old_id = _existing_run_id(run)
+    if old_id is not None and old_id != run_id and not overwrite:
+        raise InputError(f"{run.path}: already holds the run of another trace or other ingest options "
+                         f"(run_id {old_id or 'unknown'}); pass --overwrite to replace it and delete its "
+                         "analysis/fit/sim/replay results, or choose another folder")
     stats = ReadStats()
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
-
     dense = DenseIds()
-    file_order_path = run.path / ".blocks_file_order.parquet"
+    file_order_path = temp_path(run.path / "blocks_file_order.parquet")
+    blocks_tmp = temp_path(run.blocks_path)
+    requests_tmp = temp_path(run.requests_path)
     cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
                                                    "input_tokens", "output_tokens", "type", "turn",
                                                    "user_id", "num_blocks")}
@@ -129,31 +200,72 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
         requests = _normalize_requests(path, fmt, cols, buckets, findings, examples)
+        if int(requests["num_blocks"].sum()) == 0:
+            raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
+                             "block ids to analyze")
         if findings["timestamps_out_of_order"]:
-            _rekey_blocks(run, file_order_path, requests)
+            _rekey_blocks(run, file_order_path, blocks_tmp, requests)
         else:
-            file_order_path.replace(run.blocks_path)  # file order is arrival order
-        requests.drop("line_no", "raw_idx").write_parquet(run.requests_path)
+            file_order_path.replace(blocks_tmp)  # file order is arrival order
+        requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
+        prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
+                           dense.num_distinct)
+        # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
+        if old_id != run_id:
+            clear_downstream(run)
+        run.provenance_path.unlink(missing_ok=True)
+        os.replace(blocks_tmp, run.blocks_path)
+        os.replace(requests_tmp, run.requests_path)
+        write_json(run.provenance_path, prov)
+    except OSError as e:
+        raise InputError(f"{run.path}: cannot write the run folder ({e.strerror or e}); check free space "
+                         "and permissions") from None
     finally:
-        file_order_path.unlink(missing_ok=True)
+        for p in (file_order_path, blocks_tmp, requests_tmp):
+            p.unlink(missing_ok=True)
+    return prov
 
+
+def _existing_run_id(run: RunDir) -> str | None:
+    """The identity of the run already in the folder ('' for one of an older kvtrace), None when empty;
+    an InputError when the folder holds files kvtrace did not write."""
+    unknown = sorted(p.name for p in run.path.iterdir()
+                     if p.name not in KNOWN_RUN_FILES and not p.name.startswith("."))
+    if unknown:
+        raise InputError(f"{run.path}: holds files that are not a kvtrace run ({', '.join(unknown[:3])}); "
+                         "give -o a new or empty folder")
+    if not is_run_dir(run.path):
+        return "" if any(not p.name.startswith(".") for p in run.path.iterdir()) else None
+    try:
+        prov = json.loads(run.provenance_path.read_text())
+    except (OSError, ValueError):
+        return ""
+    rid = prov.get("run_id") if isinstance(prov, dict) else None
+    return rid if isinstance(rid, str) else ""
+
+
+def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], identity: tuple[str, str],
+                stats: ReadStats,
+                findings: Counter[str], examples: dict[str, list[str]], requests: pl.DataFrame,
+                num_distinct: int) -> dict[str, Any]:
     if stats.skipped:
         findings.update(stats.skipped)
         examples.update(stats.examples)
     if findings["hash_len_mismatch"]:
         examples.setdefault("hash_len_mismatch", [
             f"len(hash_ids) != ceil(input_length / {block_size}) for {findings['hash_len_mismatch']} requests"])
-    num_refs = int(requests["num_blocks"].sum())
     ts = requests["arrival_s"].to_numpy()
-    prov: dict[str, Any] = {
+    return {
         "schema": RUN_SCHEMA,
+        "run_id": identity[1],
         "source": str(path.resolve()),
-        "sha256": file_sha256(path),
+        "sha256": identity[0],
         "format": fmt,
         "block_size": block_size,
+        "id_domain": stats.id_domain,
         "num_requests": requests.height,
-        "num_block_refs": num_refs,
-        "num_distinct_blocks": dense.num_distinct,
+        "num_block_refs": int(requests["num_blocks"].sum()),
+        "num_distinct_blocks": num_distinct,
         "duration_s": float(ts.max() - ts.min()),
         "has_types": bool(requests["type"].is_not_null().any()),
         "has_turns": bool(requests["turn"].is_not_null().any()),
@@ -164,8 +276,6 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
         "finding_examples": {k: v for k, v in sorted(examples.items()) if findings.get(k)},
         "created_by": f"kvtrace {__version__}",
     }
-    write_json(run.provenance_path, prov)
-    return prov
 
 
 def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], buckets: list[int],
@@ -214,29 +324,47 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
                      "arrival_s", "input_tokens", "output_tokens", "type", "turn", "category", "num_blocks")
 
 
-def _rekey_blocks(run: RunDir, file_order_path: Path, requests: pl.DataFrame) -> None:
-    """Rewrite blocks in arrival order (DuckDB, spills to disk) when the file was not sorted by time."""
-    con = duckdb_connect(run.path)
+def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
+    """Write blocks to OUT in arrival order (DuckDB, spills to disk) when the file was not sorted by time."""
+    spill = temp_path(run.path / "duckdb")
+    con = duckdb_connect(spill)
     try:
         con.read_parquet(str(file_order_path)).create_view("file_blocks")
         con.register("req_order", requests.select("raw_idx", "req_idx").to_arrow())
-        con.sql(read_query("ingest_blocks")).write_parquet(str(run.blocks_path), compression="zstd")
+        con.sql(read_query("ingest_blocks")).write_parquet(str(out), compression="zstd")
     finally:
         con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def default_run_dir(trace: Path) -> Path:
+    """`<trace name>.kvtrace` in the current directory (the trace's folder may be read-only), the name
+    without its compression and trace suffixes only: conv.v2.jsonl.zst -> conv.v2.kvtrace."""
+    name = trace.name
+    for suffix in (".gz", ".zst", ".jsonl", ".json", ".parquet"):
+        name = name.removesuffix(suffix)
+    return Path((name or trace.name) + ".kvtrace")
 
 
 def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **ingest_options: Any) -> RunDir:
     """A run folder for TRACE_OR_RUN: opened as is when it is one, else the trace is ingested into OUT_DIR
-    (default: `<trace name>.kvtrace` in the current directory: the trace's folder may be read-only)."""
+    (default: default_run_dir); a folder holding another trace's run is refused, never mixed."""
     p = Path(trace_or_run)
     if p.is_dir():
         return open_run(p)  # a folder that is not a run raises the "not a run folder" error
-    target = Path(out_dir) if out_dir is not None else Path(p.name.split(".")[0] + ".kvtrace")
+    target = Path(out_dir) if out_dir is not None else default_run_dir(p)
+    check_trace_path(p)
     if is_run_dir(target):
         prov = open_run(target).provenance()
         if prov.get("sha256") == file_sha256(p):
             return RunDir(target)
-    ingest_trace(p, target, **ingest_options)
+    try:
+        ingest_trace(p, target, **ingest_options)
+    except InputError as e:
+        if "already holds the run of another trace" not in str(e):
+            raise
+        raise InputError(f"{target}: already holds the run of another trace; pass -o with another folder, or "
+                         f"replace it with 'kvtrace ingest {p} -o {target} --overwrite'") from None
     return RunDir(target)
 
 

@@ -11,7 +11,8 @@ Input may be .gz or .zst compressed. Records are parsed in fixed-size chunks, so
 from __future__ import annotations
 
 import gzip
-import io
+import os
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError, UsageError, located
@@ -29,26 +31,83 @@ FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 20_000
 PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
-_INT = (int,)
-_NUM = (int, float)
-# field -> (accepted Python types, required, description for messages)
-_BAILIAN: dict[str, tuple[tuple[type, ...], str]] = {
-    "chat_id": (_INT, "an integer"),
-    "parent_chat_id": (_INT, "an integer (-1 for a root)"),
-    "timestamp": (_NUM, "a number of seconds"),
-    "input_length": (_INT, "an integer token count"),
-    "output_length": (_INT, "an integer token count"),
-    "type": ((str,), "a string"),
-    "turn": (_INT, "an integer"),
-    "hash_ids": ((list,), "a list of integers"),
+# Ranges every later stage may rely on (validated here, once):
+MAX_TOKENS = (1 << 31) - 1          # input/output lengths: 0..MAX_TOKENS
+MAX_TURN = (1 << 31) - 1            # turn: 0..MAX_TURN
+MAX_BLOCK_SIZE = 1 << 20            # tokens per hash id: 1..MAX_BLOCK_SIZE
+MAX_ABS_TIME_S = 1e11               # |timestamp| in seconds (~3000 years)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+# Block ids are 64-bit: a trace's ids are all signed int64 (negative ids allowed) or all unsigned uint64
+# (ids >= 2^63 allowed); a trace with both is refused. block_id stores the 64-bit pattern as Int64, so
+# distinct ids of one trace stay distinct (an unsigned id >= 2^63 appears as a negative number).
+ID_DOMAINS = ("signed", "unsigned")
+
+
+class _Int:
+    """An integer field (booleans refused) within [lo, hi]."""
+
+    def __init__(self, desc: str, lo: int = INT64[0], hi: int = INT64[1]) -> None:
+        self.desc, self.lo, self.hi = desc, lo, hi
+
+    def check(self, v: Any) -> str | None:
+        if type(v) is not int:
+            return f"must be {self.desc}, got {_show(v)}"
+        if v < 0 <= self.lo:
+            return f"is negative ({v}), expected a count in [{self.lo}, {self.hi}]"
+        if not self.lo <= v <= self.hi:
+            return f"is {v}, out of range [{self.lo}, {self.hi}]"
+        return None
+
+
+class _Time:
+    """A finite number (booleans refused) of seconds (scale 1) or milliseconds (scale 1000)."""
+
+    def __init__(self, desc: str, scale: float) -> None:
+        self.desc, self.scale = desc, scale
+
+    def check(self, v: Any) -> str | None:
+        if type(v) not in (int, float):
+            return f"must be {self.desc}, got {_show(v)}"
+        if not (-MAX_ABS_TIME_S * self.scale <= v <= MAX_ABS_TIME_S * self.scale):  # also refuses NaN
+            return f"is {_show(v)}, out of range (|t| <= {MAX_ABS_TIME_S * self.scale:g})"
+        return None
+
+
+class _Str:
+    def check(self, v: Any) -> str | None:
+        return None if type(v) is str else f"must be a string, got {_show(v)}"
+
+
+class _List:
+    def check(self, v: Any) -> str | None:
+        return None if type(v) is list else f"must be a list of integers, got {_show(v)}"
+
+
+_ID = _Int("an integer")
+_TOKENS = _Int("an integer token count", 0, MAX_TOKENS)
+_BAILIAN: dict[str, Any] = {
+    "chat_id": _ID,
+    "parent_chat_id": _Int("an integer (-1 for a root)"),
+    "timestamp": _Time("a number of seconds", 1.0),
+    "input_length": _TOKENS,
+    "output_length": _TOKENS,
+    "type": _Str(),
+    "turn": _Int("an integer turn number", 0, MAX_TURN),
+    "hash_ids": _List(),
 }
-_MOONCAKE: dict[str, tuple[tuple[type, ...], str]] = {
-    "timestamp": (_NUM, "a number of milliseconds"),
-    "input_length": (_INT, "an integer token count"),
-    "output_length": (_INT, "an integer token count"),
-    "hash_ids": ((list,), "a list of integers"),
+_MOONCAKE: dict[str, Any] = {
+    "timestamp": _Time("a number of milliseconds", 1000.0),
+    "input_length": _TOKENS,
+    "output_length": _TOKENS,
+    "hash_ids": _List(),
 }
+_BAILIAN_ONLY = ("chat_id", "parent_chat_id", "type", "turn")
 _FIX = "fix the line or pass --on-error skip to skip such lines"
+
+
+def _show(v: Any) -> str:
+    """A short, one-line rendering of a JSON value for messages."""
+    return " ".join(repr(v).split())[:40]
 
 
 @dataclass
@@ -80,6 +139,26 @@ class ReadStats:
     skipped: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
+    first_negative_line: int | None = None
+    first_unsigned_line: int | None = None
+
+    @property
+    def id_domain(self) -> str:
+        """'unsigned' when some block id is >= 2^63, else 'signed' (see ID_DOMAINS)."""
+        return "unsigned" if self.first_unsigned_line is not None else "signed"
+
+    def note_ids(self, path: Path, line_no: int, ids: npt.NDArray[Any]) -> None:
+        """Track the id domain of the trace; a trace mixing negative ids and ids >= 2^63 is an error."""
+        if ids.dtype == np.uint64:
+            self.first_unsigned_line = self.first_unsigned_line or line_no
+        elif self.first_negative_line is None and ids.shape[0] and int(ids.min()) < 0:
+            self.first_negative_line = line_no
+        if self.first_negative_line is not None and self.first_unsigned_line is not None:
+            what = (f"has ids >= 2^63, but line {self.first_negative_line} has negative ids"
+                    if line_no == self.first_unsigned_line
+                    else f"has negative ids, but line {self.first_unsigned_line} has ids >= 2^63")
+            raise located(path, line_no, "hash_ids", what, "a trace's ids must be all signed or all unsigned 64-bit")
+
     def note(self, kind: str, example: str) -> None:
         """Count one finding of KIND, keeping the first few examples."""
         self.skipped[kind] += 1
@@ -88,63 +167,162 @@ class ReadStats:
             ex.append(example)
 
 
-def _open_binary(path: Path) -> IO[bytes]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if path.suffix == ".zst":
-        import zstandard
+def check_trace_path(path: Path) -> None:
+    """Raise InputError unless PATH is a readable file."""
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a trace file; give the trace file itself")
+    if not path.exists():
+        raise InputError(f"{path}: no such file; check the trace path")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{path}: not readable (permission denied); check the file's permissions")
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb")))
-    return path.open("rb")
+
+def _zstd_blocks(f: IO[bytes], path: Path) -> Iterator[bytes]:
+    """Decompressed bytes of every zstd frame in F; a frame cut short is an error, not the end."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj = dctx.decompressobj()
+    pending = False  # a frame has started and not ended
+    while True:
+        data = f.read(1 << 20)
+        if not data:
+            break
+        while data:
+            out = dobj.decompress(data)
+            pending = True
+            if out:
+                yield out
+            if not dobj.eof:
+                break
+            data, pending = dobj.unused_data, False
+            dobj = dctx.decompressobj()
+    if pending:
+        raise InputError(f"{path}: truncated .zst file (the last zstd frame is cut short); the file is damaged "
+                         "or still being written: get a complete copy")
+
+
+def _split_lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    rest = b""
+    for block in blocks:
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of PATH, decompressing .gz/.zst; a damaged or truncated compressed file is
+    an InputError naming the file, never a shorter trace."""
+    check_trace_path(path)
+    kind = path.suffix if path.suffix in (".gz", ".zst") else None
+    try:
+        with path.open("rb") as raw:
+            if kind == ".gz":
+                lines: Iterator[bytes] = iter(gzip.GzipFile(fileobj=raw, mode="rb"))
+            elif kind == ".zst":
+                lines = _split_lines(_zstd_blocks(raw, path))
+            else:
+                lines = iter(raw)
+            yield from enumerate(lines, start=1)
+    except InputError:
+        raise
+    except (EOFError, OSError, ValueError, zlib.error) as e:
+        if kind is None:
+            raise InputError(f"{path}: cannot read ({e}); check the file") from None
+        what = "truncated" if isinstance(e, EOFError) else "damaged or not really"
+        raise InputError(f"{path}: {what} {kind} file ({' '.join(str(e).split())[:120]}); get a complete "
+                         f"copy, or rename it if it is not {kind}-compressed") from None
+    except Exception as e:
+        if type(e).__name__ != "ZstdError":
+            raise
+        raise InputError(f"{path}: damaged or not really .zst file ({e}); get a complete copy, or rename "
+                         "it if it is not zstd-compressed") from None
+
+
+def _parquet_file(path: Path) -> pq.ParquetFile:
+    check_trace_path(path)
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())[:120]}); is it "
+                         "truncated, or another format? (pass --format bailian/mooncake for JSONL)") from None
 
 
 def detect_format(path: Path) -> str:
     """The trace format of PATH from its first record (bailian, mooncake or parquet)."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file; check the trace path")
+    check_trace_path(path)
     with path.open("rb") as f:
         if f.read(4) == b"PAR1":
             return "parquet"
-    with _open_binary(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise located(path, line_no, None, f"the first record is not valid JSON ({e})",
-                              "is this a JSONL trace? pass --format to force one") from None
-            if not isinstance(rec, dict):
-                raise located(path, line_no, None, "the first record is not a JSON object", "check the file")
-            if "chat_id" in rec:
-                return "bailian"
-            if "hash_ids" in rec and "timestamp" in rec:
-                return "mooncake"
-            raise located(path, line_no, None, f"unknown record with fields {sorted(rec)[:8]}",
-                          "expected Bailian (chat_id, hash_ids, ...) or Mooncake (timestamp, hash_ids, ...) JSONL")
+    for line_no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise located(path, line_no, None, f"the first record is not valid JSON ({e})",
+                          "is this a JSONL trace? pass --format to force one") from None
+        if not isinstance(rec, dict):
+            raise located(path, line_no, None, "the first record is not a JSON object", "check the file")
+        if "chat_id" in rec:
+            return "bailian"
+        if "hash_ids" in rec and "timestamp" in rec:
+            return "mooncake"
+        raise located(path, line_no, None, f"unknown record with fields {_show(sorted(rec)[:8])}",
+                      "expected Bailian (chat_id, hash_ids, ...) or Mooncake (timestamp, hash_ids, ...) JSONL")
     raise InputError(f"{path}: the file is empty (no records); give a trace with at least one request")
 
 
-def _check_record(path: Path, line_no: int, rec: Any, spec: dict[str, tuple[tuple[type, ...], str]]
-                  ) -> npt.NDArray[np.int64]:
-    """Validate one decoded record; return its hash ids as an int64 array."""
+def _hash_array(path: Path, line_no: int, hashes: list[Any]) -> npt.NDArray[np.int64] | npt.NDArray[np.uint64]:
+    """HASHES as int64 (every id fits) or uint64 (some id >= 2^63); anything else is an InputError."""
+    if not hashes:
+        return np.zeros(0, dtype=np.int64)
+    if set(map(type, hashes)) != {int}:
+        bad = next(h for h in hashes if type(h) is not int)
+        raise located(path, line_no, "hash_ids", f"must be a list of integers (flat), found {_show(bad)}", _FIX)
+    try:
+        return np.array(hashes, dtype=np.int64)
+    except OverflowError:
+        pass
+    try:
+        return np.array(hashes, dtype=np.uint64)
+    except OverflowError:
+        lo, hi = min(hashes), max(hashes)
+        what = (f"mixes a negative id ({lo}) with an id >= 2^63 ({hi})" if lo < 0 and hi >= 1 << 63
+                else f"has an id outside 64 bits ({lo if lo < INT64[0] else hi})")
+        raise located(path, line_no, "hash_ids", what, "ids are signed or unsigned 64-bit integers") from None
+
+
+def _check_record(path: Path, line_no: int, rec: Any, spec: dict[str, Any]
+                  ) -> npt.NDArray[np.int64] | npt.NDArray[np.uint64]:
+    """Validate one decoded record (types, ranges, the other format's fields); return its hash ids."""
     if not isinstance(rec, dict):
         raise located(path, line_no, None, "the line is not a JSON object", _FIX)
-    for name, (types, desc) in spec.items():
+    for name, check in spec.items():
         if name not in rec:
             raise located(path, line_no, name, "is missing", _FIX)
-        v = rec[name]
-        if isinstance(v, bool) or not isinstance(v, types):
-            raise located(path, line_no, name, f"must be {desc}, got {v!r:.40}", _FIX)
-    for name in ("input_length", "output_length"):
-        if rec[name] < 0:
-            raise located(path, line_no, name, f"is negative ({rec[name]})", "lengths are token counts >= 0")
-    hashes = rec["hash_ids"]
-    arr = np.array(hashes) if hashes else np.zeros(0, dtype=np.int64)
-    if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        bad = next((h for h in hashes if isinstance(h, bool) or not isinstance(h, int)), hashes)
-        raise located(path, line_no, "hash_ids", f"must be a list of integers, found {bad!r:.40}", _FIX)
-    return arr.astype(np.int64, copy=False)
+        what = check.check(rec[name])
+        if what is not None:
+            raise located(path, line_no, name, what, _FIX)
+    return _hash_array(path, line_no, rec["hash_ids"])
+
+
+def _mixed_format(path: Path, line_no: int, rec: Any, bailian: bool, fmt_line: int) -> InputError | None:
+    """The error for a record of the other format (mixed formats are never skipped: the file is wrong)."""
+    if not isinstance(rec, dict):
+        return None
+    if not bailian and any(k in rec for k in _BAILIAN_ONLY):
+        k = next(k for k in _BAILIAN_ONLY if k in rec)
+        return located(path, line_no, k, f"belongs to a Bailian record, but line {fmt_line} made this a "
+                       "Mooncake trace", "one file holds one format: split the file")
+    if bailian and "chat_id" not in rec and "timestamp" in rec and "hash_ids" in rec \
+            and not any(k in rec for k in _BAILIAN_ONLY):
+        return located(path, line_no, "chat_id", f"is missing: a Mooncake record, but line {fmt_line} made "
+                       "this a Bailian trace", "one file holds one format: split the file")
+    return None
 
 
 def _empty_chunk_lists() -> dict[str, list[Any]]:
@@ -172,48 +350,51 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
     spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
     bailian = fmt == "bailian"
     c = _empty_chunk_lists()
-    with _open_binary(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            stats.num_lines += 1
-            if not line.strip():
-                stats.num_blank += 1
-                continue
+    first_line = 0
+    for line_no, line in iter_lines(path):
+        stats.num_lines += 1
+        if not line.strip():
+            stats.num_blank += 1
+            continue
+        first_line = first_line or line_no
+        try:
             try:
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError as e:
-                    raise located(path, line_no, None, f"malformed JSON ({e})", _FIX) from None
-                hashes = _check_record(path, line_no, rec, spec)
-                if bailian and "user_id" in rec and rec["user_id"] is not None \
-                        and not isinstance(rec["user_id"], str | int):
-                    raise located(path, line_no, "user_id",
-                                  f"must be a string or integer, got {rec['user_id']!r:.40}", _FIX)
-            except InputError as e:
-                if on_error != "skip":
-                    raise
-                stats.note("skipped_lines", str(e))
-                continue
-            c["line_no"].append(line_no)
-            c["ts"].append(rec["timestamp"] if bailian else rec["timestamp"] / 1000.0)
-            c["inp"].append(rec["input_length"])
-            c["out"].append(rec["output_length"])
-            c["hashes"].append(hashes)
-            if bailian:
-                c["chat_id"].append(rec["chat_id"])
-                c["parent"].append(rec["parent_chat_id"])
-                c["type"].append(rec["type"])
-                c["turn"].append(rec["turn"])
-                uid = rec.get("user_id")
-                c["user"].append(None if uid is None else str(uid))
-            else:
-                c["chat_id"].append(-1)  # assigned from the arrival order later
-                c["parent"].append(-1)
-                c["type"].append(None)
-                c["turn"].append(None)
-                c["user"].append(None)
-            if len(c["line_no"]) >= CHUNK_LINES:
-                yield _to_chunk(c)
-                c = _empty_chunk_lists()
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise located(path, line_no, None, f"malformed JSON ({e})", _FIX) from None
+            mixed = _mixed_format(path, line_no, rec, bailian, first_line)
+            if mixed is not None:
+                raise mixed
+            hashes = _check_record(path, line_no, rec, spec)
+            uid = rec.get("user_id") if bailian else None
+            if uid is not None and type(uid) not in (str, int):
+                raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
+        except InputError as e:
+            if on_error != "skip" or "one file holds one format" in str(e):
+                raise
+            stats.note("skipped_lines", str(e))
+            continue
+        stats.note_ids(path, line_no, hashes)
+        c["line_no"].append(line_no)
+        c["ts"].append(rec["timestamp"] if bailian else rec["timestamp"] / 1000.0)
+        c["inp"].append(rec["input_length"])
+        c["out"].append(rec["output_length"])
+        c["hashes"].append(hashes.view(np.int64))
+        if bailian:
+            c["chat_id"].append(rec["chat_id"])
+            c["parent"].append(rec["parent_chat_id"])
+            c["type"].append(rec["type"])
+            c["turn"].append(rec["turn"])
+            c["user"].append(None if uid is None else str(uid))
+        else:
+            c["chat_id"].append(-1)  # assigned from the arrival order later
+            c["parent"].append(-1)
+            c["type"].append(None)
+            c["turn"].append(None)
+            c["user"].append(None)
+        if len(c["line_no"]) >= CHUNK_LINES:
+            yield _to_chunk(c)
+            c = _empty_chunk_lists()
     if c["line_no"]:
         yield _to_chunk(c)
 
@@ -222,58 +403,137 @@ _PARQUET_COLUMNS = ("chat_id", "parent_chat_id", "timestamp", "input_length", "o
                     "turn", "hash_ids")
 
 
+_PARQUET_KINDS = {"chat_id": "integer", "parent_chat_id": "integer", "timestamp": "number",
+                  "input_length": "integer", "output_length": "integer", "type": "string", "turn": "integer",
+                  "hash_ids": "list of integers", "user_id": "string"}
+
+
+def _parquet_kind_ok(kind: str, t: pa.DataType) -> bool:
+    if kind == "integer":
+        return bool(pa.types.is_integer(t))
+    if kind == "number":
+        return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+    if kind == "string":
+        return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
+    return bool((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type))
+
+
+def _parquet_bad_row(path: Path, row0: int, mask: npt.NDArray[np.bool_], name: str, what: str) -> None:
+    if mask.any():
+        i = int(np.argmax(mask))
+        raise located(path, row0 + i + 1, name, f"{what} (row {row0 + i + 1})", "fix the Parquet file")
+
+
+def _parquet_ints(path: Path, batch: pa.RecordBatch, name: str, row0: int, lo: int, hi: int
+                  ) -> npt.NDArray[np.int64]:
+    col = batch.column(name)
+    _parquet_bad_row(path, row0, np.asarray(col.is_null()), name, "is null")
+    arr = col.to_numpy(zero_copy_only=False)
+    if arr.dtype == np.uint64:
+        _parquet_bad_row(path, row0, arr > np.uint64(hi), name, "is out of range")
+    arr = arr.astype(np.int64)
+    _parquet_bad_row(path, row0, (arr < lo) | (arr > hi), name, f"is out of range [{lo}, {hi}]")
+    return arr
+
+
 def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
-    pf = pq.ParquetFile(path)
-    names = set(pf.schema_arrow.names)
-    missing = [c for c in _PARQUET_COLUMNS if c not in names]
+    pf = _parquet_file(path)
+    schema = pf.schema_arrow
+    missing = [c for c in _PARQUET_COLUMNS if c not in schema.names]
     if missing:
         raise InputError(f"{path}: column '{missing[0]}' is missing; a Parquet trace needs the columns "
                          f"{', '.join(_PARQUET_COLUMNS)} (write one with 'kvtrace export')")
-    cols = [*_PARQUET_COLUMNS, *(["user_id"] if "user_id" in names else [])]
+    cols = [*_PARQUET_COLUMNS, *(["user_id"] if "user_id" in schema.names else [])]
+    for name in cols:
+        t = schema.field(name).type
+        nullable = name in ("type", "turn", "user_id") and pa.types.is_null(t)
+        if not (nullable or _parquet_kind_ok(_PARQUET_KINDS[name], t)):
+            raise InputError(f"{path}: column '{name}' has type {t}, expected {_PARQUET_KINDS[name]}; "
+                             "fix the Parquet file (write one with 'kvtrace export')")
+    unsigned = pa.types.is_unsigned_integer(schema.field("hash_ids").type.value_type)
     row0 = 0
-    for batch in pf.iter_batches(batch_size=CHUNK_LINES, columns=cols):
-        n = batch.num_rows
-        stats.num_lines += n
-        hashes = batch.column("hash_ids")
-        offsets = np.asarray(hashes.offsets, dtype=np.int64)
-        offsets = offsets - offsets[0]
-        inp = batch.column("input_length").to_numpy(zero_copy_only=False).astype(np.int64)
-        out = batch.column("output_length").to_numpy(zero_copy_only=False).astype(np.int64)
-        for name, arr in (("input_length", inp), ("output_length", out)):
-            if (arr < 0).any():
-                i = int(np.argmax(arr < 0))
-                raise located(path, row0 + i + 1, name, f"is negative ({arr[i]}) in row {row0 + i + 1}",
-                              "lengths are token counts >= 0")
-        yield Chunk(
-            line_no=np.arange(row0 + 1, row0 + n + 1, dtype=np.int64),
-            chat_id=batch.column("chat_id").to_numpy(zero_copy_only=False).astype(np.int64),
-            parent_chat_id=batch.column("parent_chat_id").to_numpy(zero_copy_only=False).astype(np.int64),
-            timestamp_s=batch.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64),
-            input_tokens=inp, output_tokens=out,
-            type=batch.column("type").to_pylist(),
-            turn=batch.column("turn").to_pylist(),
-            user_id=batch.column("user_id").to_pylist() if "user_id" in cols else [None] * n,
-            hash_ids=np.asarray(hashes.values.to_numpy(zero_copy_only=False), dtype=np.int64),
-            offsets=offsets,
-        )
-        row0 += n
+    try:
+        for batch in pf.iter_batches(batch_size=CHUNK_LINES, columns=cols):
+            yield _parquet_chunk(path, batch, row0, stats, unsigned)
+            row0 += batch.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{path}: unreadable Parquet data after row {row0} ({' '.join(str(e).split())[:120]}); "
+                         "the file is damaged or truncated") from None
+
+
+def _parquet_chunk(path: Path, batch: pa.RecordBatch, row0: int, stats: ReadStats, unsigned: bool) -> Chunk:
+    n = batch.num_rows
+    stats.num_lines += n
+    hashes = batch.column("hash_ids")
+    _parquet_bad_row(path, row0, np.asarray(hashes.is_null()), "hash_ids", "is null")
+    values = hashes.flatten()
+    if values.null_count:
+        offs = np.asarray(hashes.offsets)
+        first = int(np.argmax(np.asarray(values.is_null())))
+        _parquet_bad_row(path, row0, (offs[:-1] <= first) & (first < offs[1:]), "hash_ids", "holds a null id")
+    offsets = np.asarray(hashes.offsets, dtype=np.int64)
+    offsets = offsets - offsets[0]
+    ids = np.ascontiguousarray(values.to_numpy(zero_copy_only=False))
+    if unsigned and ids.dtype == np.uint64 and (ids >= np.uint64(1 << 63)).any():
+        stats.first_unsigned_line = stats.first_unsigned_line or row0 + 1
+    ids = ids.astype(np.uint64 if unsigned else np.int64).view(np.int64) if ids.size else ids.astype(np.int64)
+    ts_col = batch.column("timestamp")
+    _parquet_bad_row(path, row0, np.asarray(ts_col.is_null()), "timestamp", "is null")
+    ts = ts_col.to_numpy(zero_copy_only=False).astype(np.float64)
+    _parquet_bad_row(path, row0, ~(np.abs(ts) <= MAX_ABS_TIME_S), "timestamp",
+                     f"is not finite or out of range (|t| <= {MAX_ABS_TIME_S:g} s)")
+    turn = batch.column("turn")
+    tv = np.nan_to_num(turn.to_numpy(zero_copy_only=False).astype(np.float64), nan=0.0)  # null: no turn
+    _parquet_bad_row(path, row0, (tv < 0) | (tv > MAX_TURN), "turn", f"is out of range [0, {MAX_TURN}]")
+    return Chunk(
+        line_no=np.arange(row0 + 1, row0 + n + 1, dtype=np.int64),
+        chat_id=_parquet_ints(path, batch, "chat_id", row0, *INT64),
+        parent_chat_id=_parquet_ints(path, batch, "parent_chat_id", row0, *INT64),
+        timestamp_s=ts,
+        input_tokens=_parquet_ints(path, batch, "input_length", row0, 0, MAX_TOKENS),
+        output_tokens=_parquet_ints(path, batch, "output_length", row0, 0, MAX_TOKENS),
+        type=batch.column("type").to_pylist(),
+        turn=turn.to_pylist(),
+        user_id=batch.column("user_id").to_pylist() if "user_id" in batch.schema.names else [None] * n,
+        hash_ids=ids, offsets=offsets,
+    )
 
 
 def default_block_size(path: Path, fmt: str) -> int:
     """Tokens per hash id: the format's default, or what a kvtrace Parquet trace records."""
     if fmt == "parquet":
-        meta = pq.read_schema(path).metadata or {}
+        meta = _parquet_file(path).schema_arrow.metadata or {}
         if PARQUET_BLOCK_SIZE_KEY in meta:
-            return int(meta[PARQUET_BLOCK_SIZE_KEY])
+            raw = meta[PARQUET_BLOCK_SIZE_KEY]
+            try:
+                value = int(raw)
+            except ValueError:
+                value = 0
+            if not 1 <= value <= MAX_BLOCK_SIZE:
+                raise InputError(f"{path}: metadata '{PARQUET_BLOCK_SIZE_KEY.decode()}' is {_show(raw)}, not a "
+                                 f"block size in 1..{MAX_BLOCK_SIZE}; pass --block-size")
+            return value
     return DEFAULT_BLOCK_SIZE[fmt]
+
+
+def check_options(fmt: str, on_error: str, block_size: int | None) -> None:
+    """Raise UsageError for a format, error mode or block size kvtrace does not take."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: unknown trace format; choose one of {', '.join(FORMATS)}")
+    if on_error not in ("fail", "skip"):
+        raise UsageError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
+    if block_size is not None and not (type(block_size) is int and 1 <= block_size <= MAX_BLOCK_SIZE):
+        raise UsageError(f"--block-size {block_size}: give a number of tokens in 1..{MAX_BLOCK_SIZE}")
 
 
 def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
     """Parse PATH of format FMT chunk by chunk; ON_ERROR 'fail' raises on a bad line, 'skip' counts it."""
-    if fmt not in FORMATS:
-        raise UsageError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if on_error not in ("fail", "skip"):
-        raise UsageError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
+    check_options(fmt, on_error, None)
     if fmt == "parquet":
         return _read_parquet(path, stats)
+    check_trace_path(path)
+    with path.open("rb") as f:
+        if f.read(4) == b"PAR1":
+            raise InputError(f"{path}: a Parquet file read as {fmt} JSONL; drop --format {fmt} or pass "
+                             "--format parquet")
     return _read_jsonl(path, fmt, on_error, stats)
