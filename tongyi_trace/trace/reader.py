@@ -11,6 +11,7 @@ Input may be .gz or .zst compressed. Records are parsed in fixed-size chunks, so
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import zlib
 from collections import Counter
@@ -310,6 +311,18 @@ def _check_record(path: Path, line_no: int, rec: Any, spec: dict[str, Any]
     return _hash_array(path, line_no, rec["hash_ids"])
 
 
+def _loads(path: Path, line_no: int, line: bytes) -> Any:
+    """Decode one JSONL line (orjson; the standard library for what orjson refuses but is still JSON-ish,
+    e.g. integers beyond 64 bits or NaN, so that the field check names the field and its range)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:
+            return json.loads(line)
+        except (ValueError, RecursionError):
+            raise located(path, line_no, None, f"malformed JSON ({e})", _FIX) from None
+
+
 def _mixed_format(path: Path, line_no: int, rec: Any, bailian: bool, fmt_line: int) -> InputError | None:
     """The error for a record of the other format (mixed formats are never skipped: the file is wrong)."""
     if not isinstance(rec, dict):
@@ -358,10 +371,7 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
             continue
         first_line = first_line or line_no
         try:
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise located(path, line_no, None, f"malformed JSON ({e})", _FIX) from None
+            rec = _loads(path, line_no, line)
             mixed = _mixed_format(path, line_no, rec, bailian, first_line)
             if mixed is not None:
                 raise mixed

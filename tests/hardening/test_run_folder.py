@@ -1,0 +1,76 @@
+"""The run folder under concurrent or careless use: an exclusive writer lock, unique temporary names with
+atomic renames, strictly valid JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.errors import InputError
+from tongyi_trace.run import RunDir, atomic_write_text, run_lock, temp_path, write_json
+from tongyi_trace.trace.ingest import ingest_trace
+
+runner = CliRunner()
+HOLD = "import sys, time; from pathlib import Path; from tongyi_trace.run import run_lock\n" \
+       "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(60)\n"
+
+
+def test_a_second_writer_is_told_which_pid_holds_the_folder(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ingest_trace(tiny_bailian_path, run)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for args in (["ingest", str(tiny_bailian_path), "-o", str(run), "-q"],
+                     ["analyze", str(run), "--only", "hit_ratio", "-q"], ["report", str(run), "-q"]):
+            r = runner.invoke(app, args)
+            assert r.exit_code == 2, r.output
+            assert f"in use by pid {holder.pid}" in r.output and r.output.count("\n") == 1, r.output
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock dies with its holder: the folder is usable again
+    assert runner.invoke(app, ["analyze", str(run), "--only", "hit_ratio", "-q"]).exit_code == 0
+
+
+def test_the_lock_is_reentrant_within_one_process(tmp_path: Path) -> None:
+    with run_lock(tmp_path), run_lock(tmp_path):
+        pass
+    with run_lock(tmp_path):  # released: taken again
+        pass
+
+
+def test_temporary_names_are_unique_and_nothing_is_left_behind(tmp_path: Path) -> None:
+    target = tmp_path / "a.json"
+    assert len({temp_path(target) for _ in range(100)}) == 100
+    atomic_write_text(target, "one")
+    atomic_write_text(target, "two")
+    assert target.read_text() == "two" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    with pytest.raises(InputError, match=r"nowhere/a.json: cannot write"):
+        atomic_write_text(tmp_path / "nowhere" / "a.json", "x")
+
+
+def test_json_is_strict_nan_and_infinity_become_null(tmp_path: Path) -> None:
+    p = tmp_path / "x.json"
+    write_json(p, {"nan": float("nan"), "inf": [math.inf, np.float64("-inf")], "ok": np.float32(1.5),
+                   "n": np.int64(3), "nested": {"v": (float("nan"), 2)}})
+    doc = json.loads(p.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert doc == {"nan": None, "inf": [None, None], "ok": 1.5, "n": 3, "nested": {"v": [None, 2]}}
+
+
+def test_artifacts_inside_a_run_are_stamped(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    prov = ingest_trace(tiny_bailian_path, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    write_json(run.subdir("sim") / "summary.json", {"schema": "x"})
+    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["run_id"] == prov["run_id"]
+    assert run.read_artifact(tmp_path / "run" / "sim" / "summary.json", "x") is not None
+    write_json(tmp_path / "outside.json", {"schema": "x"})
+    assert "run_id" not in json.loads((tmp_path / "outside.json").read_text())
