@@ -1,40 +1,119 @@
-"""The workload-aware (WA) eviction priority of paper section 4.2, in one place.
+"""The workload-aware (WA) eviction priority of paper section 4.2, and the one total eviction order,
+in one place: the simulator compiles these functions with numba and the vLLM plugin calls them as they
+are, so both run one definition.
 
-Priority of a cached block b = (ReuseProb_w(t, life), -offset), compared lexicographically; the LOWEST
-priority is evicted first. w = category of the request that last accessed b, t = now - last access,
-offset = b's block position in its request (deeper blocks go first on ties).
+Priority of a cached block b = ReuseProb_w(t, life): the probability that b is reused within the next
+`life` seconds, where w = category of the request that last accessed b and t = now - last access. Two
+reuse models F_w(d) (probability that a block is reused within d seconds of an access):
 
-    ReuseProb_w(t, life) = F_w(t + life) - F_w(t) = p_w exp(-lambda_w t) (1 - exp(-lambda_w life))
+    exp  F_w(d) = p_w (1 - exp(-lambda_w d))          (the paper's; fitted by censored MLE)
+    km   F_w(d) = the censored Kaplan-Meier estimate, tabulated at KM_GRID_S (linear in between)
 
-with F_w(d) = p_w (1 - exp(-lambda_w d)). The conditional variant divides by 1 - F_w(t) (probability
-of reuse in [t, t+life) given no reuse by t). Without the lifespan regulator (`use_life=False`) the
-window is unbounded: ReuseProb = F_w(inf) - F_w(t) = p_w exp(-lambda_w t).
+    ReuseProb_w(t, life) = F_w(t + life) - F_w(t)                        (unconditional, the paper's)
+                         = (F_w(t + life) - F_w(t)) / (1 - F_w(t))     (conditional: given no reuse by t)
 
-Plain Python on floats: the simulator compiles these same functions with numba, and the vLLM plugin
-calls them as they are, so both run one definition.
+Without the lifespan regulator (`use_life=False`) the window is unbounded (life = inf).
+
+The priority is compared as a natural logarithm, so that it never underflows to 0.0 for long idle blocks
+(exp(-lambda t) is 0.0 in floating point past lambda t = 745). Blocks with no chance of reuse get -inf.
+
+The eviction order is TOTAL and shared: the victim is the block with the smallest key
+    (log ReuseProb, -offset, last access, block id)
+i.e. lowest priority first; on equal priority the deeper block (larger offset); then the one accessed
+longest ago; then the smaller block id. Only the last key can differ between the simulator (dense ids)
+and an engine (physical block ids), and it is reached only when two blocks share category, time and
+offset, which needs two requests of one category arriving at the same instant.
 """
 
 from __future__ import annotations
 
 import math
 
+MODEL_EXP = 0
+MODEL_KM = 1
+MODELS = ("exp", "km")
+
+# Kaplan-Meier grid: 0 s, then geometric from KM_T0_S by KM_RATIO (64 points up to ~2.3 days).
+KM_NUM = 64
+KM_T0_S = 0.05
+KM_RATIO = 1.3
+
+
+def km_grid_s() -> list[float]:
+    """The time grid (seconds) at which the km model's F_w is tabulated: 0, then KM_T0_S * KM_RATIO^k."""
+    return [0.0] + [KM_T0_S * KM_RATIO**k for k in range(KM_NUM - 1)]
+
+
+def km_cdf(table: object, d_s: float) -> float:
+    """F(d_s) from a table of F at km_grid_s() (linear interpolation; flat past the last point)."""
+    vals = table  # any indexable of KM_NUM floats (a list in the plugin, a numpy row in the simulator)
+    if d_s <= 0.0:
+        return vals[0]  # type: ignore[index,no-any-return]
+    if d_s < KM_T0_S:
+        return vals[0] + (vals[1] - vals[0]) * (d_s / KM_T0_S)  # type: ignore[index,no-any-return]
+    k = int(math.log(d_s / KM_T0_S) / math.log(KM_RATIO))
+    if k >= KM_NUM - 2:
+        return vals[KM_NUM - 1]  # type: ignore[index,no-any-return]
+    lo = KM_T0_S * KM_RATIO**k
+    hi = lo * KM_RATIO
+    frac = (d_s - lo) / (hi - lo)
+    frac = min(max(frac, 0.0), 1.0)
+    return vals[k + 1] + (vals[k + 2] - vals[k + 1]) * frac  # type: ignore[index,no-any-return]
+
+
+def exp_cdf(p: float, rate_per_s: float, d_s: float) -> float:
+    """F(d_s) = p (1 - exp(-rate d_s)) of the exponential model (d_s = inf allowed)."""
+    if d_s == math.inf:
+        return p if rate_per_s > 0.0 else 0.0
+    return p * -math.expm1(-rate_per_s * d_s)
+
+
+def log_reuse_prob(model: int, p: float, rate_per_s: float, table: object, t_s: float, life_s: float,
+                   use_life: bool, conditional: bool) -> float:
+    """log ReuseProb_w(t_s, life_s) of a block last accessed t_s seconds ago (-inf: never reused)."""
+    t = max(t_s, 0.0)
+    if model == MODEL_EXP:
+        if p <= 0.0 or rate_per_s <= 0.0:
+            return -math.inf
+        # log[p e^(-rate t) (1 - e^(-rate life))] without underflow
+        out = math.log(p) - rate_per_s * t
+        if use_life:
+            w = -math.expm1(-rate_per_s * life_s)
+            if w <= 0.0:
+                return -math.inf
+            out += math.log(w)
+        if conditional:
+            survive = 1.0 - p + p * math.exp(-rate_per_s * t)  # 1 - F(t)
+            if survive <= 0.0:
+                return 0.0
+            out -= math.log(survive)
+        return out
+    f_t = km_cdf(table, t)
+    f_end = km_cdf(table, t + life_s) if use_life else km_cdf(table, math.inf)
+    mass = f_end - f_t
+    if mass <= 0.0:
+        return -math.inf
+    if conditional:
+        survive = 1.0 - f_t
+        if survive <= 0.0:
+            return 0.0
+        return math.log(mass) - math.log(survive)
+    return math.log(mass)
+
 
 def reuse_prob(p: float, rate_per_s: float, t_s: float, life_s: float, use_life: bool,
                conditional: bool) -> float:
-    """Probability that a block last accessed t_s seconds ago is reused within the next life_s seconds."""
-    decay = math.exp(-rate_per_s * t_s)
-    window = 1.0 - math.exp(-rate_per_s * life_s) if use_life else 1.0
-    prob = p * decay * window
-    if conditional:
-        survive = 1.0 - p + p * decay  # 1 - F_w(t)
-        prob = prob / survive if survive > 0.0 else 0.0
-    return prob
+    """ReuseProb_w(t_s, life_s) of the exponential model (a probability, for reports and tests)."""
+    return math.exp(log_reuse_prob(MODEL_EXP, p, rate_per_s, None, t_s, life_s, use_life, conditional))
 
 
-def evicts_before(prob_a: float, offset_a: int, prob_b: float, offset_b: int, use_offset: bool) -> bool:
-    """True when block a has strictly lower WA priority than block b, i.e. a is evicted first."""
-    if prob_a != prob_b:
-        return prob_a < prob_b
-    if use_offset:
+def evicts_before(prio_a: float, offset_a: int, last_a: float, id_a: int,
+                  prio_b: float, offset_b: int, last_b: float, id_b: int, use_offset: bool) -> bool:
+    """True when block a comes before block b in the total eviction order (a is evicted first)."""
+    if prio_a != prio_b:
+        return prio_a < prio_b
+    if use_offset and offset_a != offset_b:
         return offset_a > offset_b  # -offset: the deeper block has the lower priority
-    return False
+    if last_a != last_b:
+        return last_a < last_b
+    return id_a < id_b

@@ -92,9 +92,18 @@ def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path) -> Non
     assert doc["turn_buckets"] == [1, 2, 3]
     assert set(doc["categories"]) == set(KNOWN)
     assert set(doc["categories"]["text-1"]) == {"reuse_prob", "rate_per_s", "mean_reuse_s", "life_s",
-                                                "num_samples", "ks", "fallback"}
-    assert doc["workload"]["schema"] == "kvtrace.workload/1"  # trace.synth_like.workload_summary
-    assert doc["workload"]["num_requests"] == open_run(known_run).provenance()["num_requests"]
+                                                "num_samples", "ks", "fallback", "km_cdf"}
+    # the Kaplan-Meier table: a CDF on the shared grid, below the category's reuse probability + noise
+    km = doc["categories"]["text-1"]["km_cdf"]
+    assert len(km) == len(doc["km_grid_s"]) and km == sorted(km) and 0.0 <= km[0] and km[-1] <= 1.0
+    # the workload summary is its own artifact now, not part of the policy file
+    assert "workload" not in doc
+    work = json.loads((known_run / "fit" / "workload.json").read_text())
+    assert work["schema"] == "kvtrace.workload/1"  # trace.synth_like.workload_summary
+    assert work["num_requests"] == open_run(known_run).provenance()["num_requests"]
+    # the default capacity-aware choice (1L): one entry, never worse than LRU on the train window
+    assert [c["capacity"] for c in doc["choices"]] == ["1L"]
+    assert doc["choices"][0]["train"]["gain_vs_lru"] >= 0
     assert doc["default"]["num_samples"] == sum(c["num_samples"] for c in doc["categories"].values())
 
 
@@ -194,11 +203,20 @@ def policy_doc(make_run: Callable[..., Path], tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d.update(schema="kvtrace.policy/2"), r"field 'schema' is 'kvtrace.policy/2'"),
+    (lambda d: d.update(schema="kvtrace.policy/9"), r"field 'schema' is 'kvtrace.policy/9'"),
     (lambda d: d.pop("default"), r"field 'default' is missing"),
     (lambda d: d["categories"]["text-1"].pop("rate_per_s"), r"field 'categories.text-1.rate_per_s' is missing"),
-    (lambda d: d["categories"]["text-2"].update(rate_per_s=-0.5), r"'categories.text-2.rate_per_s' is negative"),
-    (lambda d: d["default"].update(reuse_prob=1.5), r"'default.reuse_prob' is 1.5 > 1"),
+    (lambda d: d["categories"]["text-2"].update(rate_per_s=-0.5), r"'categories.text-2.rate_per_s' is -0.5, outside \[0, inf\]"),
+    (lambda d: d["default"].update(reuse_prob=1.5), r"'default.reuse_prob' is 1.5, outside \[0, 1\]"),
+    (lambda d: d["default"].update(num_samples=float("inf")), r"'default.num_samples' must be a finite number"),
+    (lambda d: d.update(turn_buckets=[3, 1, 2]), r"field 'turn_buckets' must be a non-empty increasing list"),
+    (lambda d: d.update(turn_buckets=[-1, 2]), r"field 'turn_buckets' must be a non-empty increasing list"),
+    (lambda d: d["default"]["km_cdf"].reverse(), r"field 'default.km_cdf' must not decrease"),
+    (lambda d: d["default"].update(km_cdf=[0.5]), r"field 'default.km_cdf' must be a list of 64 numbers"),
+    (lambda d: d.update(km_grid_s=[1.0] * 64), r"field 'km_grid_s' differs"),
+    (lambda d: d.update(choices=[{"policy": "lfu", "capacity_blocks": 10}]), r"'choices\[0\].policy' is 'lfu'"),
+    (lambda d: d.update(choices=[{"policy": "wa", "capacity_blocks": 0.5}]),
+     r"'choices\[0\].capacity_blocks' is 0.5, outside"),
     (lambda d: d["default"].update(life_s="10"), r"'default.life_s' must be a finite number"),
 ])
 def test_policy_file_errors(policy_doc: dict, tmp_path: Path, edit: Callable[[dict], object],

@@ -71,7 +71,8 @@ def test_list_policies_prints_parameters() -> None:
     doc = {p["policy"]: p for p in json.loads(res.stdout)}
     assert set(doc) >= {"lru", "fifo", "lfu", "s3fifo", "gdsf", "wa", "oracle"}
     assert {p["name"]: p["default"] for p in doc["s3fifo"]["parameters"]} == {
-        "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main_threshold": 1, "freq_cap": 3}
+        "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main_threshold": 1, "freq_cap": 3, "leaf_only": False}
+    assert {p["name"]: p["default"] for p in doc["wa"]["parameters"]}["leaf_only"] is True
 
 
 def test_hbm_split_and_cost_overrides(make_run: Callable[..., Path]) -> None:

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
-from tongyi_trace.wa_priority import evicts_before, reuse_prob
+from tongyi_trace.wa_priority import (
+    MODEL_EXP,
+    MODEL_KM,
+    evicts_before,
+    km_cdf,
+    km_grid_s,
+    log_reuse_prob,
+    reuse_prob,
+)
 
 
 @dataclass
@@ -59,16 +67,45 @@ def test_reuse_prob_known_values() -> None:
     assert reuse_prob(0.5, math.log(2), 1.0, 1.0, True, True) == pytest.approx(0.125 / 0.75)
 
 
-def test_evicts_before_known_order() -> None:
-    # Lower probability first; on equal probability the deeper block (larger offset) first.
-    cands = [(0.3, 0), (0.1, 0), (0.3, 5), (0.1, 2)]
-    order = sorted(range(4), key=lambda i: (cands[i][0], -cands[i][1]))
-    assert order == [3, 1, 2, 0]
+def test_evicts_before_is_the_total_order() -> None:
+    # (log prio, -offset, last access, block id): lower priority first; then deeper; then older; then id.
+    cands = [(-1.0, 0, 5.0, 7), (-2.0, 0, 5.0, 3), (-1.0, 5, 5.0, 2), (-2.0, 2, 5.0, 9),
+             (-1.0, 0, 4.0, 8), (-1.0, 0, 4.0, 1)]
+    order = sorted(range(len(cands)), key=lambda i: (cands[i][0], -cands[i][1], cands[i][2], cands[i][3]))
+    assert order == [3, 1, 2, 5, 4, 0]
     for i, a in enumerate(order):
         for b in order[i + 1:]:
             assert evicts_before(*cands[a], *cands[b], use_offset=True)
             assert not evicts_before(*cands[b], *cands[a], use_offset=True)
-    assert not evicts_before(0.2, 9, 0.2, 1, use_offset=False)
+    # without the offset key, the depth is skipped: the older of two equal priorities goes first
+    assert evicts_before(-1.0, 0, 1.0, 5, -1.0, 9, 2.0, 1, use_offset=False)
+    assert not evicts_before(-1.0, 9, 2.0, 1, -1.0, 0, 1.0, 5, use_offset=False)
+
+
+def test_log_priority_never_underflows() -> None:
+    # p e^(-rate t) is 0.0 in floating point past rate t = 745; the log keeps the order of two such blocks.
+    a = log_reuse_prob(MODEL_EXP, 0.5, 1.0, None, 2000.0, 10.0, True, False)
+    b = log_reuse_prob(MODEL_EXP, 0.5, 1.0, None, 1000.0, 10.0, True, False)
+    assert math.isfinite(a) and a < b
+    assert a == pytest.approx(math.log(0.5) - 2000.0 + math.log(-math.expm1(-10.0)))
+    assert log_reuse_prob(MODEL_EXP, 0.0, 1.0, None, 1.0, 10.0, True, False) == -math.inf
+
+
+def test_km_table_lookup_and_priority() -> None:
+    grid = km_grid_s()
+    table = [min(1.0, t / 100.0) * 0.6 for t in grid]  # F rises linearly to 0.6 at 100 s
+    assert km_cdf(table, 0.0) == 0.0
+    assert km_cdf(table, grid[10]) == pytest.approx(table[10])
+    mid = (grid[10] + grid[11]) / 2
+    assert km_cdf(table, mid) == pytest.approx((table[10] + table[11]) / 2)
+    assert km_cdf(table, 1e9) == table[-1]
+    # unconditional: F(t + life) - F(t); conditional: divided by 1 - F(t)
+    f = [km_cdf(table, x) for x in (20.0, 30.0)]
+    assert math.exp(log_reuse_prob(MODEL_KM, 0, 0, table, 20.0, 10.0, True, False)) == pytest.approx(f[1] - f[0])
+    assert math.exp(log_reuse_prob(MODEL_KM, 0, 0, table, 20.0, 10.0, True, True)) == pytest.approx(
+        (f[1] - f[0]) / (1 - f[0]))
+    # past the last reuse the block is dead
+    assert log_reuse_prob(MODEL_KM, 0, 0, table, 200.0, 10.0, True, False) == -math.inf
 
 
 def test_wa_evicts_cold_category_first_even_if_more_recent() -> None:

@@ -49,8 +49,9 @@ def start_cmd(
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Longest prompt + output, tokens."),
     policy: Path | None = typer.Option(None, "--policy", help="Policy JSON from 'kvtrace fit' "
                                        "(sets KVTRACE_POLICY for the engine's WA plugin)."),
-    eviction: str | None = typer.Option(None, "--eviction", help="wa|lru|fifo|s3fifo (sets "
-                                        "KVTRACE_EVICTION); default: vLLM's own LRU, or wa with --policy."),
+    eviction: str | None = typer.Option(None, "--eviction", help="fitted|wa|lru|fifo|s3fifo (sets "
+                                        "KVTRACE_EVICTION); default: vLLM's own LRU, or with --policy the "
+                                        "setting the policy file chose for this cache size (fitted)."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Trace seconds per wall second for the plugin "
                                      "(KVTRACE_TIME_SCALE): the --speedup the replay will use."),
     name: str = _NAME,

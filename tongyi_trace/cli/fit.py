@@ -1,4 +1,4 @@
-"""`kvtrace fit`: per-category reuse models -> the WA policy file (kvtrace.policy/1)."""
+"""`kvtrace fit`: per-category reuse models and the setting to run per capacity -> kvtrace.policy/2."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rich.table import Table
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli
 from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
+from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
+from tongyi_trace.models import get_preset
 
 
 @app.command()
@@ -28,16 +30,24 @@ def fit(
     life_quantile: float = typer.Option(DEFAULT_LIFE_QUANTILE, "--life-quantile",
                                         help="life_s = this quantile of block lifespans (train window)."),
     life_s: float | None = typer.Option(None, "--life-s", help="Use this life_s (s) for every category."),
+    capacity: str = typer.Option(DEFAULT_CAPACITIES, "--capacity", "-c",
+                                 help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
+                                      "HBM of --model, NL x the oracle's peak live set); 'none': no choice."),
+    model: str = typer.Option("qwen2-7b", "--model", help="Model preset for x HBM capacities."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = 2)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
-    """Fit F_w(d) = p_w (1 - exp(-lambda_w d)) per category (right-censored MLE) and write the policy file."""
+    """Fit reuse models per category (exponential by right-censored MLE, and Kaplan-Meier), choose the
+    setting to run at each --capacity (a WA variant or a baseline, by simulation on the train window,
+    checked on --test), and write the policy file."""
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
         outcome = run_cli(lambda: fit_policy(
             run_dir, output if output is not None else run_dir / "fit" / "policy.json", train=train,
             test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
-            on_step=lambda msg: bar.update(task, description=msg)))
+            capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
+            jobs=jobs, on_step=lambda msg: bar.update(task, description=msg)))
     if json_out:
         print_json({"policy": str(outcome.policy_path), "artifacts": str(outcome.artifact_dir),
                     "train": outcome.train.to_json(),

@@ -1,23 +1,41 @@
-"""The versioned policy file `kvtrace.policy/1`: what `kvtrace fit` writes and the simulator and the
-vLLM plugin read. Standard library only, so it imports inside the vLLM engine's environment."""
+"""The versioned policy file `kvtrace.policy/2`: what `kvtrace fit` writes and the simulator and the
+vLLM plugin read (version-1 files still load). Standard library only, so it imports inside the vLLM
+engine's environment. The whole schema is validated here, in one place, with one-line errors.
+
+    schema        "kvtrace.policy/2"
+    trace         where the fit came from (source, sha256, format, block_size)
+    window        the train window
+    turn_buckets  the turn buckets of the category names (sorted positive integers)
+    km_grid_s     the time grid of every km_cdf table (tongyi_trace.wa_priority.km_grid_s())
+    categories    name -> {reuse_prob, rate_per_s, mean_reuse_s, life_s, num_samples, ks, fallback,
+                           km_cdf: [F at km_grid_s]}: the exponential model F(d) = p (1 - e^(-rate d)),
+                  the Kaplan-Meier CDF and the lifespan regulator of one category
+    default       the same for the pool of all categories (unknown categories use it)
+    choices       per capacity, the setting chosen by `kvtrace fit --capacity` (see PolicyChoice)
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tongyi_trace.errors import InputError
+from tongyi_trace.wa_priority import KM_NUM, exp_cdf, km_grid_s
 
-POLICY_SCHEMA = "kvtrace.policy/1"
-_CATEGORY_KEYS = ("reuse_prob", "rate_per_s", "mean_reuse_s", "life_s", "num_samples", "ks", "fallback")
+POLICY_SCHEMA = "kvtrace.policy/2"
+POLICY_SCHEMA_V1 = "kvtrace.policy/1"
+PLUGIN_POLICIES = ("wa", "lru", "fifo", "s3fifo")  # what the vLLM plugin can run
 
 
 @dataclass(frozen=True)
 class CategoryParams:
-    """F_w(d) = reuse_prob * (1 - exp(-rate_per_s * d)) and the lifespan regulator life_s of one category."""
+    """F_w(d) = reuse_prob * (1 - exp(-rate_per_s * d)), its Kaplan-Meier counterpart km_cdf (F at
+    km_grid_s(); None = derive it from the exponential model) and the lifespan regulator life_s."""
 
     reuse_prob: float
     rate_per_s: float
@@ -26,18 +44,39 @@ class CategoryParams:
     num_samples: int = 0
     ks: float = float("nan")
     fallback: bool = False
+    km_cdf: tuple[float, ...] | None = None
+
+    def km_cdf_table(self) -> list[float]:
+        """F at km_grid_s(): the fitted Kaplan-Meier table, or the exponential model's values."""
+        if self.km_cdf is not None:
+            return list(self.km_cdf)
+        return [exp_cdf(self.reuse_prob, self.rate_per_s, t) for t in km_grid_s()]
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """What to run at one capacity: the policy (wa or a baseline), its parameters, and the hit ratios
+    measured when it was chosen (train window) and checked (test window), with LRU's beside them."""
+
+    capacity: str  # as the user wrote it
+    capacity_blocks: int
+    policy: str
+    params: dict[str, Any]
+    train: dict[str, Any] = field(default_factory=dict)  # hit_ratio, lru_hit_ratio, gain_vs_lru, ...
+    test: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class PolicyParams:
-    """A whole policy file: per-category parameters plus the pooled `default`."""
+    """A whole policy file: per-category parameters, the pooled `default`, and per-capacity choices."""
 
     categories: dict[str, CategoryParams]
     default: CategoryParams
     trace: dict[str, Any] = field(default_factory=dict)
     window: dict[str, Any] = field(default_factory=dict)
     turn_buckets: list[int] = field(default_factory=lambda: [1, 2, 3])
-    extra: dict[str, Any] = field(default_factory=dict)
+    choices: list[PolicyChoice] = field(default_factory=list)
+    schema: str = POLICY_SCHEMA
 
     def for_category(self, name: str | None) -> CategoryParams:
         """Parameters of category NAME, or `default` when unknown or missing."""
@@ -45,91 +84,195 @@ class PolicyParams:
             return self.default
         return self.categories.get(name, self.default)
 
+    def choice_for(self, capacity_blocks: int) -> PolicyChoice | None:
+        """The choice whose capacity is nearest CAPACITY_BLOCKS (by ratio), or None when there is none."""
+        if not self.choices:
+            return None
+        c = max(capacity_blocks, 1)
+        return min(self.choices, key=lambda ch: (abs(math.log(max(ch.capacity_blocks, 1) / c)),
+                                                 ch.capacity_blocks))
+
     def to_json(self) -> dict[str, Any]:
-        """The JSON document of schema kvtrace.policy/1."""
-        doc: dict[str, Any] = {
+        """The JSON document of schema kvtrace.policy/2."""
+        return {
             "schema": POLICY_SCHEMA,
             "trace": self.trace,
             "window": self.window,
             "turn_buckets": list(self.turn_buckets),
+            "km_grid_s": km_grid_s(),
             "categories": {k: _cat_json(v) for k, v in self.categories.items()},
             "default": _cat_json(self.default),
+            "choices": [_strict(asdict(c)) for c in self.choices],
         }
-        doc.update(self.extra)
-        return doc
+
+
+def _strict(o: Any) -> Any:
+    """O with non-finite floats as null (strict JSON)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _strict(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_strict(v) for v in o]
+    return o
 
 
 def _cat_json(c: CategoryParams) -> dict[str, Any]:
     d = asdict(c)
-    # NaN (no KS) and inf (mean_reuse_s of a category never reused) are written as null: strict JSON
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+    d["km_cdf"] = c.km_cdf_table()
+    return _strict(d)
+
+
+def _number(path: Path, where: str, raw: dict[str, Any], key: str, *, lo: float = 0.0,
+            hi: float = math.inf, required: bool = True, default: float = 0.0) -> float:
+    if key not in raw or raw[key] is None:
+        if required:
+            raise InputError(f"{path}: field '{where}.{key}' is missing; regenerate it with 'kvtrace fit'")
+        return default
+    v = raw[key]
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        raise InputError(f"{path}: field '{where}.{key}' must be a finite number, got {v!r}; "
+                         "regenerate it with 'kvtrace fit'")
+    if not lo <= v <= hi:
+        raise InputError(f"{path}: field '{where}.{key}' is {v}, outside [{lo:g}, {hi:g}]; "
+                         "regenerate it with 'kvtrace fit'")
+    return float(v)
 
 
 def _parse_category(path: Path, where: str, raw: Any) -> CategoryParams:
     if not isinstance(raw, dict):
         raise InputError(f"{path}: field '{where}' must be an object; regenerate it with 'kvtrace fit'")
-    for key in ("reuse_prob", "rate_per_s", "life_s"):
-        if key not in raw:
-            raise InputError(f"{path}: field '{where}.{key}' is missing; regenerate it with 'kvtrace fit'")
-        v = raw[key]
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-            raise InputError(f"{path}: field '{where}.{key}' must be a finite number, got {v!r}")
-        if v < 0:
-            raise InputError(f"{path}: field '{where}.{key}' is negative ({v}); it must be >= 0")
-    if raw["reuse_prob"] > 1:
-        raise InputError(f"{path}: field '{where}.reuse_prob' is {raw['reuse_prob']} > 1; "
-                         "it is a probability")
-    rate = float(raw["rate_per_s"])
-    ks = raw.get("ks")
-    return CategoryParams(
-        reuse_prob=float(raw["reuse_prob"]),
-        rate_per_s=rate,
-        mean_reuse_s=float(raw.get("mean_reuse_s") or (1.0 / rate if rate > 0 else math.inf)),
-        life_s=float(raw["life_s"]),
-        num_samples=int(raw.get("num_samples") or 0),
-        ks=float("nan") if ks is None else float(ks),
-        fallback=bool(raw.get("fallback", False)),
-    )
+    p = _number(path, where, raw, "reuse_prob", hi=1.0)
+    rate = _number(path, where, raw, "rate_per_s")
+    life = _number(path, where, raw, "life_s")
+    mean = raw.get("mean_reuse_s")
+    mean_s = (1.0 / rate if rate > 0 else math.inf) if mean is None else _number(path, where, raw, "mean_reuse_s")
+    num = _number(path, where, raw, "num_samples", required=False, hi=2.0**62)
+    ks = _number(path, where, raw, "ks", required=False, hi=1.0, default=math.nan)
+    fallback = raw.get("fallback", False)
+    if not isinstance(fallback, bool):
+        raise InputError(f"{path}: field '{where}.fallback' must be true or false, got {fallback!r}")
+    km = raw.get("km_cdf")
+    table: tuple[float, ...] | None = None
+    if km is not None:
+        if not isinstance(km, list) or len(km) != KM_NUM:
+            raise InputError(f"{path}: field '{where}.km_cdf' must be a list of {KM_NUM} numbers; "
+                             "regenerate it with 'kvtrace fit'")
+        vals = [_number(path, f"{where}.km_cdf", {str(i): v}, str(i), hi=1.0) for i, v in enumerate(km)]
+        if any(b < a for a, b in zip(vals, vals[1:], strict=False)):
+            raise InputError(f"{path}: field '{where}.km_cdf' must not decrease (it is a CDF)")
+        table = tuple(vals)
+    return CategoryParams(reuse_prob=p, rate_per_s=rate, mean_reuse_s=mean_s, life_s=life,
+                          num_samples=int(num), ks=ks, fallback=fallback, km_cdf=table)
+
+
+def _parse_choice(path: Path, i: int, raw: Any) -> PolicyChoice:
+    where = f"choices[{i}]"
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: field '{where}' must be an object; regenerate it with 'kvtrace fit'")
+    pol = raw.get("policy")
+    if pol not in PLUGIN_POLICIES:
+        raise InputError(f"{path}: field '{where}.policy' is {pol!r}; it must be one of "
+                         f"{', '.join(PLUGIN_POLICIES)}")
+    params = raw.get("params") or {}
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: field '{where}.params' must be an object")
+    for key in ("train", "test"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise InputError(f"{path}: field '{where}.{key}' must be an object")
+    blocks = _number(path, where, raw, "capacity_blocks", lo=1.0, hi=2.0**62)
+    if blocks != int(blocks):
+        raise InputError(f"{path}: field '{where}.capacity_blocks' must be a whole number of blocks")
+    return PolicyChoice(capacity=str(raw.get("capacity") or int(blocks)), capacity_blocks=int(blocks),
+                        policy=str(pol), params=dict(params), train=dict(raw.get("train") or {}),
+                        test=dict(raw.get("test") or {}))
+
+
+def _parse_buckets(path: Path, raw: Any) -> list[int]:
+    if raw is None:
+        return [1, 2, 3]
+    ok = (isinstance(raw, list) and raw and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                                for b in raw) and raw == sorted(set(raw)))
+    if not ok:
+        raise InputError(f"{path}: field 'turn_buckets' must be a non-empty increasing list of positive "
+                         f"integers, got {raw!r}; regenerate it with 'kvtrace fit'")
+    return [int(b) for b in raw]
 
 
 def parse_policy(doc: Any, path: Path) -> PolicyParams:
-    """Validate a decoded policy document; raise InputError naming the file and field on any problem."""
+    """Validate a decoded policy document (version 1 or 2); raise InputError naming the file and field."""
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a kvtrace policy file (top level is not an object)")
-    if doc.get("schema") != POLICY_SCHEMA:
-        raise InputError(f"{path}: field 'schema' is {doc.get('schema')!r}, this kvtrace reads "
-                         f"{POLICY_SCHEMA!r}; regenerate it with 'kvtrace fit'")
+    schema = doc.get("schema")
+    if schema not in (POLICY_SCHEMA, POLICY_SCHEMA_V1):
+        raise InputError(f"{path}: field 'schema' is {schema!r}, this kvtrace reads {POLICY_SCHEMA!r} "
+                         f"and {POLICY_SCHEMA_V1!r}; regenerate it with 'kvtrace fit'")
     for key in ("categories", "default"):
         if key not in doc:
             raise InputError(f"{path}: field '{key}' is missing; regenerate it with 'kvtrace fit'")
     cats = doc["categories"]
     if not isinstance(cats, dict):
         raise InputError(f"{path}: field 'categories' must be an object of category -> parameters")
-    known = {"schema", "trace", "window", "turn_buckets", "categories", "default"}
+    if schema == POLICY_SCHEMA:
+        grid = doc.get("km_grid_s")
+        if not isinstance(grid, list) or len(grid) != KM_NUM or any(
+                not isinstance(g, int | float) or not math.isclose(g, e, rel_tol=1e-9, abs_tol=1e-12)
+                for g, e in zip(grid, km_grid_s(), strict=False)):
+            raise InputError(f"{path}: field 'km_grid_s' differs from this kvtrace's grid; "
+                             "regenerate it with 'kvtrace fit'")
+    choices = doc.get("choices") or []
+    if not isinstance(choices, list):
+        raise InputError(f"{path}: field 'choices' must be a list")
+    for key in ("trace", "window"):
+        if not isinstance(doc.get(key) or {}, dict):
+            raise InputError(f"{path}: field '{key}' must be an object")
     return PolicyParams(
         categories={str(k): _parse_category(path, f"categories.{k}", v) for k, v in cats.items()},
         default=_parse_category(path, "default", doc["default"]),
         trace=dict(doc.get("trace") or {}),
         window=dict(doc.get("window") or {}),
-        turn_buckets=[int(b) for b in doc.get("turn_buckets") or [1, 2, 3]],
-        extra={k: v for k, v in doc.items() if k not in known},
+        turn_buckets=_parse_buckets(path, doc.get("turn_buckets")),
+        choices=[_parse_choice(path, i, c) for i, c in enumerate(choices)],
+        schema=str(schema),
     )
 
 
 def load_policy(path: str | Path) -> PolicyParams:
-    """Read and validate a kvtrace.policy/1 file."""
+    """Read and validate a kvtrace.policy/2 (or /1) file."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a folder, not a policy file; give the JSON written by 'kvtrace fit' "
+                         f"(e.g. {p / 'fit' / 'policy.json'})")
     try:
         doc = json.loads(p.read_text())
     except OSError as e:
         raise InputError(f"{p}: cannot read the policy file ({e.strerror}); check the path") from e
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}: invalid JSON ({e.msg}); regenerate it with 'kvtrace fit'") from e
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a text file; give the JSON written by 'kvtrace fit'") from None
     return parse_policy(doc, p)
 
 
 def save_policy(params: PolicyParams, path: str | Path) -> None:
-    """Write PARAMS as a kvtrace.policy/1 JSON file."""
+    """Write PARAMS as a kvtrace.policy/2 JSON file, atomically (a unique temporary file, then rename)."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(params.to_json(), indent=2) + "\n")
+    if p.is_dir():
+        raise InputError(f"{p}: is a folder; give a file name for the policy (e.g. {p / 'policy.json'})")
+    if p.exists() and not p.is_file():
+        raise InputError(f"{p}: is not a regular file; give a file name for the policy")
+    text = json.dumps(params.to_json(), indent=2, allow_nan=False) + "\n"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise InputError(f"{p}: cannot write the policy file ({e.strerror}); choose a writable path") from e

@@ -1,4 +1,4 @@
-"""`kvtrace fit`: per-category reuse models -> the WA policy's hyperparameters (kvtrace.policy/1).
+"""`kvtrace fit`: per-category reuse models -> the WA policy's hyperparameters (kvtrace.policy/2).
 
 For each category w (`<type>-<turn bucket>` of the accessing request), every block access inside the
 train window is a sample of the time until that block's next access, right-censored at the window end
@@ -18,15 +18,21 @@ Blocks never reused have no lifespan and are left out (they would pull every qua
 With a test window the same samples are built there: the KS distance of the policy's (train) F_w on
 the test data, beside the test window's own fit: the paper's "similar hours look alike" (Fig 29).
 
+Each category also carries its Kaplan-Meier CDF tabulated at wa_priority.km_grid_s() (the `km` model).
+With capacities (default: DEFAULT_CAPACITIES), tongyi_trace.fit.tune chooses per capacity the setting
+to run (WA variant or a baseline) on the train window and checks it on the test window.
+
 Artifacts in RUN_DIR/fit/: policy.json (copy of the output), train_test.json (the per-category table),
-cdf.parquet (fitted vs Kaplan-Meier CDF per category and window, for the report).
+cdf.parquet (fitted vs Kaplan-Meier CDF per category and window, for the report), tuning.parquet (every
+candidate evaluated per capacity and window), workload.json (the workload summary `synth --like` reads).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +43,11 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
+from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, tune
+from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import open_run, write_json
 from tongyi_trace.trace.synth_like import workload_summary
+from tongyi_trace.wa_priority import km_grid_s
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
@@ -58,11 +67,23 @@ class FitOutcome:
     test: Window | None
 
 
-def _category_params(fit: ReuseFit, life_s: float, num_samples: int, ks: float,
+def _category_params(fit: ReuseFit, samples: Samples, life_s: float, num_samples: int, ks: float,
                      fallback: bool) -> CategoryParams:
     return CategoryParams(reuse_prob=fit.reuse_prob, rate_per_s=fit.rate_per_s,
                           mean_reuse_s=fit.mean_reuse_s, life_s=life_s, num_samples=num_samples,
-                          ks=ks, fallback=fallback)
+                          ks=ks, fallback=fallback, km_cdf=km_table(samples))
+
+
+def km_table(samples: Samples) -> tuple[float, ...]:
+    """The Kaplan-Meier CDF of SAMPLES at wa_priority.km_grid_s(), held flat past the largest sample."""
+    grid = np.asarray(km_grid_s())
+    if samples.num_samples == 0:
+        return tuple(0.0 for _ in grid)
+    vals = km_curve(samples, grid)
+    known = np.flatnonzero(~np.isnan(vals))
+    last = float(vals[known[-1]]) if known.size else 0.0
+    vals = np.where(np.isnan(vals), last, vals)
+    return tuple(float(v) for v in np.clip(np.maximum.accumulate(vals), 0.0, 1.0))
 
 
 def _num(x: float) -> float | None:
@@ -72,10 +93,13 @@ def _num(x: float) -> float | None:
 def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = None,
                test: str | None = None, min_samples: int = DEFAULT_MIN_SAMPLES,
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
+               capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
                on_step: Callable[[str], None] | None = None) -> FitOutcome:
-    """Fit every category of the run at RUN_PATH, write the kvtrace.policy/1 file OUT_PATH and the
-    artifacts in RUN_DIR/fit/. TRAIN/TEST are "START:END" windows in seconds (train defaults to the
-    whole trace)."""
+    """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
+    choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
+    TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace)."""
+    if jobs < 0:
+        raise UsageError(f"--jobs {jobs}: must be 0 (automatic) or a positive number")
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
     if not 0.0 <= life_quantile <= 1.0:
@@ -108,18 +132,25 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
         window=train_w.to_json() | {"trace_end_s": trace_end_s},
         turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
-        extra={"workload": workload_summary(run)},
     )
+    fit_dir = run.subdir("fit")
+    if capacities:
+        choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, jobs=jobs, on_step=step)
+        policy = replace(policy, choices=choices)
+        pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]).write_parquet(
+            fit_dir / "tuning.parquet")
     step("writing the policy and artifacts")
     out = Path(out_path)
     save_policy(policy, out)
-    fit_dir = run.subdir("fit")
-    save_policy(policy, fit_dir / "policy.json")
+    if out.resolve() != (fit_dir / "policy.json").resolve():
+        save_policy(policy, fit_dir / "policy.json")
+    write_json(fit_dir / "workload.json", workload_summary(run))
     write_json(fit_dir / "train_test.json", {
         "schema": TRAIN_TEST_SCHEMA,
         "train": train_w.to_json(),
         "test": test_w.to_json() if test_w else None,
-        "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s},
+        "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
+                    "capacities": capacities},
         "rows": rows,
     })
     _cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w).write_parquet(
@@ -157,27 +188,27 @@ def _fit_categories(fits: dict[str, tuple[Samples, ReuseFit]], types: dict[str, 
 
     # pool name -> (fit, life_s): "all", "type:<t>"
     all_samples, all_fit = fits["default"]
-    pools: dict[str, tuple[ReuseFit, float]] = {"all": (all_fit, life_of(all_lifes))}
+    pools: dict[str, tuple[ReuseFit, Samples, float]] = {"all": (all_fit, all_samples, life_of(all_lifes))}
     for t in sorted({t for t in types.values() if t is not None}):
         members = [c for c in fits if c != "default" and types.get(c) == t]
         samples = Samples.concat([fits[c][0] for c in members])
         if samples.num_samples >= min_samples:
             lifespans = np.concatenate([life_by_cat.get(c, empty) for c in members])
-            pools[f"type:{t}"] = (fit_reuse(samples), life_of(lifespans))
+            pools[f"type:{t}"] = (fit_reuse(samples), samples, life_of(lifespans))
 
     cats: dict[str, CategoryParams] = {}
     rows: list[dict[str, Any]] = []
     for name in sorted(c for c in fits if c != "default"):
         samples, own = fits[name]
         if samples.num_samples >= min_samples:
-            pool, used, life = "own", own, life_of(life_by_cat.get(name, empty))
+            pool, used, used_samples, life = "own", own, samples, life_of(life_by_cat.get(name, empty))
         else:
             pool = f"type:{types.get(name)}" if f"type:{types.get(name)}" in pools else "all"
-            used, life = pools[pool]
+            used, used_samples, life = pools[pool]
         ks = own.ks if pool == "own" else ks_distance(samples, used.reuse_prob, used.rate_per_s)
-        cats[name] = _category_params(used, life, samples.num_samples, ks, pool != "own")
+        cats[name] = _category_params(used, used_samples, life, samples.num_samples, ks, pool != "own")
         rows.append(_row(name, types.get(name), pool, cats[name], own))
-    default = _category_params(all_fit, pools["all"][1], all_samples.num_samples, all_fit.ks,
+    default = _category_params(all_fit, all_samples, pools["all"][2], all_samples.num_samples, all_fit.ks,
                                all_samples.num_samples < min_samples)
     rows.append(_row("default", None, "all", default, all_fit))
     return cats, rows, default

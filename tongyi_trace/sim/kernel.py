@@ -4,13 +4,22 @@ Semantics (vLLM's, vllm/v1/core/kv_cache_manager.py and block_pool.py), per requ
 1. hit = the longest prefix of r's block ids that is cached (capped at maxhit[r], vLLM's last-token rule
    when modelling an engine); those blocks are accessed and pinned;
 2. each later block: if cached anyway (possible for non-LRU policies: a child kept while its parent
-   was evicted) it is accessed and pinned but counts as a miss; otherwise it is inserted, evicting
-   unpinned blocks while the cache is full; when only pinned blocks are left the rest of the request
-   is not cached (counted as bypass);
+   was evicted) it is accessed and pinned but counts as a miss, an ORPHANED reference when the prefix
+   ended at a missing block; otherwise it is inserted, evicting unpinned blocks while the cache is
+   full; when only pinned blocks are left the rest of the request is not cached (counted as bypass);
 3. the request is served: its blocks are released deepest first (vLLM frees tail-first), so the
-   prefix head is the most recent.
+   prefix head is the most recent; the kernel stamps each block's last access (LAST) first.
 Only the first nstat[r] blocks count in the statistics (the engine model appends never-hit output
 blocks after them); extra[r] slots are held by r while it runs and free afterwards (a partial block).
+
+Prefix closure (`leaf_only`): the parent of a block is the previous block of its request (parent[x],
+from the stream). The kernel counts each cached block's cached children (NCHILD). With leaf_only, a
+victim the policy chooses while it still has cached children is held back (PARK = 1: cached, out of
+the policy's order) and the policy is asked again; when its last cached child goes it is evicted
+before anything else (PARK = 2, FIFO among such blocks); a hit on a held-back block hands it back to
+the policy like any accessed block. So no block is evicted before its descendants, and no cached
+block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
+parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
 """
 
 from __future__ import annotations
@@ -26,21 +35,35 @@ from numba import njit
 
 # The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
-from tongyi_trace.sim.structs import G_CURSOR, G_SIZE, PINNED, PRESENT, read_cycles
+from tongyi_trace.sim.structs import (
+    G_CURSOR,
+    G_SIZE,
+    GEN,
+    LAST,
+    NCHILD,
+    PARK,
+    PGEN,
+    PINNED,
+    PRESENT,
+    read_cycles,
+)
 
 # stats vector layout
-S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S_TOUCHED = range(8)
-NUM_STATS = 8
+(S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S_TOUCHED, S_ORPHANED,
+ S_PARKED, S_EVICT_AGE_US, S_ORPHANING) = range(12)
+NUM_STATS = 12
 
 
 def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
               req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+              parent: np.ndarray, leaf_only: bool,
               timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
     blocks, on the state arrays made by structs.make_state (policy parameters in ip/fp, WA category
-    parameters in cw, ORACLE next uses in nxt).
+    parameters in cw, ORACLE next uses in nxt, PARENT[x] = the parent block of x or -1, LEAF_ONLY =
+    prefix closure, see the module doc).
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
@@ -54,10 +77,15 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     cat_stats = np.zeros((num_cats, 4), np.int64)
     present = bk[:, PRESENT]
     pinned = bk[:, PINNED]
+    # blocks held back by leaf_only that became leaves: a FIFO as a linked list (sentinel = d)
+    d = parent.shape[0]
+    rnext = np.full(d + 1, d, np.int64)
+    rprev = np.full(d + 1, d, np.int64)
     for r in range(n_req):
         s = req_off[r]
         n = req_off[r + 1] - s
         now = req_time[r]
+        now_us = np.int64(now * 1e6)
         c = req_cat[r]
         nstat = req_nstat[r]
         g[G_CURSOR] = -1
@@ -69,12 +97,15 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
                 break
             pinned[x] = 1
+            if bk[x, PARK] != 0:
+                _unpark(bk, rnext, rprev, d, x)
             access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
             h += 1
         hits = min(h, nstat)
         hit_tok = 0
         for k in range(hits):
             hit_tok += ntok[s + k]
+        missed = h < lim and present[blk[s + h]] == 0  # the prefix ended at a block that is not cached
         # 2. the rest: touch what is cached, insert what is not
         cap = capacity - req_extra[r]
         full = False
@@ -83,9 +114,13 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if present[x] == 1:
                 if pinned[x] == 0:
                     pinned[x] = 1
+                    if bk[x, PARK] != 0:
+                        _unpark(bk, rnext, rprev, d, x)
                     access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
                     if k < nstat:
                         stats[S_TOUCHED] += 1
+                        if missed:
+                            stats[S_ORPHANED] += 1
                 continue
             if full:
                 stats[S_BYPASS] += 1
@@ -93,12 +128,34 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if g[G_SIZE] >= cap:
                 t0 = read_cycles() if timing else np.uint64(0)  # type: ignore[call-arg]
                 while g[G_SIZE] >= cap:
-                    v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                    v = rnext[d]  # a held-back block that became a leaf goes first
+                    if v < d:
+                        _unpark(bk, rnext, rprev, d, v)
+                    else:
+                        v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                        while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
+                            bk[v, PARK] = 1
+                            stats[S_PARKED] += 1
+                            v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
                     if v < 0:
                         break
                     present[v] = 0
                     g[G_SIZE] -= 1
                     stats[S_EVICTIONS] += 1
+                    stats[S_EVICT_AGE_US] += now_us - bk[v, LAST]
+                    if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
+                        stats[S_ORPHANING] += 1
+                    p = parent[v]
+                    if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
+                        bk[p, NCHILD] -= 1
+                        if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                            bk[p, PARK] = 2
+                            last = rprev[d]
+                            rnext[last] = p
+                            rprev[p] = last
+                            rnext[p] = d
+                            rprev[d] = p
+                    bk[v, PGEN] = 0
                 if timing:
                     stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
                 if g[G_SIZE] >= cap:
@@ -107,6 +164,12 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     continue
             present[x] = 1
             pinned[x] = 1
+            bk[x, GEN] += 1
+            bk[x, NCHILD] = 0
+            p = parent[x]
+            if p >= 0 and present[p] == 1:
+                bk[p, NCHILD] += 1
+                bk[x, PGEN] = bk[p, GEN]
             g[G_SIZE] += 1
             insert(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
         # 3. served: release deepest first
@@ -114,6 +177,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             x = blk[s + k]
             if pinned[x] == 1:
                 pinned[x] = 0
+                bk[x, LAST] = now_us
                 release(bk, hp, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
         tok = 0
         for k in range(nstat):
@@ -131,14 +195,25 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     return stats, req_hits, req_hit_tokens, cat_stats
 
 
+@njit(cache=True, inline="always")
+def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, d: int, x: int) -> None:
+    """X leaves the held-back state (it is accessed again, or evicted from the ready list)."""
+    if bk[x, PARK] == 2:
+        p = rprev[x]
+        n = rnext[x]
+        rnext[p] = n
+        rprev[n] = p
+    bk[x, PARK] = 0
+
+
 _KERNELS: dict[str, Any] = {}
 
 
 def policy_kernel(name: str, hooks: ModuleType) -> Any:
     """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict).
 
-    The loop's code is shared; each policy gets its own function object whose globals bind the hook
-    names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy). The
+    The loop's code is shared (compiled without the GIL, so threads can run sweeps in parallel); each
+    policy gets its own function object whose globals bind the hook names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy). The
     name carries a digest of the simulator's sources: numba checks only this file's timestamp, so without
     it an edited policy or structs.py would keep running the stale cached machine code."""
     if name not in _KERNELS:
@@ -148,7 +223,7 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name
         fn.__doc__ = _run_loop.__doc__
-        _KERNELS[name] = njit(cache=True)(fn)
+        _KERNELS[name] = njit(cache=True, nogil=True)(fn)
     return _KERNELS[name]
 
 

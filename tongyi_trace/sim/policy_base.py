@@ -1,4 +1,4 @@
-"""What every policy file declares: its kernel id, typed parameter set and state needs (the registry in
+"""What every policy file declares: its typed parameter set and state needs (the registry in
 `registry.py` collects them). The compiled hooks of a policy all share one signature:
 
     access(st, x, kp)                                 a cached block is used by the current request
@@ -12,22 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from tongyi_trace.errors import UsageError
-
-
-class KernelParams(NamedTuple):
-    """Policy parameters as arrays for the compiled kernel."""
-
-    ip: np.ndarray  # int64[8]: integer/boolean parameters (meaning per policy)
-    fp: np.ndarray  # float64[8]: float parameters (meaning per policy)
-    cat_p: np.ndarray  # float64[W]: WA reuse_prob per category index
-    cat_rate: np.ndarray  # float64[W]: WA rate_per_s per category index
-    cat_life: np.ndarray  # float64[W]: WA life_s per category index
-    next_req: np.ndarray  # int64[R]: ORACLE: next request using the block of each reference
 
 
 @dataclass(frozen=True)
@@ -41,10 +30,12 @@ class NoParams:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """One policy: name, kernel id, parameter class and what state it needs."""
+    """One policy: name, parameter class and what state it needs.
+
+    Every policy also takes the kernel's `leaf_only` switch (prefix closure, kernel.py) as a parameter;
+    `leaf_only_default` is its default for this policy."""
 
     name: str
-    pid: int
     params_cls: type
     summary: str
     uses_heap: bool = False
@@ -53,21 +44,26 @@ class PolicySpec:
     num_queues: int = 1
     needs_next_use: bool = False
     needs_fit: bool = False
+    leaf_only_default: bool = False
     hooks: Any = None  # the policy module (its compiled access/insert/release/evict)
 
-    def make_params(self, values: dict[str, Any] | None = None) -> Any:
-        """Typed parameters from VALUES (str or typed), defaults for the rest; unknown keys are errors."""
+    def make_params(self, values: dict[str, Any] | None = None) -> tuple[Any, bool]:
+        """(typed parameters, leaf_only) from VALUES (str or typed), defaults for the rest; unknown keys
+        are errors."""
         values = dict(values or {})
+        leaf_only = self.leaf_only_default
+        if "leaf_only" in values:
+            leaf_only = _coerce(self.name, "leaf_only", "bool", values.pop("leaf_only"))
         fields = {f.name: f for f in dataclasses.fields(self.params_cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            known = ", ".join(fields) or "none"
+            known = ", ".join([*fields, "leaf_only"])
             raise UsageError(f"policy {self.name}: unknown parameter(s) {', '.join(unknown)}; "
                              f"known: {known}")
         typed: dict[str, Any] = {}
         for k, v in values.items():
             typed[k] = _coerce(self.name, k, fields[k].type, v)
-        return self.params_cls(**typed)
+        return self.params_cls(**typed), leaf_only
 
     def describe(self) -> list[dict[str, Any]]:
         """Each parameter: name, type, default, help (from the dataclass field metadata)."""
@@ -75,6 +71,8 @@ class PolicySpec:
         for f in dataclasses.fields(self.params_cls):
             out.append({"name": f.name, "type": str(f.type), "default": f.default,
                         "help": f.metadata.get("help", "")})
+        out.append({"name": "leaf_only", "type": "bool", "default": self.leaf_only_default,
+                    "help": "prefix closure: never evict a block that has cached children"})
         return out
 
 

@@ -13,10 +13,14 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.sim.kernel import (
     S_BYPASS,
+    S_EVICT_AGE_US,
     S_EVICT_CYCLES,
     S_EVICTIONS,
     S_HIT_TOKENS,
     S_HITS,
+    S_ORPHANED,
+    S_ORPHANING,
+    S_PARKED,
     S_REFS,
     S_TOUCHED,
     policy_kernel,
@@ -48,6 +52,10 @@ class PolicyResult:
     num_evictions: int
     num_bypassed: int
     num_touched_misses: int
+    orphaned_refs: int  # refs to a cached block that could not hit because an ancestor was missing
+    num_parked: int  # leaf_only: victims held back while they had cached children
+    num_orphaning_evictions: int  # evictions of a block that still had cached children
+    mean_eviction_age_s: float  # mean time since last access of the evicted blocks
     evict_decision_ns: float  # mean time per eviction, measured inside the kernel
     elapsed_s: float
     params: dict[str, Any]
@@ -76,7 +84,9 @@ class PolicyResult:
                 "num_hits": self.num_hits, "hit_ratio": self.hit_ratio, "num_tokens": self.num_tokens,
                 "num_hit_tokens": self.num_hit_tokens, "token_hit_ratio": self.token_hit_ratio,
                 "num_evictions": self.num_evictions, "num_bypassed": self.num_bypassed,
-                "num_touched_misses": self.num_touched_misses,
+                "num_touched_misses": self.num_touched_misses, "orphaned_refs": self.orphaned_refs,
+                "num_parked": self.num_parked, "num_orphaning_evictions": self.num_orphaning_evictions,
+                "mean_eviction_age_s": self.mean_eviction_age_s,
                 "evict_decision_ns": self.evict_decision_ns, "elapsed_s": self.elapsed_s,
                 "params": self.params, "per_category": self.per_category}
 
@@ -92,17 +102,18 @@ def cycles_per_ns() -> float:
     return max((c1 - c0) / (t1 - t0), 1e-9)
 
 
-def category_arrays(stream: Stream, fit: PolicyParams | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """WA's (reuse_prob, rate_per_s, life_s) per category index of STREAM (`default` when unknown)."""
-    w = max(len(stream.categories), 1)
-    p = np.zeros(w)
-    rate = np.zeros(w)
-    life = np.zeros(w)
+def category_arrays(stream: Stream, fit: PolicyParams | None) -> np.ndarray:
+    """WA's per-category parameters as the kernel's cw array: rows p, rate_per_s, life_s and the km table
+    of F (wa.CW_*), one column per category index of STREAM (`default` when unknown to the fit)."""
+    from tongyi_trace.sim.policies.wa import CW_LIFE, CW_P, CW_RATE, CW_TABLE, NUM_CW_ROWS
+
+    cw = np.zeros((NUM_CW_ROWS, max(len(stream.categories), 1)))
     if fit is not None:
         for i, name in enumerate(stream.categories):
             c = fit.for_category(name)
-            p[i], rate[i], life[i] = c.reuse_prob, c.rate_per_s, c.life_s
-    return p, rate, life
+            cw[CW_P, i], cw[CW_RATE, i], cw[CW_LIFE, i] = c.reuse_prob, c.rate_per_s, c.life_s
+            cw[CW_TABLE:, i] = c.km_cdf_table()
+    return cw
 
 
 def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, *,
@@ -114,7 +125,7 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     PARAMS: the policy's own parameters (typed, unknown keys are errors); FIT: the policy file (WA needs
     it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent)."""
     spec = get_policy(policy)
-    typed = spec.make_params(params)
+    typed, leaf_only = spec.make_params(params)
     if spec.needs_fit and fit is None:
         raise UsageError(f"policy {spec.name} needs fitted parameters: pass --params policy.json "
                          "(from 'kvtrace fit')")
@@ -124,13 +135,12 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     ip[7] = capacity_blocks
     if spec.name == "gdsf" and fp[1] <= 0:
         fp[1] = float(stream.block_size)
-    cp, cr, cl = category_arrays(stream, fit)
+    cw = category_arrays(stream, fit)
     if spec.needs_next_use:
         nxt = next_req if next_req is not None else next_request_of_refs(stream.req_off, stream.blk,
                                                                          stream.num_ids)
     else:
         nxt = np.zeros(1, np.int64)
-    cw = np.stack([cp, cr, cl])
     n = stream.num_requests
     if engine is None:
         lens = np.diff(stream.req_off)
@@ -147,7 +157,7 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     stats, req_hits, req_hit_tok, cat_stats = kernel(
         stream.req_off, stream.blk, stream.ntok, stream.req_cat, stream.req_time_s,
         engine.req_maxhit, engine.req_nstat, engine.req_extra, capacity_blocks,
-        bk, hp, g, gf, qs, ip, fp, cw, nxt, timing)
+        bk, hp, g, gf, qs, ip, fp, cw, nxt, stream.parent, leaf_only, timing)
     elapsed = time.perf_counter() - t0
     num_tokens = int(stream.req_tokens.sum())
     cat_stats = np.vstack([cat_stats, np.zeros((max(0, len(stream.categories) - len(cat_stats)), 4), np.int64)])
@@ -163,7 +173,10 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
         policy=spec.name, capacity_blocks=int(capacity_blocks), num_refs=int(stats[S_REFS]),
         num_hits=int(stats[S_HITS]), num_tokens=num_tokens, num_hit_tokens=int(stats[S_HIT_TOKENS]),
         num_evictions=nev, num_bypassed=int(stats[S_BYPASS]), num_touched_misses=int(stats[S_TOUCHED]),
-        evict_decision_ns=ev_ns, elapsed_s=elapsed, params=_params_dict(typed),
+        orphaned_refs=int(stats[S_ORPHANED]), num_parked=int(stats[S_PARKED]),
+        num_orphaning_evictions=int(stats[S_ORPHANING]),
+        mean_eviction_age_s=float(stats[S_EVICT_AGE_US]) * 1e-6 / nev if nev else 0.0,
+        evict_decision_ns=ev_ns, elapsed_s=elapsed, params={**_params_dict(typed), "leaf_only": leaf_only},
         per_category=per_cat, req_hit_blocks=req_hits, req_hit_tokens=req_hit_tok)
 
 

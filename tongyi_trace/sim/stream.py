@@ -13,6 +13,7 @@ Identities are renumbered densely 0..D-1 in order of first appearance.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -45,6 +46,12 @@ class Stream:
     def num_refs(self) -> int:
         """Block references in the stream."""
         return int(self.blk.shape[0])
+
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """int64[num_ids]: each block's parent (the block before it in the first request that uses it;
+        -1 for a request's first block). Chain ids name a whole prefix, so every request agrees."""
+        return parent_of_ids(self.req_off, self.blk, self.num_ids)
 
     def ideal_hits(self) -> int:
         """Block hits with an unlimited cache (each id hits after its first reference)."""
@@ -179,3 +186,15 @@ def next_request_of_refs(req_off: np.ndarray, blk: np.ndarray, num_ids: int) -> 
             seen[blk[i]] = r
     return nxt
 
+
+
+@njit(cache=True)
+def parent_of_ids(req_off: np.ndarray, blk: np.ndarray, num_ids: int) -> np.ndarray:
+    """For each id, the id before it in the first request that references it (-1: first block)."""
+    par = np.full(num_ids, -2, np.int64)
+    for r in range(req_off.shape[0] - 1):
+        for i in range(req_off[r], req_off[r + 1]):
+            x = blk[i]
+            if par[x] == -2:
+                par[x] = blk[i - 1] if i > req_off[r] else -1
+    return par

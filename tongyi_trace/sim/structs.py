@@ -4,9 +4,24 @@ linked queues over dense block ids, a lazy binary min-heap, and a cycle counter 
 All of it is numba-compiled (cache=True); nothing allocates per reference. The state is a handful of
 plain arrays (a tuple of arrays would cost a reference-count update per field access):
 
-    bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (one cache line or two per
-                                 block): PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX,
-                                 AUX2; rows D.. are the queue sentinels
+    bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (two cache lines per block);
+                                 rows D.. are the queue sentinels. The kernel's columns:
+                                   PRESENT, PINNED  cached; held by the running request
+                                   LAST     last access (release time of the last request using it), in us
+                                   NCHILD   cached children (blocks whose parent, the previous block of
+                                            their request, is this one): 0 = a leaf of the cached forest
+                                   PGEN     GEN of the parent when this block was counted in its NCHILD
+                                            (0 = not counted); GEN counts this block's insertions
+                                   PARK     leaf_only: 0, 1 = chosen by the policy while it had cached
+                                            children (held back), 2 = parked and now a leaf (evicted next)
+                                 the queue links QPREV, QNEXT, QID (structs' queues, shared by policies);
+                                 and the policies' own columns:
+                                   FREQ     LFU, GDSF, S3-FIFO: reference count
+                                   VER      heap entry version (lazy heap, GDSF and ORACLE)
+                                   CAT      WA: category of the last releasing request
+                                   BPOS     WA: block position (offset) in that request
+                                   AUX      S3-FIFO: ghost stamp when evicted from the small FIFO
+                                   AUX2     S3-FIFO: destination queue (small or main)
     hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
     g   int64[8 + 2 NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
     qs  int64[NQ]                queue sizes
@@ -29,8 +44,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # columns of bk
-PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX, AUX2 = range(11)
-NUM_ROWS = 11
+PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX, AUX2, LAST, NCHILD, PGEN, GEN, PARK = range(16)
+NUM_ROWS = 16
 # columns of hp
 KEY1, KEY2, HID, HVER = range(4)
 ARITY = 4  # a 4-ary heap: half the depth of a binary one, a node's children in two cache lines

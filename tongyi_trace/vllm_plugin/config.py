@@ -9,6 +9,7 @@ from pathlib import Path
 from tongyi_trace.errors import InputError
 from tongyi_trace.fit.params import CategoryParams, load_policy
 from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, QueuePolicy
+from tongyi_trace.wa_priority import MODELS
 
 
 class PluginConfigError(Exception):
@@ -38,7 +39,7 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 def load_config(env: Mapping[str, str]) -> PluginConfig:
     """Build the plugin configuration from ENV (KVTRACE_* variables); raise PluginConfigError."""
     path = Path(env["KVTRACE_POLICY"])
-    mode = (env.get("KVTRACE_EVICTION") or "wa").lower()
+    mode = (env.get("KVTRACE_EVICTION") or "fitted").lower()
     if mode not in EVICTION_MODES:
         raise PluginConfigError(f"KVTRACE_EVICTION={mode!r} is not one of {', '.join(EVICTION_MODES)}")
     try:
@@ -53,8 +54,19 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         raise PluginConfigError(f"KVTRACE_TIME_SCALE={scale} must be > 0")
 
     def prio(c: CategoryParams) -> CategoryPriority:
-        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s, life_s=c.life_s)
+        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s, life_s=c.life_s,
+                                km_cdf=tuple(c.km_cdf_table()))
 
+    model = (env.get("KVTRACE_WA_MODEL") or "exp").lower()
+    if model not in MODELS:
+        raise PluginConfigError(f"KVTRACE_WA_MODEL={model!r} is not one of {', '.join(MODELS)}")
+    try:
+        life_s = float(env.get("KVTRACE_WA_LIFE_S") or 0.0)
+    except ValueError as e:
+        raise PluginConfigError(f"KVTRACE_WA_LIFE_S={env.get('KVTRACE_WA_LIFE_S')!r} is not a number") from e
+    if not 0.0 <= life_s < float("inf"):
+        raise PluginConfigError(f"KVTRACE_WA_LIFE_S={life_s} must be a finite number >= 0")
+    leaf = env.get("KVTRACE_LEAF_ONLY")
     policy = QueuePolicy(
         mode=mode,
         categories={k: prio(v) for k, v in params.categories.items()},
@@ -63,6 +75,10 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         conditional=_flag(env, "KVTRACE_WA_CONDITIONAL", False),
         use_offset=_flag(env, "KVTRACE_WA_USE_OFFSET", True),
         time_scale=scale,
+        model=model,
+        life_s=life_s,
+        leaf_only=None if leaf in (None, "") else _flag(env, "KVTRACE_LEAF_ONLY", True),
+        choices=tuple((c.capacity_blocks, c.policy, dict(c.params)) for c in params.choices),
     )
     stats_dir = Path(env.get("KVTRACE_STATS_DIR") or path.resolve().parent)
     return PluginConfig(policy=policy, policy_path=path, stats_dir=stats_dir)

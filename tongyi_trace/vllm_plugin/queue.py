@@ -14,13 +14,18 @@ append_n, prepend_n, get_all_free_blocks, iter_blocks_after, num_free_blocks) an
   (`observe_time`). Otherwise last access is the release time and now the wall clock, both
   multiplied by `time_scale` (trace seconds per wall second);
 - eviction picks among the cached blocks with the mode's rule:
-  * `wa`   (paper section 4.2): compare the W queue heads by (ReuseProb_w(t, life), -offset) using the
-    shared definition in tongyi_trace.wa_priority; the lowest priority goes. Exact ties go to the
-    least recently freed head.
+  * `wa`   (paper section 4.2): compare the W queue heads in the total order of
+    tongyi_trace.wa_priority (log ReuseProb_w(t, life), -offset, last access, block id), the model
+    (exp or km), conditional and life window as the policy file says; the first goes.
   * `lru`  the least recently freed block (the global LRU head is one of the W heads): vLLM's own order.
   * `fifo` the block that entered the cache first (a hit does not move it).
   * `s3fifo` S3-FIFO (small + main FIFO + ghost), see s3fifo.py.
   Any exception while deciding falls back to the LRU choice for that eviction and is counted.
+- prefix closure (`leaf_only`, on for WA), as the simulator's kernel: a block's parent is the block
+  before it in the request that released it (`note_request`); a victim that still has cached children
+  is held back (out of the order, still free for vLLM: a hit takes it back) and evicted first as soon
+  as its last cached child goes. Generation counters keep the parent links right when a physical block
+  is reused for other content.
 
 Pure Python on duck-typed blocks (`block_id`, `block_hash`): it runs inside vLLM and in plain tests.
 """
@@ -32,26 +37,28 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tongyi_trace.vllm_plugin.s3fifo import S3FifoOrder
 from tongyi_trace.vllm_plugin.stats import PluginStats
-from tongyi_trace.wa_priority import evicts_before, reuse_prob
+from tongyi_trace.wa_priority import MODELS, evicts_before, log_reuse_prob
 
-EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo")
+EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo", "fitted")
 DEFAULT_CATEGORY = "default"
 _NOT_FREE = -2
 _UNCACHED = -1
+_HELD = -3  # leaf_only: chosen while it had cached children
 
 
 @dataclass(frozen=True)
 class CategoryPriority:
-    """The WA parameters of one category, as read from a kvtrace.policy/1 file."""
+    """The WA parameters of one category, as read from a kvtrace.policy file."""
 
     reuse_prob: float
     rate_per_s: float
     life_s: float
+    km_cdf: tuple[float, ...] = ()  # F at wa_priority.km_grid_s() (the km model)
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ class QueuePolicy:
     """What the queue needs to decide: the mode, the categories and the WA switches.
 
     `time_scale` converts the engine's wall seconds into the trace seconds the policy was fitted on
-    (a replay at speed x runs x trace seconds per wall second)."""
+    (a replay at speed x runs x trace seconds per wall second). `life_s` > 0 replaces every category's
+    life window; `leaf_only` None = on for WA, off otherwise."""
 
     mode: str
     categories: dict[str, CategoryPriority]
@@ -68,6 +76,29 @@ class QueuePolicy:
     conditional: bool = False
     use_offset: bool = True
     time_scale: float = 1.0
+    model: str = "exp"
+    life_s: float = 0.0
+    leaf_only: bool | None = None
+    # mode "fitted": (capacity_blocks, policy, params) chosen by `kvtrace fit --capacity`
+    choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
+
+    @property
+    def prefix_closed(self) -> bool:
+        """Whether leaf_only applies."""
+        return self.leaf_only if self.leaf_only is not None else self.mode == "wa"
+
+    def for_pool(self, capacity_blocks: int) -> QueuePolicy:
+        """The policy to run on a cache of CAPACITY_BLOCKS: mode "fitted" takes the choice whose capacity
+        is nearest (by ratio; WA with its defaults when there is none), any other mode is itself."""
+        if self.mode != "fitted":
+            return self
+        if not self.choices:
+            return replace(self, mode="wa")
+        c = max(capacity_blocks, 1)
+        _, mode, params = min(self.choices, key=lambda ch: (abs(math.log(max(ch[0], 1) / c)), ch[0]))
+        known = {f for f in ("model", "conditional", "life_s", "use_life", "use_offset", "leaf_only")
+                 if f in params}
+        return replace(self, mode=mode, **{k: params[k] for k in known})
 
 
 class PolicyFreeQueue:
@@ -77,6 +108,7 @@ class PolicyFreeQueue:
                  clock_s: Callable[[], float] = time.monotonic) -> None:
         if policy.mode not in EVICTION_MODES:
             raise ValueError(f"eviction mode {policy.mode!r} is not one of {', '.join(EVICTION_MODES)}")
+        policy = policy.for_pool(len(blocks) - 1)  # vLLM's null block never holds content
         self.policy = policy
         self.stats = stats if stats is not None else PluginStats(mode=policy.mode)
         self._clock_s = clock_s
@@ -85,7 +117,10 @@ class PolicyFreeQueue:
         params = [policy.categories.get(n, policy.default) for n in self._names]
         self._p = [c.reuse_prob for c in params]
         self._rate = [c.rate_per_s for c in params]
-        self._life = [c.life_s for c in params]
+        self._life = [policy.life_s if policy.life_s > 0 else c.life_s for c in params]
+        self._table = [c.km_cdf for c in params]
+        self._model = MODELS.index(policy.model)
+        self._leaf_only = policy.prefix_closed
         self._queues: list[OrderedDict[int, Any]] = [OrderedDict() for _ in self._names]
         self._uncached: OrderedDict[int, Any] = OrderedDict()
         n = max((b.block_id for b in blocks), default=-1) + 1
@@ -96,6 +131,12 @@ class PolicyFreeQueue:
         self._seq = [0] * n                 # release order (ties and LRU)
         self._first_seq = [-1] * n          # FIFO: when the block entered the cache (-1 = not cached)
         self._req_s = [math.nan] * n        # trace time of the last releasing request (nan: none given)
+        self._parent = [-1] * n             # leaf_only: the block before it in its request (-1: none)
+        self._pgen = [0] * n                # generation of that parent when the link was made
+        self._gen = [0] * n                 # bumped each time the block's content is dropped
+        self._nchild = [0] * n              # cached children linked to this block
+        self._ready: OrderedDict[int, Any] = OrderedDict()  # held back, now leaves: evicted first
+        self._held: dict[int, Any] = {}     # held back, still with cached children
         self.trace_now_s: float | None = None
         self._fifo_heap: list[tuple[int, int]] = []
         self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
@@ -117,12 +158,26 @@ class PolicyFreeQueue:
         req_s = math.nan if time_s is None else float(time_s)
         if time_s is not None:
             self.observe_time(req_s)
+        prev = -1
         for pos, b in enumerate(blocks):
             bid = b.block_id
-            if 0 <= bid < len(self._cat):
-                self._cat[bid] = cat
-                self._offset[bid] = pos
-                self._req_s[bid] = req_s
+            self._ensure(bid)
+            self._cat[bid] = cat
+            self._offset[bid] = pos
+            self._req_s[bid] = req_s
+            if b.block_hash is None:
+                prev = -1
+                continue
+            if prev >= 0 and not self._linked(bid):
+                self._parent[bid] = prev
+                self._pgen[bid] = self._gen[prev]
+                self._nchild[prev] += 1
+            prev = bid
+
+    def _linked(self, bid: int) -> bool:
+        """Whether BID is counted among the cached children of a live parent."""
+        p = self._parent[bid]
+        return p >= 0 and self._pgen[bid] == self._gen[p]
 
     def observe_time(self, time_s: float) -> None:
         """A request of trace time TIME_S reached the scheduler: the trace clock moves forward to it."""
@@ -159,6 +214,12 @@ class PolicyFreeQueue:
             raise RuntimeError(f"remove() called on a block that is not free: {bid}")
         if where == _UNCACHED:
             del self._uncached[bid]
+        elif where == _HELD:
+            self._held.pop(bid, None)
+            self._ready.pop(bid, None)
+            self.stats.hits_on_free += 1
+            if self._s3 is not None:
+                self._s3.hit(bid)
         else:
             del self._queues[where][bid]
             self.stats.hits_on_free += 1
@@ -214,7 +275,8 @@ class PolicyFreeQueue:
 
     def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
         """Free blocks: the uncached ones first, then the cached ones by release order."""
-        cached = sorted((b for q in self._queues for b in q.values()), key=lambda b: self._seq[b.block_id])
+        cached = sorted([*(b for q in self._queues for b in q.values()), *self._held.values()],
+                        key=lambda b: self._seq[b.block_id])
         order = [*self._uncached.values(), *cached]
         start = 0
         if cursor is not None:
@@ -226,29 +288,47 @@ class PolicyFreeQueue:
     def _pop(self, now_s: float) -> Any:
         if self._uncached:
             bid, block = self._uncached.popitem(last=False)
-            self._where[bid] = _NOT_FREE
-            self._first_seq[bid] = -1
-            if self._s3 is not None:
-                self._s3.forget(bid)
-                self._s3.allocated(bid)
-            self.num_free_blocks -= 1
+            self._drop(bid)
             return block
         t0 = time.perf_counter_ns()
-        try:
-            cat = self._choose(now_s)
-        except Exception as e:  # never break serving: LRU for this eviction, counted
-            self.stats.record_fallback(f"{type(e).__name__}: {e}")
-            cat = self._choose_lru()
-        bid, block = self._queues[cat].popitem(last=False)
-        self.stats.record_eviction(self._names[cat], time.perf_counter_ns() - t0,
-                                   cached=block.block_hash is not None)
+        if self._ready or not any(self._queues):  # held back and now a leaf (else: only held blocks are free)
+            bid, block = self._ready.popitem(last=False) if self._ready else next(iter(self._held.items()))
+            del self._held[bid]
+            name = self._names[self._cat[bid]]
+        else:
+            while True:
+                try:
+                    cat = self._choose(now_s)
+                except Exception as e:  # never break serving: LRU for this eviction, counted
+                    self.stats.record_fallback(f"{type(e).__name__}: {e}")
+                    cat = self._choose_lru()
+                bid, block = self._queues[cat].popitem(last=False)
+                name = self._names[cat]
+                if not (self._leaf_only and self._nchild[bid] > 0) or not any(self._queues):
+                    break
+                self._where[bid] = _HELD  # it has cached children: hold it back, choose again
+                self._held[bid] = block
+                self.stats.num_held += 1
+        self.stats.record_eviction(name, time.perf_counter_ns() - t0, cached=block.block_hash is not None)
+        self._drop(bid)
+        return block
+
+    def _drop(self, bid: int) -> None:
+        """BID leaves the free set for new content: unlink it from its parent, forget its order."""
+        if self._linked(bid):
+            p = self._parent[bid]
+            self._nchild[p] -= 1
+            if self._nchild[p] == 0 and p in self._held:  # a held-back parent is now a leaf
+                self._ready[p] = self._held[p]
+        self._parent[bid] = -1
+        self._gen[bid] += 1
+        self._nchild[bid] = 0
         self._where[bid] = _NOT_FREE
         self._first_seq[bid] = -1
         if self._s3 is not None:
             self._s3.forget(bid)
             self._s3.allocated(bid)
         self.num_free_blocks -= 1
-        return block
 
     def _choose(self, now_s: float) -> int:
         mode = self.policy.mode
@@ -293,17 +373,17 @@ class PolicyFreeQueue:
     def _choose_wa(self, now_s: float) -> int:
         pol = self.policy
         best = -1
-        best_prob, best_off, best_seq = 0.0, 0, 0
+        best_key: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
         for i, q in enumerate(self._queues):
             if not q:
                 continue
             bid = next(iter(q))
-            prob = reuse_prob(self._p[i], self._rate[i], now_s - self._last_s[bid],
-                              self._life[i], pol.use_life, pol.conditional)
-            off, seq = self._offset[bid], self._seq[bid]
-            if best < 0 or evicts_before(prob, off, best_prob, best_off, pol.use_offset) or (
-                    not evicts_before(best_prob, best_off, prob, off, pol.use_offset) and seq < best_seq):
-                best, best_prob, best_off, best_seq = i, prob, off, seq
+            last = self._last_s[bid]
+            prio = log_reuse_prob(self._model, self._p[i], self._rate[i], self._table[i], now_s - last,
+                                  self._life[i], pol.use_life, pol.conditional)
+            key = (prio, self._offset[bid], last, bid)
+            if best < 0 or evicts_before(*key, *best_key, pol.use_offset):
+                best, best_key = i, key
         return best
 
     def _ensure(self, bid: int) -> None:
@@ -316,6 +396,10 @@ class PolicyFreeQueue:
             self._seq += [0] * grow
             self._first_seq += [-1] * grow
             self._req_s += [math.nan] * grow
+            self._parent += [-1] * grow
+            self._pgen += [0] * grow
+            self._gen += [0] * grow
+            self._nchild += [0] * grow
 
     def _compact_fifo(self) -> None:
         self._fifo_heap = [(f, b) for f, b in self._fifo_heap if self._where[b] >= 0 and self._first_seq[b] == f]

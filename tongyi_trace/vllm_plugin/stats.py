@@ -42,6 +42,7 @@ class PluginStats:
         self.decision_ns_sum = 0
         self.decision_hist = [0] * (len(HIST_EDGES_NS) + 1)
         self.hits_on_free = 0                    # cached free blocks pinned again by a prefix hit
+        self.num_held = 0                        # leaf_only: victims held back while they had cached children
         self.fallbacks = 0
         self.fallback_reasons: list[str] = []
         self.started_unix_s = time.time()
@@ -89,6 +90,7 @@ class PluginStats:
             "evictions_by_category": dict(self.evictions_by_category),
             "reuses_uncached": self.reuses_uncached,
             "hits_on_free": self.hits_on_free,
+            "num_held": self.num_held,
             "decision_ns_sum": self.decision_ns_sum,
             "decision_hist_edges_ns": HIST_EDGES_NS,
             "decision_hist": list(self.decision_hist),
@@ -170,7 +172,7 @@ def stats_delta(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[st
             before.get("started_unix_s") != after.get("started_unix_s"):
         return dict(after)
     out = dict(after)
-    for key in ("evictions", "reuses_uncached", "hits_on_free", "decision_ns_sum", "fallbacks"):
+    for key in ("evictions", "reuses_uncached", "hits_on_free", "num_held", "decision_ns_sum", "fallbacks"):
         out[key] = int(after.get(key, 0)) - int(before.get(key, 0))
     cats_before = before.get("evictions_by_category") or {}
     out["evictions_by_category"] = {

@@ -19,8 +19,7 @@ from numba import njit
 from tongyi_trace.sim.policy_base import NoParams, PolicySpec
 from tongyi_trace.sim.structs import G_CURSOR, PINNED, QID, q_append, q_head, q_next, q_unlink
 
-PID = 1
-SPEC = PolicySpec("fifo", PID, NoParams, "first in, first out; hits do not reorder")
+SPEC = PolicySpec("fifo", NoParams, "first in, first out; hits do not reorder")
 
 
 @njit(cache=True, inline="always")

@@ -28,7 +28,6 @@ from numba import njit
 from tongyi_trace.sim.policy_base import PolicySpec
 from tongyi_trace.sim.structs import FREQ, G_STAMP, GF_CLOCK, GF_LAST_KEY, heap_pop_valid, heap_push
 
-PID = 4
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
 
@@ -49,7 +48,7 @@ class GdsfParams:
         return np.zeros(8, np.int64), fp
 
 
-SPEC = PolicySpec("gdsf", PID, GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position",
+SPEC = PolicySpec("gdsf", GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position",
                   uses_heap=True)
 
 

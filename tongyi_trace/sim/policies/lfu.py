@@ -22,8 +22,7 @@ from numba import njit
 from tongyi_trace.sim.policy_base import NoParams, PolicySpec
 from tongyi_trace.sim.structs import FREQ, G_MINF, q_append, q_head, q_unlink
 
-PID = 2
-SPEC = PolicySpec("lfu", PID, NoParams, "least frequently used (in-cache count), LRU among equal counts",
+SPEC = PolicySpec("lfu", NoParams, "least frequently used (in-cache count), LRU among equal counts",
                   queues_per_count=True)
 
 

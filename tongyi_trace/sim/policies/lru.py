@@ -20,8 +20,7 @@ from numba import njit
 from tongyi_trace.sim.policy_base import NoParams, PolicySpec
 from tongyi_trace.sim.structs import q_append, q_head, q_unlink
 
-PID = 0
-SPEC = PolicySpec("lru", PID, NoParams, "least recently used (vLLM's order)")
+SPEC = PolicySpec("lru", NoParams, "least recently used (vLLM's order)")
 
 
 @njit(cache=True, inline="always")

@@ -25,8 +25,7 @@ from numba import njit
 from tongyi_trace.sim.policy_base import NoParams, PolicySpec
 from tongyi_trace.sim.structs import G_STAMP, heap_pop_valid, heap_push
 
-PID = 6
-SPEC = PolicySpec("oracle", PID, NoParams, "Belady/MIN with prefix semantics (upper bound)",
+SPEC = PolicySpec("oracle", NoParams, "Belady/MIN with prefix semantics (upper bound)",
                   uses_heap=True, needs_next_use=True)
 
 

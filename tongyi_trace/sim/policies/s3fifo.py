@@ -32,7 +32,6 @@ from numba import njit
 from tongyi_trace.sim.policy_base import PolicySpec
 from tongyi_trace.sim.structs import AUX, AUX2, FREQ, G_GHOST, PINNED, QID, q_append, q_head, q_unlink
 
-PID = 3
 _S = 0
 _M = 1
 
@@ -58,7 +57,7 @@ class S3FifoParams:
         return ip, fp
 
 
-SPEC = PolicySpec("s3fifo", PID, S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost",
+SPEC = PolicySpec("s3fifo", S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost",
                   num_queues=2)
 
 

@@ -1,20 +1,24 @@
 """WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
-to evict, compare only the W queue heads by (ReuseProb_w(t, life), -offset) and drop the lowest.
+to evict, compare only the W queue heads in the total order of tongyi_trace.wa_priority
+(log ReuseProb_w(t, life), -offset, last access, block id) and drop the first.
 
-    release(x) by a request of category w at time now: last[x] = now (in microseconds); cat[x] = w;
-                offset[x] = pos; append x to queue w (deepest first: on equal time the deeper block is
+    release(x) by a request of category w at time now: cat[x] = w; offset[x] = pos; append x to queue w
+                (the kernel stamped last[x] = now; deepest first, so on equal time the deeper block is
                 nearer the head)
     access(x):  unlink x (pinned while the request runs)
     evict(now): for each non-empty queue w: h = its head (its lowest priority: ReuseProb falls with t)
-                    prob = ReuseProb_w(now - last[h], life_w)     (tongyi_trace.wa_priority.reuse_prob)
-                victim = the head that evicts_before all others (lower prob; equal prob: larger offset)
-    ReuseProb_w(t, life) = p_w exp(-lambda_w t) (1 - exp(-lambda_w life)); categories unknown to the fit
-    use its `default`. Switches: use_life=False (--wa-no-life: window unbounded), conditional=True
-    (--wa-conditional: divide by 1 - F_w(t)), use_offset=False (--wa-no-offset: no depth tie-break).
+                    prio = log ReuseProb_w(now - last[h], life_w)   (tongyi_trace.wa_priority)
+                victim = the head first in the total order (lowest prio, then deeper, older, smaller id)
+    Reuse model per category (`model`): exp, F_w(d) = p_w (1 - e^(-lambda_w d)), or km, the censored
+    Kaplan-Meier CDF tabulated by `kvtrace fit`; `conditional` divides by 1 - F_w(t); `life_s` > 0
+    replaces every category's fitted life window (the capacity-aware fit sets it near the cache's
+    eviction age); use_life=False (--wa-no-life) makes the window unbounded; use_offset=False
+    (--wa-no-offset) drops the depth key. Categories unknown to the fit use its `default`.
+    Prefix closure (leaf_only, on by default for WA) is the kernel's: see kernel.py.
 
 The priority functions are the plain-Python ones of tongyi_trace/wa_priority.py compiled here with
 numba, the same definitions the vLLM plugin runs. Cost: O(W) per eviction; a head's priority is
-cached while it stays the head within one request (same now), so most evictions compute one exp.
+cached while it stays the head within one request (same now), so most evictions compute one log.
 
 Source: Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 4.2; vLLM PR #22236.
 """
@@ -24,27 +28,45 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from types import FunctionType
 
 import numpy as np
 from numba import njit
 
 from tongyi_trace import wa_priority
 from tongyi_trace.sim.policy_base import PolicySpec
-from tongyi_trace.sim.structs import AUX, BPOS, CAT, G_QCACHE, GF_NOW, GF_QCACHE, q_append, q_head, q_unlink
+from tongyi_trace.sim.structs import BPOS, CAT, G_QCACHE, GF_NOW, GF_QCACHE, LAST, q_append, q_head, q_unlink
 
-PID = 5
-reuse_prob = njit(cache=True, inline="always")(wa_priority.reuse_prob)
+km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
+# log_reuse_prob calls km_cdf: compile it with the compiled km_cdf bound in its globals
+log_reuse_prob = njit(cache=True, inline="always")(FunctionType(
+    wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf}, "log_reuse_prob"))
 evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
+# rows of the kernel's cw array (one column per category): p, rate, life, then the km table of F
+CW_P, CW_RATE, CW_LIFE, CW_TABLE = 0, 1, 2, 3
+NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
 
 
 @dataclass(frozen=True)
 class WaParams:
-    """Ablation switches of WA (the fitted per-category parameters come from --params)."""
+    """WA's switches (the fitted per-category parameters come from the policy file)."""
 
-    use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
+    model: str = field(default="exp", metadata={"help": "reuse model: exp (fitted p, lambda) or km (Kaplan-Meier)"})
     conditional: bool = field(default=False, metadata={
         "help": "condition on no reuse by t (--wa-conditional)"})
+    life_s: float = field(default=0.0, metadata={
+        "help": "life window for every category, s (0 = each category's fitted life_s)"})
+    use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
     use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
+
+    def __post_init__(self) -> None:
+        from tongyi_trace.errors import UsageError
+
+        if self.model not in wa_priority.MODELS:
+            raise UsageError(f"policy wa: parameter model must be one of {', '.join(wa_priority.MODELS)}, "
+                             f"got {self.model!r}")
+        if not (self.life_s >= 0.0 and self.life_s < float("inf")):
+            raise UsageError(f"policy wa: parameter life_s must be a finite number >= 0, got {self.life_s}")
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
@@ -52,11 +74,14 @@ class WaParams:
         ip[0] = int(self.use_life)
         ip[1] = int(self.conditional)
         ip[2] = int(self.use_offset)
-        return ip, np.zeros(8, np.float64)
+        ip[3] = wa_priority.MODELS.index(self.model)
+        fp = np.zeros(8, np.float64)
+        fp[0] = self.life_s
+        return ip, fp
 
 
-SPEC = PolicySpec("wa", PID, WaParams, "workload-aware (paper 4.2): per-category ReuseProb queues",
-                  queues_per_category=True, needs_fit=True)
+SPEC = PolicySpec("wa", WaParams, "workload-aware (paper 4.2): per-category ReuseProb queues",
+                  queues_per_category=True, needs_fit=True, leaf_only_default=True)
 
 
 @njit(cache=True, inline="always")
@@ -75,7 +100,6 @@ def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    bk[x, AUX] = np.int64(now * 1e6)  # last access in microseconds, in the block's row (one memory line)
     bk[x, CAT] = c
     bk[x, BPOS] = pos
     q_append(bk, qs, c, x)
@@ -87,31 +111,31 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
     use_life = ip[0] == 1
     conditional = ip[1] == 1
     use_offset = ip[2] == 1
+    model = ip[3]
+    life_all = fp[0]
+    nq = qs.shape[0]
     if gf[GF_NOW] != now:  # a new request: every cached head priority is stale
         gf[GF_NOW] = now
-        for w in range(qs.shape[0]):
+        for w in range(nq):
             g[G_QCACHE + w] = -1
     best = -1
-    best_prob = 0.0
-    best_off = 0
-    for w in range(qs.shape[0]):
+    best_prio = 0.0
+    for w in range(nq):
         if qs[w] == 0:
             continue
         h = q_head(bk, qs, w)
-        nq = qs.shape[0]
-        if g[G_QCACHE + w] == h:  # same head at the same time: same priority (no block row read)
-            prob = gf[GF_QCACHE + w]
-            off = g[G_QCACHE + nq + w]
+        if g[G_QCACHE + w] == h:  # same head at the same time: same priority
+            prio = gf[GF_QCACHE + w]
         else:
-            prob = reuse_prob(cw[0, w], cw[1, w], now - bk[h, AUX] * 1e-6, cw[2, w], use_life, conditional)
-            off = bk[h, BPOS]
+            life = life_all if life_all > 0.0 else cw[CW_LIFE, w]
+            prio = log_reuse_prob(model, cw[CW_P, w], cw[CW_RATE, w], cw[CW_TABLE:, w],
+                                  now - bk[h, LAST] * 1e-6, life, use_life, conditional)
             g[G_QCACHE + w] = h
-            gf[GF_QCACHE + w] = prob
-            g[G_QCACHE + nq + w] = off
-        if best < 0 or evicts_before(prob, off, best_prob, best_off, use_offset):
+            gf[GF_QCACHE + w] = prio
+        if best < 0 or evicts_before(prio, bk[h, BPOS], bk[h, LAST], h,
+                                     best_prio, bk[best, BPOS], bk[best, LAST], best, use_offset):
             best = h
-            best_prob = prob
-            best_off = off
+            best_prio = prio
     if best >= 0:
         q_unlink(bk, qs, best)
     return best
