@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import polars as pl
 import pytest
 
 from tongyi_trace.replay import engine
@@ -198,7 +199,8 @@ SIM_SPEEDUP = 20.0
 
 @pytest.fixture(scope="module")
 def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A small to-C synthetic trace, ingested, with its own fit: (run folder, policy file)."""
+    """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
+    (255 blocks of 32 tokens = 510 trace blocks): (run folder, policy file)."""
     from tongyi_trace.fit.policy_fit import fit_policy
     from tongyi_trace.trace.ingest import ingest_trace
     from tongyi_trace.trace.synth import synth_to_file
@@ -207,17 +209,22 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     synth_to_file("to-c", 3, d / "toc.jsonl", num_requests=160, duration_s=400.0)
     ingest_trace(d / "toc.jsonl", d / "run")
     policy = d / "policy.json"
-    fit_policy(d / "run", policy)
+    fit_policy(d / "run", policy, capacities="510")
     return d / "run", policy
 
 
-def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[Path, Path]) -> None:
-    """The plugin on a fitted to-C slice: engine hit ratio within 3 points of the simulator's WA."""
+def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Path, Path]) -> None:
+    """The plugin running the policy file's choice (mode fitted: prefix-closed WA or a baseline), one
+    request at a time on trace time: the engine's cached tokens equal the simulator's prediction for every
+    request."""
     require_engine()
-    from tongyi_trace.replay.compare import load_side
+    from tongyi_trace.fit.params import load_policy
     from tongyi_trace.replay.dispatch import request_body
+    from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
     from tongyi_trace.replay.schedule import ScheduledRequest, ScheduleOptions
+    from tongyi_trace.run import open_run
+    from tongyi_trace.sim.engine_model import predict_request_hits
 
     probe = request_body("m", np.zeros(1, np.int64), ScheduledRequest(0, 0.0, 1, 1, "text-1", 0, None, 12.5))
     assert json.loads(probe)["vllm_xargs"] == {"kv_category": "text-1", "kv_time_s": 12.5}
@@ -225,20 +232,25 @@ def test_engine_hit_ratio_matches_the_simulators_wa_prediction(toc_slice: tuple[
     run, policy = toc_slice
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
-        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, eviction="wa", policy=policy,
+        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, policy=policy,
                           name="test-plugin-sim", time_scale=SIM_SPEEDUP)
     try:
-        opts = ReplayOptions(name="wa", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
+        opts = ReplayOptions(name="fitted", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
                              max_in_flight=1, overwrite=True)
         run_replay(run, st.url, opts)
         subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
     finally:
         engine.stop("test-plugin-sim")
-    assert st.stats_dir is not None
-    stats_dir = Path(st.stats_dir)
-    stats = read_stats(stats_dir)
+    assert st.stats_dir is not None and st.eviction == "fitted"
+    stats = read_stats(Path(st.stats_dir))
     assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
-    side = load_side(run / "replay" / "wa", policy_override=policy)
-    engine_hit, predicted = side.engine_hit_ratio, side.predicted_hit_ratio["wa"]
-    assert engine_hit is not None and predicted is not None, side.notes
-    assert abs(engine_hit - predicted) <= 0.03, (engine_hit, predicted, side.predicted_hit_ratio)
+    recs = read_records(run / "replay" / "fitted" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
+    assert recs.height > 100
+    out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
+    predicted = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
+                                     policy="fitted", params=load_policy(policy), output_tokens=out_tok)
+    lru = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
+                               policy="lru", output_tokens=out_tok)
+    engine_hits = recs["cached_tokens"].to_numpy().astype(np.int64)
+    assert int(np.asarray(lru).sum()) != int(np.asarray(predicted).sum()), "the choice must differ from LRU here"
+    assert engine_hits.tolist() == np.asarray(predicted).tolist()

@@ -84,12 +84,18 @@ class PolicyParams:
             return self.default
         return self.categories.get(name, self.default)
 
-    def choice_for(self, capacity_blocks: int) -> PolicyChoice | None:
-        """The choice whose capacity is nearest CAPACITY_BLOCKS (by ratio), or None when there is none."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the trace the file was fitted on (the unit of choices' capacity_blocks)."""
+        bs = self.trace.get("block_size")
+        return int(bs) if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 else 16
+
+    def choice_for(self, capacity_tokens: int) -> PolicyChoice | None:
+        """The choice whose capacity is nearest CAPACITY_TOKENS (by ratio), or None when there is none."""
         if not self.choices:
             return None
-        c = max(capacity_blocks, 1)
-        return min(self.choices, key=lambda ch: (abs(math.log(max(ch.capacity_blocks, 1) / c)),
+        c = max(capacity_tokens, 1)
+        return min(self.choices, key=lambda ch: (abs(math.log(max(ch.capacity_blocks * self.block_size, 1) / c)),
                                                  ch.capacity_blocks))
 
     def to_json(self) -> dict[str, Any]:

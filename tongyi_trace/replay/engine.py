@@ -354,6 +354,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
         stats_dir = str(sdir)
         env["KVTRACE_STATS_DIR"] = stats_dir
         env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
+        env["KVTRACE_BLOCK_SIZE"] = str(block_size)
         (sdir / "plugin_stats.json").unlink(missing_ok=True)
     log_path = sdir / "engine.log"
     url = f"http://127.0.0.1:{port}"

@@ -116,6 +116,21 @@ def category_arrays(stream: Stream, fit: PolicyParams | None) -> np.ndarray:
     return cw
 
 
+# The setting `kvtrace fit --capacity` chose, per capacity (the policy file's nearest choice).
+FITTED = "fitted"
+
+
+def resolve_fitted(fit: PolicyParams, capacity_blocks: int, block_size: int,
+                   ) -> tuple[str, dict[str, Any], str | None]:
+    """(policy, parameters, choice's capacity label) that the policy file chose for a cache of
+    CAPACITY_BLOCKS blocks of BLOCK_SIZE tokens: its nearest choice, or WA with its defaults when the file
+    has no choices."""
+    choice = fit.choice_for(capacity_blocks * block_size)
+    if choice is None:
+        return "wa", {}, None
+    return choice.policy, dict(choice.params), choice.capacity
+
+
 def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                     params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                     engine: EngineShape | None = None, next_req: np.ndarray | None = None,
@@ -123,7 +138,14 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     """Replay STREAM through POLICY with a cache of CAPACITY_BLOCKS blocks.
 
     PARAMS: the policy's own parameters (typed, unknown keys are errors); FIT: the policy file (WA needs
-    it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent)."""
+    it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent). POLICY "fitted" runs
+    what FIT chose for this capacity (resolve_fitted), PARAMS on top."""
+    if str(policy) == FITTED:
+        if fit is None:
+            raise UsageError("policy fitted needs fitted parameters: pass --params policy.json "
+                             "(from 'kvtrace fit')")
+        policy, chosen, _ = resolve_fitted(fit, capacity_blocks, stream.block_size)
+        params = {**chosen, **(params or {})}
     spec = get_policy(policy)
     typed, leaf_only = spec.make_params(params)
     if spec.needs_fit and fit is None:

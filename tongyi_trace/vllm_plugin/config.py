@@ -67,6 +67,9 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
     if not 0.0 <= life_s < float("inf"):
         raise PluginConfigError(f"KVTRACE_WA_LIFE_S={life_s} must be a finite number >= 0")
     leaf = env.get("KVTRACE_LEAF_ONLY")
+    raw_bs = env.get("KVTRACE_BLOCK_SIZE") or "16"
+    if not raw_bs.isdigit() or int(raw_bs) < 1:
+        raise PluginConfigError(f"KVTRACE_BLOCK_SIZE={raw_bs!r} must be a positive number of tokens")
     policy = QueuePolicy(
         mode=mode,
         categories={k: prio(v) for k, v in params.categories.items()},
@@ -78,7 +81,8 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         model=model,
         life_s=life_s,
         leaf_only=None if leaf in (None, "") else _flag(env, "KVTRACE_LEAF_ONLY", True),
-        choices=tuple((c.capacity_blocks, c.policy, dict(c.params)) for c in params.choices),
+        choices=tuple((c.capacity_blocks * params.block_size, c.policy, dict(c.params)) for c in params.choices),
+        block_size=int(raw_bs),
     )
     stats_dir = Path(env.get("KVTRACE_STATS_DIR") or path.resolve().parent)
     return PluginConfig(policy=policy, policy_path=path, stats_dir=stats_dir)

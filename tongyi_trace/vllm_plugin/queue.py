@@ -79,8 +79,9 @@ class QueuePolicy:
     model: str = "exp"
     life_s: float = 0.0
     leaf_only: bool | None = None
-    # mode "fitted": (capacity_blocks, policy, params) chosen by `kvtrace fit --capacity`
+    # mode "fitted": (capacity_tokens, policy, params) chosen by `kvtrace fit --capacity`
     choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
+    block_size: int = 16  # tokens per engine block (the plugin is told by KVTRACE_BLOCK_SIZE)
 
     @property
     def prefix_closed(self) -> bool:
@@ -88,13 +89,14 @@ class QueuePolicy:
         return self.leaf_only if self.leaf_only is not None else self.mode == "wa"
 
     def for_pool(self, capacity_blocks: int) -> QueuePolicy:
-        """The policy to run on a cache of CAPACITY_BLOCKS: mode "fitted" takes the choice whose capacity
-        is nearest (by ratio; WA with its defaults when there is none), any other mode is itself."""
+        """The policy to run on a cache of CAPACITY_BLOCKS engine blocks: mode "fitted" takes the choice
+        whose capacity in tokens is nearest (by ratio; WA with its defaults when there is none); any other
+        mode is itself."""
         if self.mode != "fitted":
             return self
         if not self.choices:
             return replace(self, mode="wa")
-        c = max(capacity_blocks, 1)
+        c = max(capacity_blocks * self.block_size, 1)
         _, mode, params = min(self.choices, key=lambda ch: (abs(math.log(max(ch[0], 1) / c)), ch[0]))
         known = {f for f in ("model", "conditional", "life_s", "use_life", "use_offset", "leaf_only")
                  if f in params}
