@@ -63,7 +63,10 @@ class RunDir:
         return pl.read_parquet(self.blocks_path, columns=columns)
 
     def write_artifact(self, path: Path, obj: dict[str, Any]) -> None:
-        """Write a JSON artifact of this run atomically, stamped with the run identity."""
+        """Write a JSON artifact of this run atomically, stamped with the run identity (OBJ too)."""
+        rid = _run_id_at(self.path)
+        if rid is not None:
+            obj["run_id"] = rid
         write_json(path, obj)
 
     def read_artifact(self, path: Path, schema: str | None = None,
@@ -84,6 +87,9 @@ def is_run_dir(path: Path) -> bool:
 def open_run(path: str | Path) -> RunDir:
     """Open an existing run folder, or raise InputError saying how to make one."""
     p = Path(path)
+    if p.is_file():
+        raise InputError(f"{p}: is a file, not a kvtrace run folder; make one with 'kvtrace ingest {p} -o "
+                         "RUN_DIR' and pass RUN_DIR")
     if not is_run_dir(p):
         raise InputError(f"{p}: not a kvtrace run folder (no provenance.json/blocks.parquet); "
                          f"run 'kvtrace ingest TRACE -o {p}' first")

@@ -30,7 +30,7 @@ def _run(tmp_path: Path, *args: str) -> Result:
     (["--block-size", "48"], "multiple of 32"),
     (["--num-blocks", "10", "--max-model-len", "4096"], "vLLM refuses to start"),
     (["--eviction", "wa"], "needs --policy"),
-    (["--eviction", "clock"], "choose one of wa, lru, fifo, s3fifo"),
+    (["--eviction", "clock"], "wa, lru, fifo, s3fifo"),
     (["--policy", "missing.json"], "no such file"),
     ([], "not installed; run 'kvtrace engine install'"),
 ])

@@ -83,7 +83,7 @@ def test_reconcile_only_rebuilds_a_summary_left_running(fresh_tiny_run: Path, st
     res = run_replay(fresh_tiny_run, url, ReplayOptions(name="r", max_in_flight=1, schedule=FAST))
     done = res.summary
     # what a replay killed hard (SIGKILL, power loss) leaves: the summary written at start
-    started = {k: done[k] for k in ("schema", "name", "created_by", "server", "model", "started_at", "trace",
+    started = {k: done[k] for k in ("schema", "run_id", "name", "created_by", "server", "model", "started_at", "trace",
                                     "options", "selection", "engine")}
     (res.out_dir / "summary.json").write_text(json.dumps({**started, "status": "running", "error": None}))
     rebuilt = reconcile_only(fresh_tiny_run, "r").summary

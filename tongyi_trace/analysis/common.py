@@ -268,8 +268,14 @@ def resolve_models(names: Sequence[str], *, num_layers: int | None = None, num_k
         "dtype_bytes": dtype_bytes, "num_params": None if params_b is None else params_b * 1e9,
     }.items() if v is not None}
     for k, v in shape.items():
-        if v <= 0:
-            raise UsageError(f"model option {k} must be > 0, got {v}")
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"model option {k} must be a finite number > 0, got {v}")
+    for flag, v, ok in (("--gpu-util", utilization, "in (0, 1]"), ("--gpu-mem-gib", gpu_mem_gib, "> 0"),
+                        ("--reserve-gib", reserve_gib, ">= 0"), ("--tp", tp, "> 0")):
+        good = v is None or (math.isfinite(v) and (0 < v <= 1 if flag == "--gpu-util" else
+                                                   v >= 0 if flag == "--reserve-gib" else v > 0))
+        if not good:
+            raise UsageError(f"{flag} {v}: give a finite number {ok}")
     out: list[ModelPreset] = []
     for name in names:
         is_custom = name.lower() == "custom"

@@ -57,6 +57,9 @@ def _render(res: ReplayResult) -> None:
         d = s.get(key) or {}
         lat.add_row(key.removesuffix("_ms"), *(_fmt(d.get(k)) for k in ("p50", "p90", "p99", "max")))
     console.print(lat)
+    if s.get("num_cached_over_prompt"):
+        say(("warning:", "yellow"), f" {s['num_cached_over_prompt']} requests report more cached tokens than "
+            "their prompt; the server's cached_tokens is not trustworthy")
     for e in s.get("errors", [])[:5]:
         say((f"{e['count']} x", "red"), f" {e['error']}")
 
@@ -135,6 +138,7 @@ def replay(
     task: list[TaskID] = []
 
     def on_start(sched: Schedule, info: ServerInfo) -> None:
+        bar.start()  # only once the replay has started: an option error stays a single line
         task.append(bar.add_task(f"replay -> {info.model}", total=len(sched.requests), sent=0, errors=0,
                                  hit="-"))
 
@@ -144,8 +148,11 @@ def replay(
             bar.update(task[0], completed=st.num_done, sent=st.num_sent, errors=st.num_errors,
                        hit="-" if hr is None else f"{100 * hr:.1f}%")
 
-    with bar:
+    try:
         res = run_cli(lambda: run_replay(run_dir, server, opts, on_start=on_start, on_update=on_update))
+    finally:
+        if bar.live.is_started:
+            bar.stop()
     if json_out:
         print_json(res.summary)
     elif not quiet:

@@ -39,6 +39,8 @@ class PromptSynth:
 
     def __init__(self, seed: int, vocab_size: int, trace_block_size: int,
                  min_token_id: int = DEFAULT_MIN_TOKEN_ID) -> None:
+        if min_token_id < 0:
+            raise UsageError(f"--min-token-id {min_token_id} must be >= 0 (a token id)")
         if vocab_size - min_token_id < 2:
             raise UsageError(f"--vocab-size {vocab_size}: must exceed the lowest token id {min_token_id} "
                              "by at least 2")

@@ -109,10 +109,17 @@ def reset_prefix_cache(url: str, api_key: str | None = None) -> None:
 def probe_server(url: str, model: str | None, api_key: str | None, reset_cache: bool = False) -> ServerInfo:
     """Check the server answers and serves MODEL (or pick its only/first model); raise EngineError if not."""
     url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"--server {url!r}: not a valid URL; give one such as http://127.0.0.1:8000")
     try:
         r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10.0, verify=_tls(url))
+    except httpx.TimeoutException as e:
+        raise EngineError(f"server {url} accepted the connection but did not answer GET /v1/models within "
+                          f"10 s ({type(e).__name__}); is it still starting, or stuck?") from None
     except httpx.HTTPError as e:
         raise EngineError(f"server {url} unreachable ({type(e).__name__}: {' '.join(str(e).split())}); "
                           "start one with 'kvtrace engine start' or check --server") from None
@@ -330,6 +337,7 @@ def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, 
         "records_hit_ratio": (int(cached_known["cached_tokens"].sum()) / prompt_known
                               if cached_known.height and prompt_known else None),
         "prompt_tokens_ok": int(ok["prompt_tokens"].sum() or 0),
+        "num_cached_over_prompt": int((ok["cached_tokens"] > ok["prompt_tokens"]).sum() or 0),
         "cached_tokens_reported": cached_known.height == ok.height,
         "drift_ms": _pcts(recs["drift_ms"]),
         "ttft_ms": _pcts(ok["ttft_ms"]),

@@ -11,6 +11,7 @@ the parent is replayed too) has finished.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,13 +61,17 @@ class Schedule:
 
 
 def _check(opts: ScheduleOptions) -> None:
-    if not opts.speedup > 0:
-        raise UsageError(f"--speedup {opts.speedup} must be > 0")
-    if opts.duration_s is not None and opts.duration_s <= 0:
-        raise UsageError(f"--duration {opts.duration_s} must be > 0 seconds")
+    if not (opts.speedup > 0 and math.isfinite(opts.speedup)):
+        raise UsageError(f"--speedup {opts.speedup} must be a finite number > 0")
+    if not (opts.start_s >= 0 and math.isfinite(opts.start_s)):
+        raise UsageError(f"--start {opts.start_s} must be a finite number of seconds >= 0")
+    if opts.duration_s is not None and not (opts.duration_s > 0 and math.isfinite(opts.duration_s)):
+        raise UsageError(f"--duration {opts.duration_s} must be a finite number of seconds > 0")
+    if opts.seed < 0:
+        raise UsageError(f"--seed {opts.seed} must be >= 0")
     if opts.max_requests is not None and opts.max_requests <= 0:
         raise UsageError(f"--max-requests {opts.max_requests} must be > 0")
-    if opts.sample_sessions is not None and not 0 < opts.sample_sessions <= 1:
+    if opts.sample_sessions is not None and not 0 < opts.sample_sessions <= 1:  # also refuses NaN
         raise UsageError(f"--sample-sessions {opts.sample_sessions} must be a fraction in (0, 1]")
     if opts.max_output_tokens is not None and opts.max_output_tokens < 1:
         raise UsageError(f"--max-output {opts.max_output_tokens} must be >= 1")
