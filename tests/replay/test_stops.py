@@ -96,3 +96,25 @@ def test_reconcile_only_rebuilds_a_summary_left_running(fresh_tiny_run: Path, st
     r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--name", "r", "--reconcile-only"])
     assert r.exit_code == 0, r.stderr
     assert "6 ok, 0 failed, 0 not finished" in r.stdout
+
+
+def test_a_stop_during_the_final_metrics_scrape_still_finalizes(fresh_tiny_run: Path, standin: Standin) -> None:
+    url, _ = standin(hang_metrics_after=1)  # the probe's scrape answers; the final one hangs
+    out = fresh_tiny_run / "replay" / "m"
+    proc = subprocess.Popen([sys.executable, "-m", "tongyi_trace.cli", "replay", str(fresh_tiny_run),
+                             "--server", url, "--name", "m", "--speedup", "1000", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        summary_text = (out / "summary.json").read_text() if (out / "summary.json").is_file() else ""
+        if '"num_done": 6' in summary_text:  # the records' summary is out: now in the final scrape
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["error"] == "stopped while reading the engine's final figures"
+    assert summary["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0, "num_not_finished": 0}

@@ -13,7 +13,8 @@ non_object (`data: 5`, `data: [1,2]` chunks), bad_usage (`usage` not an object),
 ends cleanly but without usage or [DONE]), close (the socket is cut mid-stream), hang (the request is
 read and never answered), trickle (one byte every 0.2 s, forever), huge_line (a 4 MiB line without a
 newline), metrics (every completion is fine but GET /metrics answers nonsense: NaN counters, a negative
-block size, hits above queries). Run: python -m tongyi_trace.replay.standin --port N [--fault MODE].
+block size, hits above queries). `hang_metrics_after=N`: GET /metrics never answers after N scrapes.
+Run: python -m tongyi_trace.replay.standin --port N [--fault MODE].
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StandInState:
 
     def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
                  token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None,
-                 fault: str | None = None, fault_every: int = 1) -> None:
+                 fault: str | None = None, fault_every: int = 1, hang_metrics_after: int = 0) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         self.block_size = block_size
@@ -52,6 +53,8 @@ class StandInState:
         self.api_key = api_key
         self.fault = fault
         self.fault_every = max(1, fault_every)
+        self.hang_metrics_after = hang_metrics_after  # > 0: GET /metrics hangs after that many scrapes
+        self.num_metrics = 0
         self.stop = threading.Event()  # set at shutdown: releases hanging / trickling handlers
         self.lock = threading.Lock()
         self.cache: set[bytes] = set()
@@ -94,6 +97,11 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _count_metrics(self) -> int:
+            with state.lock:
+                state.num_metrics += 1
+                return state.num_metrics
 
         def _raw(self, code: int, content_type: str, body: bytes) -> None:
             self.send_response(code)
@@ -161,6 +169,10 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
                                                              "max_model_len": state.max_model_len}]})
+            elif self.path == "/metrics" and state.hang_metrics_after and self._count_metrics() > \
+                    state.hang_metrics_after:
+                state.stop.wait(120)
+                self.close_connection = True
             elif self.path == "/metrics" and state.fault == "metrics":
                 self._raw(200, "text/plain", _NONSENSE_METRICS)
             elif self.path == "/metrics":
