@@ -26,9 +26,10 @@ BASELINES = ["lru", "fifo", "lfu", "s3fifo", "gdsf"]
 ABLATION = ["wa", "wa-no-life", "wa-conditional", "wa-no-offset"]
 COLORS = {"lru": "#1f77b4", "fifo": "#ff7f0e", "lfu": "#8c564b", "s3fifo": "#9467bd", "gdsf": "#e377c2",
           "wa": "#d62728", "oracle": "#2ca02c", "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5",
-          "wa-no-offset": "#f7b6d2"}
+          "wa-no-offset": "#f7b6d2", "fitted": "#000000"}
 COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_ratio", "num_evictions",
            "evict_decision_ns", "refs_per_s", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
+OPTIONAL = ["orphaned_refs", "num_refs", "base_policy"]  # absent from sweeps of older kvtrace versions
 
 
 def build(run: RunDir) -> list[Section]:
@@ -52,6 +53,26 @@ def build(run: RunDir) -> list[Section]:
     policies = [p for p in _policy_order(results["policy"].unique().to_list()) if p not in ABLATION[1:]]
     s.tables["hit"] = _pivot(results, caps, policies, "hit_ratio")
     gains = _wa_gains(results, caps)
+    exported = "fitted" if "fitted" in set(results["policy"].to_list()) else "wa"
+    policy_gain = _policy_gains(results, caps, exported)
+    if policy_gain:
+        s.figures["gain"] = _gain_figure(policy_gain, exported)
+        s.tables["gain"] = Table(
+            columns=["capacity", "blocks", exported, "- LRU", "best baseline", f"{exported} - best",
+                     "oracle - LRU (headroom)", "gap closed"],
+            rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["hit"]), f"{100 * g['vs_lru']:+.2f}",
+                   g["best"], f"{100 * g['vs_best']:+.2f}", fmt.NA if g["headroom"] is None else
+                   f"{100 * g['headroom']:.2f}", fmt.NA if g["closed"] is None else f"{100 * g['closed']:.0f}%"]
+                  for g in policy_gain],
+            caption="Hit-ratio points (1.0 = 100 points). Gap closed = share of the LRU-to-oracle gap the exported "
+                    "policy closes.")
+        losses = [g["capacity"] for g in policy_gain if g["vs_lru"] < 0]
+        s.values["gain_verdict"] = (
+            f"The exported policy ({exported}) loses to LRU at {', '.join(losses)}: run LRU there, or re-fit with "
+            f"'kvtrace fit RUN --capacity ...' so that the policy file chooses per capacity." if losses else
+            f"The exported policy ({exported}) is at least as good as LRU at every simulated capacity.")
+    if "orphaned_refs" in results.columns and results["orphaned_refs"].drop_nulls().len():
+        s.tables["orphans"] = _orphan_table(results, caps)
     if gains:
         s.tables["wa"] = Table(columns=["capacity", "blocks", "WA", "best baseline", "its hit ratio", "WA - best"],
                                rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["wa"]), g["best"],
@@ -63,7 +84,7 @@ def build(run: RunDir) -> list[Section]:
     if per_cat is not None and gains:
         s.tables["per_category"] = _per_category(per_cat, gains[0])
     s.tables["cost"] = _cost_table(results, policies + abl[1:])
-    s.values = {
+    s.values.update({
         "ideal": fmt.ratio(ideal), "peak_live": fmt.count(summary.get("peak_live_blocks")),
         "num_refs": fmt.count(summary.get("num_refs")), "partial": not (d / "results.parquet").is_file(),
         "num_results": results.height, "model": str(summary.get("model") or ""),
@@ -72,7 +93,7 @@ def build(run: RunDir) -> list[Section]:
         "cap_small": gains[0]["capacity"] if gains else "", "cap_large": gains[-1]["capacity"] if gains else "",
         "best_small": gains[0]["best"] if gains else "",
         "cost_model": _cost_caption(summary.get("cost_model")),
-    }
+    })
     if gains:
         s.headline = [
             Headline(f"WA - best baseline, smallest capacity ({gains[0]['capacity']})",
@@ -94,7 +115,7 @@ def _results(d: Path) -> pl.DataFrame | None:
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append({k: v for k, v in json.loads(line).items() if k in COLUMNS})
+                    rows.append({k: v for k, v in json.loads(line).items() if k in COLUMNS + OPTIONAL})
                 except json.JSONDecodeError as e:
                     raise InputError(f"{path}:{i}: not a JSON result ({e.msg}); {REMEDY}") from e
         if not rows:
@@ -103,11 +124,11 @@ def _results(d: Path) -> pl.DataFrame | None:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise InputError(f"{d}: simulation results lack field(s) {', '.join(missing)}; {REMEDY}")
-    return df.select(COLUMNS)
+    return df.select(COLUMNS + [c for c in OPTIONAL if c in df.columns])
 
 
 def _policy_order(names: list[str]) -> list[str]:
-    known = [*BASELINES, "wa", "oracle", *ABLATION[1:]]
+    known = [*BASELINES, "wa", "fitted", "oracle", *ABLATION[1:]]
     return [p for p in known if p in names] + sorted(set(names) - set(known))
 
 
@@ -127,7 +148,7 @@ def _hit_figure(results: pl.DataFrame, curve: pl.DataFrame | None, ideal: float 
         fig.add_scatter(x=part["capacity_blocks"].to_numpy(), y=part["hit_ratio"].to_numpy(), mode="lines+markers",
                         name=label(pol), line={"color": COLORS.get(pol, "#7f7f7f"),
                                                "dash": "dot" if pol in ABLATION[1:] else "solid",
-                                               "width": 3 if pol in ("wa", "oracle") else 1.5})
+                                               "width": 3 if pol in ("wa", "fitted", "oracle") else 1.5})
     if ideal is not None:
         fig.add_hline(y=float(ideal), line={"dash": "dash", "color": "#444"}, annotation_text="ideal (infinite cache)")
     if peak_live:
@@ -202,6 +223,61 @@ def _wa_gains(results: pl.DataFrame, caps: pl.DataFrame) -> list[dict[str, Any]]
         gains.append({"capacity": str(c["capacity"]), "blocks": c["capacity_blocks"], "wa": wa, "best": best,
                       "best_hit": best_hit, "gain": wa - best_hit})
     return gains
+
+
+def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> list[dict[str, Any]]:
+    """Per capacity: the exported policy's hit ratio, its gain over LRU and over the best baseline, the
+    oracle's headroom over LRU and the share of that gap the exported policy closes."""
+    from tongyi_trace.fit.tune import lru_gap_closed
+
+    cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
+    out = []
+    for c in caps.iter_rows(named=True):
+        cap = str(c["capacity"])
+        hit, lru, orc = cell.get((exported, cap)), cell.get(("lru", cap)), cell.get(("oracle", cap))
+        base = [(cell[(p, cap)], p) for p in BASELINES if cell.get((p, cap)) is not None]
+        if hit is None or lru is None or not base:
+            continue
+        best_hit, best = max(base, key=lambda hp: hp[0])
+        closed = lru_gap_closed(hit, lru, orc) if orc is not None else None
+        out.append({"capacity": cap, "blocks": c["capacity_blocks"], "hit": hit, "vs_lru": hit - lru,
+                    "best": best, "vs_best": hit - best_hit, "headroom": None if orc is None else orc - lru,
+                    "closed": None if closed is None or not np.isfinite(closed) else closed})
+    return out
+
+
+def _gain_figure(gains: list[dict[str, Any]], exported: str) -> Fig:
+    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit-ratio points", height_px=380)
+    fig.update_xaxes(type="log")
+    x = [g["blocks"] for g in gains]
+    fig.add_scatter(x=x, y=[100 * g["vs_lru"] for g in gains], mode="lines+markers", name=f"{exported} - LRU",
+                    line={"color": COLORS["lru"], "width": 3})
+    fig.add_scatter(x=x, y=[100 * g["vs_best"] for g in gains], mode="lines+markers",
+                    name=f"{exported} - best baseline", line={"color": COLORS["wa"], "width": 3})
+    if all(g["headroom"] is not None for g in gains):
+        fig.add_scatter(x=x, y=[100 * g["headroom"] for g in gains], mode="lines", name="oracle - LRU (headroom)",
+                        line={"color": COLORS["oracle"], "dash": "dash"})
+    fig.add_hline(y=0.0, line={"color": "#444", "width": 1})
+    return fig
+
+
+def _orphan_table(results: pl.DataFrame, caps: pl.DataFrame) -> Table:
+    """Share of block references that met a cached block behind a missing ancestor, per policy."""
+    cell = {(r["policy"], r["capacity"]): r for r in results.iter_rows(named=True)}
+    policies = _policy_order(results["policy"].unique().to_list())
+    rows = []
+    for c in caps.iter_rows(named=True):
+        row = [str(c["capacity"])]
+        for p in policies:
+            r = cell.get((p, c["capacity"]))
+            refs = r.get("num_refs") if r else None
+            row.append(fmt.NA if not r or r.get("orphaned_refs") is None or not refs
+                       else f"{100 * r['orphaned_refs'] / refs:.2f}%")
+        rows.append(row)
+    return Table(columns=["capacity", *policies], rows=rows,
+                 caption="Orphaned references: a cached block that could not hit because an ancestor of its "
+                         "prefix was evicted first. Prefix-closed policies (LRU, the oracle, WA with leaf_only) "
+                         "have none.")
 
 
 def _cost_table(results: pl.DataFrame, policies: list[str]) -> Table:
