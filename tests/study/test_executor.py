@@ -1,0 +1,101 @@
+"""The executor layer: local and Ray give the same sweep row for row; a failing task becomes a failed row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
+from tongyi_trace.run import open_run
+from tongyi_trace.sim.capacity import Capacity
+from tongyi_trace.sim.stream import load_stream, next_request_of_refs
+from tongyi_trace.sim.sweep import SweepConfig, _shared, _worker_task, run_sweep
+
+TIMING = {"elapsed_s", "evict_decision_ns", "refs_per_s"}  # measured, differ from run to run
+POLICIES = ["lru", "fifo", "s3fifo", "oracle"]
+
+
+def _stable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def _sweep(run: Path, executor: str, address: str | None, jobs: int) -> tuple[list[dict[str, Any]], list[str]]:
+    res = run_sweep(open_run(run), SweepConfig(policies=POLICIES, capacities="1%,10%,1L", jobs=jobs,
+                                               executor=executor, ray_address=address))
+    lines = (run / "sim" / "results.jsonl").read_text().splitlines()
+    assert res.summary["num_failed"] == 0
+    return _stable(res.rows), lines
+
+
+def test_ray_matches_local_row_for_row(tiny_run: Path, ray_address: str) -> None:
+    inline, _ = _sweep(tiny_run, "local", None, 1)
+    pool, _ = _sweep(tiny_run, "local", None, 2)
+    ray_rows, ray_lines = _sweep(tiny_run, "ray", ray_address, 0)
+    assert len(inline) == len(POLICIES) * 3
+    assert ray_rows == inline
+    assert pool == inline
+    assert len(ray_lines) == len(inline)  # written as they finished
+    hits = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in inline}
+    assert hits[("oracle", "1L")] >= hits[("lru", "1L")] > hits[("lru", "1%")] > 0
+
+
+def _bad_tasks(run: Path) -> tuple[list[Any], dict[str, Any]]:
+    stream = load_stream(open_run(run))
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    cap = Capacity(label="64", num_blocks=64)
+    tasks = [("lru", "lru", {}, cap), ("fifo", "fifo", {"no_such_parameter": 1}, cap), ("lfu", "lfu", {}, cap)]
+    return tasks, _shared(stream, nxt, None, None, None)
+
+
+@pytest.mark.parametrize("kind", ["local-inline", "local-pool", "ray"])
+def test_failing_task_is_a_failed_row(tiny_run: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    tasks, shared = _bad_tasks(tiny_run)
+    if kind == "ray":
+        opts = ExecutorOptions("ray", request.getfixturevalue("ray_address"))
+    else:
+        opts = ExecutorOptions("local", jobs=1 if kind == "local-inline" else 2)
+    seen: list[TaskOutcome] = []
+    summary = map_tasks(_worker_task, tasks, shared, seen.append, opts)
+    assert summary.num_tasks == 3 and summary.num_failed == 1
+    by_index = {o.index: o for o in seen}
+    assert sorted(by_index) == [0, 1, 2]
+    assert not by_index[1].ok and "no_such_parameter" in (by_index[1].error or "")
+    assert by_index[1].error is not None and "\n" not in by_index[1].error
+    assert by_index[0].ok and by_index[0].value["policy"] == "lru" and by_index[0].value["capacity_blocks"] == 64
+    assert by_index[2].ok and by_index[2].value["num_refs"] == by_index[0].value["num_refs"] > 0
+
+
+def test_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match="--executor 'dask'"):
+        check_options(ExecutorOptions("dask"))
+    with pytest.raises(UsageError, match="--ray-address needs --executor ray"):
+        check_options(ExecutorOptions("local", "127.0.0.1:1"))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    assert check_options(ExecutorOptions("ray")).address == "127.0.0.1:6390"
+    assert check_options(ExecutorOptions("ray", "127.0.0.1:7000")).address == "127.0.0.1:7000"
+    assert check_options(ExecutorOptions("local")).address is None
+
+
+def test_unreachable_cluster_is_one_line(tiny_run: Path) -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tasks, shared = _bad_tasks(tiny_run)
+    with pytest.raises(UsageError, match=f"--ray-address 127.0.0.1:{port}: cannot connect") as e:
+        map_tasks(_worker_task, tasks, shared, lambda o: None, ExecutorOptions("ray", f"127.0.0.1:{port}"))
+    assert "\n" not in str(e.value)
+
+
+def test_cli_failed_rows_are_kept(tiny_run: Path) -> None:
+    # results.jsonl holds a failed row (with its error) next to the others, summary.json counts them
+    res = run_sweep(open_run(tiny_run), SweepConfig(policies=["lru"], capacities="1%,10%", jobs=1))
+    summary = json.loads((tiny_run / "sim" / "summary.json").read_text())
+    assert summary["num_failed"] == 0 and summary["failed"] == [] and summary["executor"] == "local"
+    assert [r["capacity"] for r in res.rows] == ["1%", "10%"]
