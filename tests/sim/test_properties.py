@@ -116,3 +116,30 @@ def test_orphans_are_counted_without_leaf_only() -> None:
     r = simulate_policy(s, "fifo", 4, params={"leaf_only": True})
     assert (r.num_orphaning_evictions, r.num_parked, r.num_hits) == (0, 1, 2)
     assert r.req_hit_blocks.tolist() == [0, 1, 0, 0, 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(streams(), st.integers(1, 12), st.integers(1, 5))
+def test_serving_in_slices_equals_one_pass(s: Stream, capacity: int, slices: int) -> None:
+    # The Cache keeps its state between calls: serving the requests in any slicing gives the same hits.
+    from tongyi_trace.sim.simulate import Cache
+
+    cuts = sorted({0, s.num_requests, *[(k * s.num_requests) // slices for k in range(slices)]})
+    for pol in ALL:
+        whole = simulate_policy(s, pol, capacity, fit=FIT)
+        cache = Cache(s, pol, capacity, fit=FIT)
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            cache.serve(a, b)
+        part = cache.result()
+        assert part.req_hit_blocks.tolist() == whole.req_hit_blocks.tolist(), pol
+        assert (part.num_evictions, part.per_category) == (whole.num_evictions, whole.per_category), pol
+
+
+def test_cached_prefix_is_what_a_router_sees() -> None:
+    from tongyi_trace.sim.simulate import Cache
+
+    s = stream_from_lists([[1, 2, 3], [1, 2, 4], [5]])
+    cache = Cache(s, "lru", 10)
+    assert cache.cached_prefix(1) == 0
+    cache.serve(0, 1)
+    assert (cache.cached_prefix(1), cache.cached_prefix(2), cache.num_cached) == (2, 0, 3)

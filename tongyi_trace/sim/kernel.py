@@ -58,12 +58,14 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
               req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
-              parent: np.ndarray, leaf_only: bool,
+              parent: np.ndarray, rl: np.ndarray, leaf_only: bool,
               timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
     blocks, on the state arrays made by structs.make_state (policy parameters in ip/fp, WA category
-    parameters in cw, ORACLE next uses in nxt, PARENT[x] = the parent block of x or -1, LEAF_ONLY =
-    prefix closure, see the module doc).
+    parameters in cw, ORACLE next uses in nxt, PARENT[x] = the parent block of x or -1, RL the links of
+    the held-back blocks that became leaves (structs.make_state), LEAF_ONLY = prefix closure, see the
+    module doc). REQ_OFF may be a slice of the stream's offsets (absolute positions in BLK): the state
+    arrays carry the cache from one call to the next.
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
@@ -79,8 +81,8 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     pinned = bk[:, PINNED]
     # blocks held back by leaf_only that became leaves: a FIFO as a linked list (sentinel = d)
     d = parent.shape[0]
-    rnext = np.full(d + 1, d, np.int64)
-    rprev = np.full(d + 1, d, np.int64)
+    rnext = rl[0]
+    rprev = rl[1]
     for r in range(n_req):
         s = req_off[r]
         n = req_off[r + 1] - s
@@ -195,6 +197,17 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     return stats, req_hits, req_hit_tokens, cat_stats
 
 
+@njit(cache=True)
+def cached_prefix_len(req_off: np.ndarray, blk: np.ndarray, bk: np.ndarray, r: int) -> int:
+    """How many leading blocks of request R are cached in the state BK (no side effect)."""
+    h = 0
+    for i in range(req_off[r], req_off[r + 1]):
+        if bk[blk[i], PRESENT] != 1:
+            break
+        h += 1
+    return h
+
+
 @njit(cache=True, inline="always")
 def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, d: int, x: int) -> None:
     """X leaves the held-back state (it is accessed again, or evicted from the ready list)."""
@@ -213,9 +226,10 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict).
 
     The loop's code is shared (compiled without the GIL, so threads can run sweeps in parallel); each
-    policy gets its own function object whose globals bind the hook names to that policy, under its own name (so numba's on-disk cache keeps one entry per policy). The
-    name carries a digest of the simulator's sources: numba checks only this file's timestamp, so without
-    it an edited policy or structs.py would keep running the stale cached machine code."""
+    policy gets its own function object whose globals bind the hook names to that policy, under its own
+    name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
+    simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
+    structs.py would keep running the stale cached machine code."""
     if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict)

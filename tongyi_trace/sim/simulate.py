@@ -1,7 +1,9 @@
-"""Run one policy at one capacity over a Stream: the typed entry point over the compiled kernel."""
+"""Run one policy at one capacity over a Stream: the typed entry points (Cache, simulate_policy) over the
+compiled kernel."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -12,6 +14,7 @@ import numpy as np
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.sim.kernel import (
+    NUM_STATS,
     S_BYPASS,
     S_EVICT_AGE_US,
     S_EVICT_CYCLES,
@@ -23,11 +26,12 @@ from tongyi_trace.sim.kernel import (
     S_PARKED,
     S_REFS,
     S_TOUCHED,
+    cached_prefix_len,
     policy_kernel,
 )
 from tongyi_trace.sim.registry import Policy, get_policy
 from tongyi_trace.sim.stream import Stream, next_request_of_refs
-from tongyi_trace.sim.structs import cycles_now, make_state
+from tongyi_trace.sim.structs import G_SIZE, cycles_now, make_state
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,109 @@ def resolve_fitted(fit: PolicyParams, capacity_blocks: int, block_size: int,
     return choice.policy, dict(choice.params), choice.capacity
 
 
+class Cache:
+    """One prefix cache under one policy, served request by request: the state survives between calls,
+    so a caller can interleave several caches (a fleet behind a router), look inside between requests,
+    or change settings between slices. `simulate_policy` is `Cache(...).serve(0, N)` then `.result()`.
+
+    Arguments as simulate_policy's; the stream's requests are served in index order by `serve`."""
+
+    def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
+                 params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
+                 engine: EngineShape | None = None, next_req: np.ndarray | None = None,
+                 timing: bool = True) -> None:
+        if str(policy) == FITTED:
+            if fit is None:
+                raise UsageError("policy fitted needs fitted parameters: pass --params policy.json "
+                                 "(from 'kvtrace fit')")
+            policy, chosen, _ = resolve_fitted(fit, capacity_blocks, stream.block_size)
+            params = {**chosen, **(params or {})}
+        spec = get_policy(policy)
+        typed, self.leaf_only = spec.make_params(params)
+        if spec.needs_fit and fit is None:
+            raise UsageError(f"policy {spec.name} needs fitted parameters: pass --params policy.json "
+                             "(from 'kvtrace fit')")
+        if capacity_blocks < 0:
+            raise UsageError(f"capacity must be >= 0 blocks, got {capacity_blocks}")
+        self.spec, self.stream, self.capacity_blocks, self.timing = spec, stream, int(capacity_blocks), timing
+        self.params = {**dataclasses.asdict(typed), "leaf_only": self.leaf_only}
+        self.ip, self.fp = typed.to_arrays()
+        self.ip[7] = capacity_blocks
+        if spec.name == "gdsf" and self.fp[1] <= 0:
+            self.fp[1] = float(stream.block_size)
+        self.cw = category_arrays(stream, fit)
+        if spec.needs_next_use:
+            self.nxt = next_req if next_req is not None else next_request_of_refs(stream.req_off, stream.blk,
+                                                                                  stream.num_ids)
+        else:
+            self.nxt = np.zeros(1, np.int64)
+        n = stream.num_requests
+        if engine is None:
+            lens = np.diff(stream.req_off)
+            engine = EngineShape(lens, lens, np.zeros(n, np.int64))
+        self.engine = engine
+        num_queues = len(stream.categories) if spec.queues_per_category else spec.num_queues
+        if spec.queues_per_count:
+            num_queues = int(np.bincount(stream.blk, minlength=1).max()) + 2
+        max_req = int(np.diff(stream.req_off).max()) if n else 0
+        cap_eff = min(capacity_blocks, stream.num_ids)
+        heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1
+        self.state = make_state(stream.num_ids, num_queues, heap_size)
+        self.kernel = policy_kernel(spec.name, spec.hooks)
+        self.stats = np.zeros(NUM_STATS, np.int64)
+        self.cat_stats = np.zeros((max(len(stream.categories), 1), 4), np.int64)
+        self.req_hit_blocks = np.zeros(n, np.int64)
+        self.req_hit_tokens = np.zeros(n, np.int64)
+        self.elapsed_s = 0.0
+
+    def serve(self, start: int, stop: int) -> np.ndarray:
+        """Serve requests START..STOP-1 (in order); return their hit blocks."""
+        st, e = self.stream, self.engine
+        t0 = time.perf_counter()
+        bk, hp, g, gf, qs, rl = self.state
+        stats, hits, hit_tok, cats = self.kernel(
+            st.req_off[start:stop + 1], st.blk, st.ntok, st.req_cat[start:stop], st.req_time_s[start:stop],
+            e.req_maxhit[start:stop], e.req_nstat[start:stop], e.req_extra[start:stop], self.capacity_blocks,
+            bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing)
+        self.elapsed_s += time.perf_counter() - t0
+        self.stats += stats
+        self.cat_stats[:len(cats)] += cats
+        self.req_hit_blocks[start:stop] = hits
+        self.req_hit_tokens[start:stop] = hit_tok
+        return hits
+
+    def cached_prefix(self, r: int) -> int:
+        """How many leading blocks of request R are cached now (what a prefix-aware router asks)."""
+        return int(cached_prefix_len(self.stream.req_off, self.stream.blk, self.state[0], r))
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks cached now."""
+        return int(self.state[2][G_SIZE])
+
+    def result(self) -> PolicyResult:
+        """The statistics of every request served so far."""
+        st, stats = self.stream, self.stats
+        cat_tokens = np.bincount(st.req_cat, weights=st.req_tokens, minlength=len(st.categories))
+        per_cat = {}
+        for i, name in enumerate(st.categories):
+            refs, hits, _, htok = (int(v) for v in self.cat_stats[i])
+            per_cat[name] = {"num_refs": refs, "num_hits": hits, "hit_ratio": hits / refs if refs else 0.0,
+                             "token_hit_ratio": htok / cat_tokens[i] if cat_tokens[i] else 0.0}
+        nev = int(stats[S_EVICTIONS])
+        ev_ns = float(stats[S_EVICT_CYCLES]) / cycles_per_ns() / nev if (self.timing and nev) else 0.0
+        return PolicyResult(
+            policy=self.spec.name, capacity_blocks=self.capacity_blocks, num_refs=int(stats[S_REFS]),
+            num_hits=int(stats[S_HITS]), num_tokens=int(st.req_tokens.sum()),
+            num_hit_tokens=int(stats[S_HIT_TOKENS]), num_evictions=nev, num_bypassed=int(stats[S_BYPASS]),
+            num_touched_misses=int(stats[S_TOUCHED]), orphaned_refs=int(stats[S_ORPHANED]),
+            num_parked=int(stats[S_PARKED]), num_orphaning_evictions=int(stats[S_ORPHANING]),
+            mean_eviction_age_s=float(stats[S_EVICT_AGE_US]) * 1e-6 / nev if nev else 0.0,
+            evict_decision_ns=ev_ns, elapsed_s=self.elapsed_s, params=dict(self.params),
+            per_category=per_cat, req_hit_blocks=self.req_hit_blocks.copy(),
+            req_hit_tokens=self.req_hit_tokens.copy())
+
+
 def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                     params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                     engine: EngineShape | None = None, next_req: np.ndarray | None = None,
@@ -140,69 +247,9 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     PARAMS: the policy's own parameters (typed, unknown keys are errors); FIT: the policy file (WA needs
     it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent). POLICY "fitted" runs
     what FIT chose for this capacity (resolve_fitted), PARAMS on top."""
-    if str(policy) == FITTED:
-        if fit is None:
-            raise UsageError("policy fitted needs fitted parameters: pass --params policy.json "
-                             "(from 'kvtrace fit')")
-        policy, chosen, _ = resolve_fitted(fit, capacity_blocks, stream.block_size)
-        params = {**chosen, **(params or {})}
-    spec = get_policy(policy)
-    typed, leaf_only = spec.make_params(params)
-    if spec.needs_fit and fit is None:
-        raise UsageError(f"policy {spec.name} needs fitted parameters: pass --params policy.json "
-                         "(from 'kvtrace fit')")
-    if capacity_blocks < 0:
-        raise UsageError(f"capacity must be >= 0 blocks, got {capacity_blocks}")
-    ip, fp = typed.to_arrays()
-    ip[7] = capacity_blocks
-    if spec.name == "gdsf" and fp[1] <= 0:
-        fp[1] = float(stream.block_size)
-    cw = category_arrays(stream, fit)
-    if spec.needs_next_use:
-        nxt = next_req if next_req is not None else next_request_of_refs(stream.req_off, stream.blk,
-                                                                         stream.num_ids)
-    else:
-        nxt = np.zeros(1, np.int64)
-    n = stream.num_requests
-    if engine is None:
-        lens = np.diff(stream.req_off)
-        engine = EngineShape(lens, lens, np.zeros(n, np.int64))
-    num_queues = len(stream.categories) if spec.queues_per_category else spec.num_queues
-    if spec.queues_per_count:
-        num_queues = int(np.bincount(stream.blk, minlength=1).max()) + 2
-    max_req = int(np.diff(stream.req_off).max()) if n else 0
-    cap_eff = min(capacity_blocks, stream.num_ids)
-    heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1
-    t0 = time.perf_counter()
-    bk, hp, g, gf, qs = make_state(stream.num_ids, num_queues, heap_size)
-    kernel = policy_kernel(spec.name, spec.hooks)
-    stats, req_hits, req_hit_tok, cat_stats = kernel(
-        stream.req_off, stream.blk, stream.ntok, stream.req_cat, stream.req_time_s,
-        engine.req_maxhit, engine.req_nstat, engine.req_extra, capacity_blocks,
-        bk, hp, g, gf, qs, ip, fp, cw, nxt, stream.parent, leaf_only, timing)
-    elapsed = time.perf_counter() - t0
-    num_tokens = int(stream.req_tokens.sum())
-    cat_stats = np.vstack([cat_stats, np.zeros((max(0, len(stream.categories) - len(cat_stats)), 4), np.int64)])
-    cat_tokens = np.bincount(stream.req_cat, weights=stream.req_tokens, minlength=len(stream.categories))
-    per_cat = {}
-    for i, name in enumerate(stream.categories):
-        refs, hits, _, htok = (int(v) for v in cat_stats[i])
-        per_cat[name] = {"num_refs": refs, "num_hits": hits, "hit_ratio": hits / refs if refs else 0.0,
-                         "token_hit_ratio": htok / cat_tokens[i] if cat_tokens[i] else 0.0}
-    nev = int(stats[S_EVICTIONS])
-    ev_ns = float(stats[S_EVICT_CYCLES]) / cycles_per_ns() / nev if (timing and nev) else 0.0
-    return PolicyResult(
-        policy=spec.name, capacity_blocks=int(capacity_blocks), num_refs=int(stats[S_REFS]),
-        num_hits=int(stats[S_HITS]), num_tokens=num_tokens, num_hit_tokens=int(stats[S_HIT_TOKENS]),
-        num_evictions=nev, num_bypassed=int(stats[S_BYPASS]), num_touched_misses=int(stats[S_TOUCHED]),
-        orphaned_refs=int(stats[S_ORPHANED]), num_parked=int(stats[S_PARKED]),
-        num_orphaning_evictions=int(stats[S_ORPHANING]),
-        mean_eviction_age_s=float(stats[S_EVICT_AGE_US]) * 1e-6 / nev if nev else 0.0,
-        evict_decision_ns=ev_ns, elapsed_s=elapsed, params={**_params_dict(typed), "leaf_only": leaf_only},
-        per_category=per_cat, req_hit_blocks=req_hits, req_hit_tokens=req_hit_tok)
+    cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, next_req=next_req,
+                  timing=timing)
+    cache.serve(0, stream.num_requests)
+    return cache.result()
 
 
-def _params_dict(typed: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(typed)
