@@ -143,3 +143,16 @@ def test_cached_prefix_is_what_a_router_sees() -> None:
     assert cache.cached_prefix(1) == 0
     cache.serve(0, 1)
     assert (cache.cached_prefix(1), cache.cached_prefix(2), cache.num_cached) == (2, 0, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams(), st.integers(1, 12))
+def test_wa_in_lru_order_is_lru(s: Stream, capacity: int) -> None:
+    # The switch a guard flips (wa.IP_LRU_ORDER): WA's queues then evict exactly as LRU does.
+    from tongyi_trace.sim.policies.wa import IP_LRU_ORDER
+    from tongyi_trace.sim.simulate import Cache
+
+    cache = Cache(s, "wa", capacity, fit=FIT)
+    cache.ip[IP_LRU_ORDER] = 1
+    cache.serve(0, s.num_requests)
+    assert cache.result().req_hit_blocks.tolist() == simulate_policy(s, "lru", capacity).req_hit_blocks.tolist()

@@ -45,6 +45,10 @@ evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
 # rows of the kernel's cw array (one column per category): p, rate, life, then the km table of F
 CW_P, CW_RATE, CW_LIFE, CW_TABLE = 0, 1, 2, 3
 NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
+# ip slots: switches (to_arrays), and IP_LRU_ORDER: 1 = evict in LRU order across the queue heads (oldest
+# last access, then deeper, then smaller id) instead of by priority; a driver (a guard) may flip it
+# between slices of requests (sim.simulate.Cache.ip)
+IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,10 @@ class WaParams:
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
         ip = np.zeros(8, np.int64)
-        ip[0] = int(self.use_life)
-        ip[1] = int(self.conditional)
-        ip[2] = int(self.use_offset)
-        ip[3] = wa_priority.MODELS.index(self.model)
+        ip[IP_USE_LIFE] = int(self.use_life)
+        ip[IP_CONDITIONAL] = int(self.conditional)
+        ip[IP_USE_OFFSET] = int(self.use_offset)
+        ip[IP_MODEL] = wa_priority.MODELS.index(self.model)
         fp = np.zeros(8, np.float64)
         fp[0] = self.life_s
         return ip, fp
@@ -108,12 +112,24 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 @njit(cache=True)
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    use_life = ip[0] == 1
-    conditional = ip[1] == 1
-    use_offset = ip[2] == 1
-    model = ip[3]
+    use_life = ip[IP_USE_LIFE] == 1
+    conditional = ip[IP_CONDITIONAL] == 1
+    use_offset = ip[IP_USE_OFFSET] == 1
+    model = ip[IP_MODEL]
     life_all = fp[0]
     nq = qs.shape[0]
+    if ip[IP_LRU_ORDER] == 1:  # LRU across the queue heads (each queue is ordered by last access)
+        best = -1
+        for w in range(nq):
+            if qs[w] == 0:
+                continue
+            h = q_head(bk, qs, w)
+            if best < 0 or bk[h, LAST] < bk[best, LAST] or (bk[h, LAST] == bk[best, LAST] and (
+                    bk[h, BPOS] > bk[best, BPOS] or (bk[h, BPOS] == bk[best, BPOS] and h < best))):
+                best = h
+        if best >= 0:
+            q_unlink(bk, qs, best)
+        return best
     if gf[GF_NOW] != now:  # a new request: every cached head priority is stale
         gf[GF_NOW] = now
         for w in range(nq):
