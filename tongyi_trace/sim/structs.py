@@ -20,7 +20,8 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                    VER      heap entry version (lazy heap, GDSF and ORACLE)
                                    CAT      WA: category of the last releasing request
                                    BPOS     WA: block position (offset) in that request
-                                   AUX      S3-FIFO: ghost stamp when evicted from the small FIFO
+                                   AUX      S3-FIFO: ghost stamp when evicted from the small FIFO;
+                                            WA: release stamp (the order of its LRU switch)
                                    AUX2     S3-FIFO: destination queue (small or main)
     hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
     g   int64[8 + 2 NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)

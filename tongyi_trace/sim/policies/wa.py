@@ -35,7 +35,19 @@ from numba import njit
 
 from tongyi_trace import wa_priority
 from tongyi_trace.sim.policy_base import PolicySpec
-from tongyi_trace.sim.structs import BPOS, CAT, G_QCACHE, GF_NOW, GF_QCACHE, LAST, q_append, q_head, q_unlink
+from tongyi_trace.sim.structs import (
+    AUX,
+    BPOS,
+    CAT,
+    G_QCACHE,
+    G_STAMP,
+    GF_NOW,
+    GF_QCACHE,
+    LAST,
+    q_append,
+    q_head,
+    q_unlink,
+)
 
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 # log_reuse_prob calls km_cdf: compile it with the compiled km_cdf bound in its globals
@@ -45,9 +57,9 @@ evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
 # rows of the kernel's cw array (one column per category): p, rate, life, then the km table of F
 CW_P, CW_RATE, CW_LIFE, CW_TABLE = 0, 1, 2, 3
 NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
-# ip slots: switches (to_arrays), and IP_LRU_ORDER: 1 = evict in LRU order across the queue heads (oldest
-# last access, then deeper, then smaller id) instead of by priority; a driver (a guard) may flip it
-# between slices of requests (sim.simulate.Cache.ip)
+# ip slots: switches (to_arrays), and IP_LRU_ORDER: 1 = evict in LRU order across the queue heads (the
+# head released longest ago: AUX holds each block's release stamp) instead of by priority; a driver (a
+# guard) may flip it between slices of requests (sim.simulate.Cache.ip)
 IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER = 0, 1, 2, 3, 4
 
 
@@ -106,6 +118,8 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     bk[x, CAT] = c
     bk[x, BPOS] = pos
+    g[G_STAMP] += 1
+    bk[x, AUX] = g[G_STAMP]  # release order (the LRU order a guard may switch to)
     q_append(bk, qs, c, x)
 
 
@@ -124,8 +138,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             if qs[w] == 0:
                 continue
             h = q_head(bk, qs, w)
-            if best < 0 or bk[h, LAST] < bk[best, LAST] or (bk[h, LAST] == bk[best, LAST] and (
-                    bk[h, BPOS] > bk[best, BPOS] or (bk[h, BPOS] == bk[best, BPOS] and h < best))):
+            if best < 0 or bk[h, AUX] < bk[best, AUX]:  # released longest ago
                 best = h
         if best >= 0:
             q_unlink(bk, qs, best)
