@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,13 +70,19 @@ def ray_address() -> Iterator[str]:
                 os.environ[k] = v
 
 
-def make_trace(folder: Path, seed: int, num_requests: int = 400, duration_s: float = 400.0) -> Path:
-    """A small to-C synthetic trace (`kvtrace synth`'s generator) in FOLDER."""
+def _make_trace(folder: Path, seed: int, num_requests: int = 400, duration_s: float = 400.0) -> Path:
     from tongyi_trace.trace.synth import synth_to_file
 
     path = folder / f"toc-s{seed}.jsonl"
     synth_to_file("to-c", seed, path, num_requests=num_requests, duration_s=duration_s)
     return path
+
+
+@pytest.fixture(scope="session")
+def make_trace() -> Callable[..., Path]:
+    """make_trace(folder, seed, num_requests=400, duration_s=400): a small to-C trace (`kvtrace synth`'s
+    generator) written into FOLDER."""
+    return _make_trace
 
 
 @pytest.fixture(scope="session")
@@ -86,5 +92,5 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny_run")
     run = folder / "run"
-    ingest_trace(make_trace(folder, seed=3), run)
+    ingest_trace(_make_trace(folder, seed=3), run)
     return run

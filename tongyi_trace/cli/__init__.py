@@ -40,4 +40,5 @@ from tongyi_trace.cli import simulate as _simulate  # noqa: E402,F401
 from tongyi_trace.cli import engine as _engine  # noqa: E402,F401
 from tongyi_trace.cli import replay as _replay  # noqa: E402,F401
 from tongyi_trace.cli import compare as _compare  # noqa: E402,F401
+from tongyi_trace.cli import study as _study  # noqa: E402,F401
 # isort: on

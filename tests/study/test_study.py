@@ -1,0 +1,71 @@
+"""`kvtrace study` over three tiny synthetic windows, through the real Ray cluster; the CLI's user errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tongyi_trace.executor import ExecutorOptions
+from tongyi_trace.run import open_run
+from tongyi_trace.sim.sweep import SimulateOptions, build_config, run_sweep
+from tongyi_trace.study import StudyOptions, find_traces, run_study
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory: pytest.TempPathFactory, make_trace: Callable[..., Path]) -> Path:
+    """Three 250-request to-C windows, named in time order."""
+    folder = tmp_path_factory.mktemp("windows")
+    for seed, name in ((11, "day1-00"), (12, "day1-02"), (13, "day1-04")):
+        make_trace(folder, seed, num_requests=250, duration_s=300).rename(folder / f"{name}.jsonl")
+    return folder
+
+
+def test_study_on_ray(windows: Path, ray_address: str, tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    res = run_study(str(windows), out, StudyOptions(capacities="10%,1L",
+                                                    executor=ExecutorOptions("ray", ray_address)))
+    assert res.summary["num_failed"] == 0 and res.summary["executor"] == "ray"
+    win = pl.read_parquet(out / "windows.parquet")
+    assert win["window"].to_list() == ["day1-00", "day1-02", "day1-04"]
+    assert win["num_requests"].to_list() == [250, 250, 250]
+    assert all(0 < x < 1 for x in win["ideal_hit_ratio"].to_list())
+    fits = pl.read_parquet(out / "fits.parquet")
+    assert set(fits["window"]) == set(win["window"])
+    assert fits["reuse_prob"].is_between(0, 1).all() and (fits["mean_reuse_s"] > 0).all()
+    tr = pl.read_parquet(out / "transfer.parquet")
+    # LRU and WA (own fit) on every window, WA with the previous window's fit on all but the first
+    assert tr.group_by("policy").len().sort("policy").rows() == [("lru", 6), ("wa-own", 6), ("wa-prev", 4)]
+    prev = tr.filter(pl.col("policy") == "wa-prev").sort("window", "capacity")
+    assert prev["fitted_on"].to_list() == ["day1-00", "day1-00", "day1-02", "day1-02"]
+    # cross-check: the same simulation run directly on day1-02 with day1-00's policy file
+    run = out / "runs" / "day1-02"
+    cfg = build_config(SimulateOptions(policies="wa", capacities="10%,1L",
+                                       params_path=out / "runs" / "day1-00" / "fit" / "policy.json", jobs=1))
+    direct = run_sweep(open_run(run), replace(cfg, write=False))
+    got = dict(prev.filter(pl.col("window") == "day1-02").select("capacity", "hit_ratio").rows())
+    assert got == {r["capacity"]: r["hit_ratio"] for r in direct.rows}
+    assert all(0 < h < 1 for h in got.values())
+    for w in win["window"]:
+        assert (out / "runs" / w / "fit" / "policy.json").is_file()
+        assert (out / "runs" / w / "report.html").is_file()
+    page = (out / "index.html").read_text()
+    assert "day1-04" in page and "Plotly" in page and "previous window" in page
+    assert set(res.summary["transfer_gain"]) == {"10%", "1L"}
+
+
+def test_find_traces_orders_by_name_and_rejects_empty(windows: Path, tmp_path: Path) -> None:
+    assert [p.name for p in find_traces(str(windows / "*.jsonl"))] == ["day1-00.jsonl", "day1-02.jsonl",
+                                                                        "day1-04.jsonl"]
+    proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "study", str(tmp_path / "none-*.jsonl"),
+                           "-o", str(tmp_path / "o")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "no file matches" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "study", str(windows), "-o",
+                           str(tmp_path / "o"), "--executor", "spark"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "--executor 'spark'" in proc.stderr
