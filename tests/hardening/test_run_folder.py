@@ -36,7 +36,7 @@ def test_a_second_writer_is_told_which_pid_holds_the_folder(tiny_bailian_path: P
             assert f"in use by pid {holder.pid}" in r.output and r.output.count("\n") == 1, r.output
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # reaps it and closes the pipe
     # the lock dies with its holder: the folder is usable again
     assert runner.invoke(app, ["analyze", str(run), "--only", "hit_ratio", "-q"]).exit_code == 0
 

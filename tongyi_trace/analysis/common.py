@@ -165,10 +165,12 @@ def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptio
     for p in (run.requests_path, run.blocks_path):
         if not p.is_file():
             raise InputError(f"{p}: missing; re-run 'kvtrace ingest' to rebuild the run folder")
-    if options.memory_limit_gib <= 0 or options.threads < 1:
-        raise UsageError("--memory-limit-gib must be > 0 and --threads >= 1")
-    if options.top_n < 1 or not options.window_s > 0:
-        raise UsageError("--top-n must be >= 1 and --window-s > 0")
+    if not 0.25 <= options.memory_limit_gib < 1 << 20 or not 1 <= options.threads <= 1024:  # refuses NaN
+        raise UsageError(f"--memory-limit-gib {options.memory_limit_gib} must be in [0.25, 2^20) and --threads "
+                         f"{options.threads} in 1..1024")
+    if options.top_n < 1 or not 0 < options.window_s < math.inf:
+        raise UsageError(f"--top-n {options.top_n} must be >= 1 and --window-s {options.window_s} a finite "
+                         "number > 0")
     spill = Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))
     con = duckdb.connect(":memory:", config={
         "memory_limit": f"{int(options.memory_limit_gib * 1024)}MB",

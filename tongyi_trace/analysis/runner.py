@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from tongyi_trace.analysis.common import (
     ANALYSIS_SCHEMA,
     AnalysisContext,
@@ -107,7 +109,11 @@ def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: Analys
     with open_context(run, prov, opts, temp_dir=out_dir if write else None) as ctx:
         for name in names:
             t = time.perf_counter()
-            res = ANALYSES[name](ctx)
+            try:
+                res = ANALYSES[name](ctx)
+            except duckdb.OutOfMemoryException:
+                raise UsageError(f"analysis {name}: DuckDB ran out of memory under --memory-limit-gib "
+                                 f"{opts.memory_limit_gib}; raise it") from None
             res.elapsed_s = time.perf_counter() - t
             results[name] = res
             if write:
