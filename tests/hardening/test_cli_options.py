@@ -51,6 +51,9 @@ def _one_line(args: list[str], needle: str) -> None:
     (["--start", "-3"], "--start -3.0"),
     (["--seed", "-1"], "--seed -1"),
     (["--sample-sessions", "nan"], "--sample-sessions nan"),
+    (["--engine-block-size", "0"], "--engine-block-size 0"),
+    (["--engine-num-blocks", "-4"], "--engine-num-blocks -4"),
+    (["--vocab-size", "1"], "--vocab-size 1"),
 ])
 def test_replay_options(run_dir: Path, server: str, extra: list[str], needle: str) -> None:
     _one_line(["replay", str(run_dir), "--server", server, "--name", "x", *extra], needle)

@@ -58,3 +58,16 @@ def test_every_answered_request_is_recorded_and_the_summary_agrees(fault: str, f
         assert (ok.height, bad.height) == (3, 3)
         assert all(EXPECTED_ERROR[fault] in e for e in bad["error"].to_list()), bad["error"].to_list()
         assert sum(e["count"] for e in s["errors"]) == 3
+
+
+def test_server_error_text_is_printed_verbatim(fresh_tiny_run: Path, standin: Standin) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin(fault="500", fault_every=2)
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", url, "--name", "[bold]b",
+                                 "--speedup", "1000", "--max-in-flight", "1"])
+    assert r.exit_code == 0, r.output
+    assert "3 x HTTP 500: stand-in [/x] boom: injected failure" in r.output
+    assert "replay [bold]b complete: 3 ok, 3 failed, 0 not finished" in r.output

@@ -203,6 +203,11 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
         raise UsageError(f"--name {opts.name!r}: use a plain folder name")
     if opts.max_in_flight is not None and opts.max_in_flight < 1:
         raise UsageError(f"--max-in-flight {opts.max_in_flight} must be >= 1")
+    for flag, v in (("--engine-block-size", opts.engine_block_size), ("--engine-num-blocks", opts.engine_num_blocks)):
+        if v is not None and not 1 <= v < 2**40:
+            raise UsageError(f"{flag} {v}: give a positive number of blocks/tokens")
+    if opts.vocab_size >= 2**31:
+        raise UsageError(f"--vocab-size {opts.vocab_size}: give the model's vocabulary size (< 2^31)")
     if not (opts.request_timeout_s > 0 and math.isfinite(opts.request_timeout_s)):
         raise UsageError(f"--request-timeout-s {opts.request_timeout_s}: give a positive number of seconds")
     out_dir = run.path / "replay" / opts.name
