@@ -5,6 +5,8 @@ set -euo pipefail
 OUT=${1:-demo-run}
 K=${KVTRACE:-.venv/bin/kvtrace}
 REPLAY_REQUESTS=${REPLAY_REQUESTS:-200}
+ENGINE_BLOCKS=${ENGINE_BLOCKS:-512}  # x 32 tokens: small enough that evictions bind on the replayed slice
+ENGINE_CAP=$(( (ENGINE_BLOCKS - 1) * 2 ))  # the engine's cache in 16-token trace blocks (one is vLLM's null block)
 SPEEDUP=1  # real time: the tiny CPU engine keeps up, so dispatch drift stays small
 export COLUMNS=${COLUMNS:-160}  # wide tables when the output is not a terminal
 mkdir -p "$OUT"
@@ -18,23 +20,25 @@ step "2/9 ingest: normalized tables with prefix-chained block ids"
 $K ingest "$OUT/to-c.jsonl" -o "$OUT/run"
 step "3/9 analyze: the paper's characterization (Fig 4-22)"
 $K analyze "$OUT/run"
-step "4/9 fit: per-category reuse models, hour 1 -> hour 2"
-$K fit "$OUT/run" --train 0:3600 --test 3600: -o "$OUT/policy.json"
-step "5/9 simulate: every policy and the oracle over capacities (x the oracle's peak live set)"
-$K simulate "$OUT/run" --policy all --capacity 0.125L,0.25L,0.5L,1L,2L,4L --params "$OUT/policy.json" --ablation
+step "4/9 fit: per-category reuse models, hour 1 -> hour 2, and the setting to run at each cache size"
+$K fit "$OUT/run" --train 0:3600 --test 3600: --capacity "0.125L,0.25L,0.5L,1L,2L,4L,$ENGINE_CAP" \
+    -o "$OUT/policy.json"
+step "5/9 simulate: every policy, the fitted choice and the oracle over capacities (x the oracle's peak live set)"
+$K simulate "$OUT/run" --policy all,fitted --capacity 0.125L,0.25L,0.5L,1L,2L,4L --params "$OUT/policy.json" \
+    --ablation
 step "6/9 replay on the CPU vLLM engine with its own LRU ($REPLAY_REQUESTS requests)"
-URL=$($K engine start --num-blocks 512 --name demo-lru --quiet)
+URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-lru --quiet)
 $K replay "$OUT/run" --server "$URL" --name lru --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
     --max-output 4 --speedup "$SPEEDUP" --overwrite
 $K engine stop --name demo-lru
-step "7/9 replay the same slice with the WA policy inside vLLM (kvtrace plugin)"
-URL=$($K engine start --num-blocks 512 --name demo-wa --policy "$OUT/policy.json" --eviction wa \
+step "7/9 replay the same slice with the fitted policy inside vLLM (kvtrace plugin: the file's choice for this cache)"
+URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-wa --policy "$OUT/policy.json" \
     --time-scale "$SPEEDUP" --quiet)
-$K replay "$OUT/run" --server "$URL" --name wa --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
+$K replay "$OUT/run" --server "$URL" --name fitted --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
     --max-output 4 --speedup "$SPEEDUP" --overwrite
 $K engine stop --name demo-wa
-step "8/9 compare: engine vs simulator, LRU vs WA"
-$K compare "$OUT/run/replay/lru" "$OUT/run/replay/wa" --policy "$OUT/policy.json"
+step "8/9 compare: engine vs simulator, LRU vs the fitted policy"
+$K compare "$OUT/run/replay/lru" "$OUT/run/replay/fitted" --policy "$OUT/policy.json"
 step "9/9 report: one self-contained HTML file, and a screenshot from headless Chromium"
 $K report "$OUT/run" --screenshot "$OUT/report.png"
 printf '\nreport: %s\nscreenshot: %s\n' "$(realpath "$OUT/run/report.html")" "$(realpath "$OUT/report.png")"

@@ -67,7 +67,7 @@ def test_compare_side_by_side(tmp_path: Path) -> None:
     assert comp.b.plugin is not None and comp.b.plugin["evictions"] == 5
     assert comp.b.plugin["evictions_by_category"] == {"text-1": 4, "default": 1}
     assert comp.b.plugin["decision_mean_us"] == pytest.approx(107.0 / 5)
-    assert comp.a.predicted_hit_ratio == {"lru": None, "wa": None}   # no engine block figures
+    assert comp.a.predicted_hit_ratio == {"lru": None, "wa": None, "fitted": None}  # no engine block figures
     assert any("simulator predictions unavailable" in n for n in comp.a.notes)
     assert any("cannot read the policy file" in n for n in comp.b.notes)
     written = json.loads((tmp_path / "replay" / "compare_lru_vs_wa.json").read_text())

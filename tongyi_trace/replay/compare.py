@@ -31,7 +31,7 @@ from tongyi_trace.run import RunDir, check_identity, open_run, write_json
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 COMPARE_SCHEMA = "kvtrace.compare/1"
-SIM_POLICIES = ("lru", "wa")
+SIM_POLICIES = ("lru", "wa", "fitted")  # fitted: what the policy file chose for the engine's cache size
 
 
 @dataclass
@@ -171,7 +171,7 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     else:
         run = open_run(run_dir)
         for pol in SIM_POLICIES:
-            if pol == "wa" and params is None:
+            if pol in ("wa", "fitted") and params is None:
                 continue
             try:
                 predicted[pol] = _predict(run, recs, pol, params, int(bs), int(nb))

@@ -47,7 +47,7 @@ def _section(path: Path, index: int) -> Section:
         ("engine hit ratio", fmt.ratio(a.get("engine_hit_ratio")), fmt.ratio(b.get("engine_hit_ratio")),
          _pp(diff.get("engine_hit_ratio"))),
     ]
-    for pol in ("lru", "wa"):
+    for pol in ("lru", "wa", "fitted"):
         rows.append((f"simulator prediction ({pol.upper()})", fmt.ratio(_pred(a, pol)), fmt.ratio(_pred(b, pol)),
                      _pp(diff.get(f"predicted_{pol}_hit_ratio"))))
     for q in ("mean", "p50", "p99"):
@@ -96,7 +96,7 @@ def _hit_figure(na: str, a: dict[str, Any], nb: str, b: dict[str, Any]) -> Fig:
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
     x = [label(na), label(nb)]
     fig.add_bar(x=x, y=[a.get("engine_hit_ratio"), b.get("engine_hit_ratio")], name="engine (measured)")
-    for pol in ("lru", "wa"):
+    for pol in ("lru", "wa", "fitted"):
         y = [_pred(a, pol), _pred(b, pol)]
         if any(v is not None for v in y):
             fig.add_bar(x=x, y=y, name=f"simulator {pol.upper()} (predicted)")
