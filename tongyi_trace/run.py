@@ -169,8 +169,10 @@ def read_artifact(path: Path, schema: str | None = None, required: bool = True) 
 
 
 def temp_path(path: Path) -> Path:
-    """A temporary name beside PATH, unique across processes and threads."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
+    """A hidden temporary name beside PATH, unique across processes and threads, ending in PATH's suffix
+    (writers that choose the format by suffix still work)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+                          f".tmp{path.suffix}")
 
 
 @contextmanager

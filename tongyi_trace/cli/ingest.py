@@ -9,6 +9,7 @@ from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.run import open_run
 from tongyi_trace.trace.categories import parse_turn_buckets
 from tongyi_trace.trace.export import export_trace
@@ -66,7 +67,16 @@ def export(
 
     Example: kvtrace export runs/conv -o conv.parquet
     """
-    n = run_cli(lambda: export_trace(open_run(run_dir), out))
+    def go() -> int:
+        run = open_run(run_dir)
+        if out.is_dir():
+            raise UsageError(f"{out}: is a folder; give -o the trace file to write (.parquet or .jsonl)")
+        try:
+            return export_trace(run, out)
+        except OSError as e:
+            raise InputError(f"{out}: cannot write ({e.strerror or e}); check the path and free space") from None
+
+    n = run_cli(go)
     if json_out:
         print_json({"path": str(out), "num_requests": n})
     elif not quiet:
