@@ -16,8 +16,12 @@ re-insertion keeps the rest, a ghost FIFO G of recently evicted ids sends return
 Pinned blocks (the running request's) met at a queue's oldest end are moved to its newest end.
 
 Source: Yang, Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache eviction", SOSP'23,
-Algorithm 1; defaults as libCacheSim S3FIFO.c (fifo-size-ratio 0.10, ghost-size-ratio 0.90,
-move-to-main-threshold 1: "if object in the small is accessed, reinsert to main FIFO"), frequency capped at 3.
+Algorithm 1 (small FIFO 10%, ghost 90% of the cache, a block hit while in S moves to M, frequency capped
+at 3). This is the paper's algorithm, not libCacheSim's current S3FIFO.c (PyPI libcachesim 0.3.5), which is
+a later variant: move-to-main threshold 2, insertion into M while S is full before the first eviction, and
+a 2-bit clock in M; so the two differ on the same stream (tests/sim/test_vs_libcachesim.py says so and
+checks LRU, FIFO and LFU for exact agreement instead). `--set s3fifo.move_to_main_threshold=2` gives
+libCacheSim's threshold.
 """
 
 from __future__ import annotations
