@@ -74,6 +74,22 @@ class WaParams:
         "help": "life window for every category, s (0 = each category's fitted life_s)"})
     use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
     use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
+    # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them)
+    guard: bool = field(default=False, metadata={
+        "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
+    guard_margin: float = field(default=0.5, metadata={
+        "help": "guard: switch when WA's sampled hit ratio trails LRU's by more than this, in points"})
+    guard_window_s: float = field(default=120.0, metadata={
+        "help": "guard: the trace seconds over which both sampled hit ratios are compared"})
+    refit_s: float = field(default=0.0, metadata={"help": "online refit every this many trace seconds (0 = off)"})
+    window_s: float = field(default=600.0, metadata={"help": "online refit: the sliding window of reuse samples, s"})
+    sample_rate: float = field(default=1 / 32, metadata={
+        "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]"})
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the guard or the online refit is on (a driver must serve the stream in slices)."""
+        return self.guard or self.refit_s > 0
 
     def __post_init__(self) -> None:
         from tongyi_trace.errors import UsageError
@@ -83,6 +99,15 @@ class WaParams:
                              f"got {self.model!r}")
         if not (self.life_s >= 0.0 and self.life_s < float("inf")):
             raise UsageError(f"policy wa: parameter life_s must be a finite number >= 0, got {self.life_s}")
+        for name in ("guard_margin", "guard_window_s", "refit_s", "window_s"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and v < float("inf")):
+                raise UsageError(f"policy wa: parameter {name} must be a finite number >= 0, got {v}")
+        if self.guard_window_s <= 0.0 or self.window_s <= 0.0:
+            raise UsageError("policy wa: parameters guard_window_s and window_s must be > 0 seconds, got "
+                             f"{self.guard_window_s} and {self.window_s}")
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise UsageError(f"policy wa: parameter sample_rate must be in (0, 1], got {self.sample_rate}")
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""

@@ -1,0 +1,124 @@
+"""The guard and the online refit on a small shifted stream (tests/guard/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.guard.decide import LRU, POLICY, Guard
+from tongyi_trace.guard.sampling import is_sampled, sampled_mask, threshold
+from tongyi_trace.guard.simulate import sampled_stream, simulate_guarded
+from tongyi_trace.sim.registry import get_policy
+from tongyi_trace.sim.simulate import simulate_policy
+
+from .conftest import CAPACITY, T_SHIFT_S, shifted
+
+BASE = {"model": "exp", "life_s": 30.0, "sample_rate": 1.0}
+
+
+def _half_hit_ratio(res_hits: np.ndarray, stream, after_s: float, before_s: float = np.inf) -> float:
+    m = (stream.req_time_s >= after_s) & (stream.req_time_s < before_s)
+    lens = np.diff(stream.req_off)[m]
+    return float(res_hits[m].sum() / lens.sum())
+
+
+def test_sampling_scalar_equals_vector_and_rate() -> None:
+    keys = np.arange(-1000, 50_000, dtype=np.int64)
+    cut = threshold(1 / 16)
+    mask = sampled_mask(keys, cut)
+    assert all(mask[i] == is_sampled(int(keys[i]), cut) for i in range(0, keys.size, 97))
+    assert abs(mask.mean() - 1 / 16) < 0.005
+    assert sampled_mask(keys, threshold(1.0)).all()
+
+
+def test_sampled_stream_keeps_requests_and_sampled_refs() -> None:
+    st = shifted()
+    sub = sampled_stream(st, 0.25)
+    assert sub.num_requests == st.num_requests
+    assert 0.15 < sub.num_refs / st.num_refs < 0.35
+    assert np.array_equal(sub.req_cat, st.req_cat)
+    assert sampled_stream(st, 1.0).num_refs == st.num_refs
+
+
+def test_guard_rule_switches_after_full_window_and_back() -> None:
+    g = Guard(margin_points=1.0, window_s=30.0)
+    # LRU ahead by 10 points: no switch before a full window, then one
+    assert [g.observe(float(t), 100, 50, 60) for t in (10, 20, 30)] == [None, None, None]
+    sw = g.observe(40.0, 100, 50, 60)
+    assert sw is not None and sw.to_mode == LRU and g.mode == LRU
+    assert sw.policy_hit_ratio == pytest.approx(0.5) and sw.lru_hit_ratio == pytest.approx(0.6)
+    # the policy ahead: back only after a full window since the switch
+    assert [g.observe(float(t), 100, 70, 60) for t in (50, 60)] == [None, None]
+    back = g.observe(70.0, 100, 70, 60)
+    assert back is not None and back.to_mode == POLICY
+    assert g.time_in_mode_s == {POLICY: pytest.approx(30.0), LRU: pytest.approx(30.0)}
+    # within the margin: no switch
+    g2 = Guard(margin_points=20.0, window_s=10.0)
+    assert all(g2.observe(float(t), 100, 50, 60) is None for t in range(0, 100, 5))
+
+
+def test_wa_params_validate_guard_fields() -> None:
+    spec = get_policy("wa")
+    with pytest.raises(UsageError, match="sample_rate"):
+        spec.make_params({"sample_rate": "0"})
+    with pytest.raises(UsageError, match="refit_s"):
+        spec.make_params({"refit_s": "-1"})
+    typed, _ = spec.make_params({"guard": "true", "refit_s": "60"})
+    assert typed.guarded
+
+
+def test_stale_fit_loses_guard_recovers(first_hour_fit) -> None:
+    st = shifted()
+    lru = simulate_policy(st, "lru", CAPACITY)
+    stale = simulate_policy(st, "wa", CAPACITY, params=BASE, fit=first_hour_fit)
+    lru2 = _half_hit_ratio(lru.req_hit_blocks, st, T_SHIFT_S)
+    stale2 = _half_hit_ratio(stale.req_hit_blocks, st, T_SHIFT_S)
+    assert _half_hit_ratio(stale.req_hit_blocks, st, 0, T_SHIFT_S) >= _half_hit_ratio(
+        lru.req_hit_blocks, st, 0, T_SHIFT_S)  # the fit is right at first
+    assert lru2 - stale2 > 0.2  # then stale: the hot set is evicted before the scans
+    run = simulate_guarded(st, "wa", CAPACITY, params={**BASE, "guard": True, "guard_window_s": 30.0},
+                           fit=first_hour_fit)
+    assert [s.to_mode for s in run.switches] == [LRU]
+    assert T_SHIFT_S < run.switches[0].time_s <= T_SHIFT_S + 60
+    guarded2 = _half_hit_ratio(run.result.req_hit_blocks, st, T_SHIFT_S)
+    assert lru2 - guarded2 < 0.1  # the loss is the window before the switch
+    # with sample_rate 1 the LRU shadow is exact LRU: its slice hit ratios equal LRU's
+    tl = run.timeline
+    assert sum(r["shadow_lru_hit_ratio"] * r["num_sampled_refs"] for r in tl) == pytest.approx(lru.num_hits)
+    assert run.summary()["guard_switches"] == 1
+    assert run.summary()["guard_time_lru_s"] == pytest.approx(2 * T_SHIFT_S - run.switches[0].time_s, abs=10)
+
+
+def test_unshifted_guard_never_switches_and_equals_wa(first_hour_fit) -> None:
+    st = shifted(swap=False)
+    wa = simulate_policy(st, "wa", CAPACITY, params=BASE, fit=first_hour_fit)
+    run = simulate_guarded(st, "wa", CAPACITY, params={**BASE, "guard": True, "guard_window_s": 30.0},
+                           fit=first_hour_fit)
+    assert run.switches == []
+    assert np.array_equal(run.result.req_hit_blocks, wa.req_hit_blocks)
+
+
+def test_refit_learns_the_swap(first_hour_fit) -> None:
+    st = shifted()
+    refit_s = 60.0
+    run = simulate_guarded(st, "wa", CAPACITY, params={**BASE, "refit_s": refit_s, "window_s": 120.0},
+                           fit=first_hour_fit)
+    late = [r for r in run.refits if r["time_s"] >= T_SHIFT_S + 2 * refit_s]
+    a = [r for r in late if r["category"] == "a"]
+    b = [r for r in late if r["category"] == "b"]
+    assert a and b and all(r["new_reuse_prob"] < 0.1 for r in a) and all(r["new_reuse_prob"] > 0.9 for r in b)
+    # the hot set is reused after exactly 20 s: none by 10 s observed (KM), nearly all by 60 s predicted;
+    # past the longest sample (20 s) the observed CDF is unknown (NaN), as kvtrace fit's km_curve says
+    assert b[-1]["observed_cdf_10s"] == 0.0 and b[-1]["predicted_cdf_60s"] > 0.9
+    assert np.isnan(b[-1]["observed_cdf_60s"]) and b[-1]["ks"] > 0.3
+    lru = simulate_policy(st, "lru", CAPACITY)
+    after = T_SHIFT_S + 2 * refit_s + 60  # the refit, then the cache's content turns over
+    assert _half_hit_ratio(run.result.req_hit_blocks, st, after) >= _half_hit_ratio(lru.req_hit_blocks, st, after)
+    assert run.summary()["refits"] == int(2 * T_SHIFT_S // refit_s)  # at 60, 120, ..., 1200 s
+
+
+def test_plain_policies_run_plain(first_hour_fit) -> None:
+    st = shifted()
+    run = simulate_guarded(st, "lru", CAPACITY)
+    assert run.timeline == [] and run.result.num_hits == simulate_policy(st, "lru", CAPACITY).num_hits

@@ -1,0 +1,165 @@
+"""WA with the guard and the online refit in the simulator: the stream is served in slices of `slice_s`
+trace seconds by a sim.simulate.Cache, beside two shadow Caches (LRU, and WA with the same settings) of
+sample_rate x the capacity over the hash-sampled sub-stream (sampling.py). After each slice the guard
+(decide.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
+`refit_s` seconds the reuse window of the sampled accesses (refit.py) is refitted and the new parameters
+overwrite the per-category columns of `Cache.cw` in the cache and in the WA shadow.
+
+The time line (one row per slice: the cache's hit ratio, both shadows', the guard's windowed estimates
+and mode, refits) and the refit table (per refit and category: parameters before and after, observed vs
+predicted reuse, KS) are returned for the artifacts RUN/sim/guard_timeline.parquet and
+guard_refits.parquet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tongyi_trace.fit.params import PolicyParams
+from tongyi_trace.guard.decide import LRU, Guard, Switch
+from tongyi_trace.guard.refit import ReuseWindow, category_metrics, refit
+from tongyi_trace.guard.sampling import sampled_mask, threshold
+from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
+from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult
+from tongyi_trace.sim.stream import Stream, densify
+
+DEFAULT_SLICE_S = 10.0
+
+
+@dataclass
+class GuardedRun:
+    """The cache's result, with the guard's and the refit's record."""
+
+    result: PolicyResult
+    switches: list[Switch] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    refits: list[dict[str, Any]] = field(default_factory=list)
+    time_in_mode_s: dict[str, float] = field(default_factory=dict)
+    shadow_capacity_blocks: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """The result's row plus guard_switches, refits, time in each mode and the shadow size."""
+        return {**self.result.summary(), "guard_switches": len(self.switches),
+                "refits": len({r["time_s"] for r in self.refits}),
+                "guard_time_policy_s": self.time_in_mode_s.get("policy", 0.0),
+                "guard_time_lru_s": self.time_in_mode_s.get(LRU, 0.0),
+                "shadow_capacity_blocks": self.shadow_capacity_blocks}
+
+
+def sampled_stream(stream: Stream, rate: float) -> Stream:
+    """STREAM with only the references to hash-sampled blocks (same requests, times and categories)."""
+    keep = sampled_mask(stream.blk, threshold(rate))
+    csum = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+    off = csum[stream.req_off]
+    ntok = stream.ntok[keep]
+    tok = np.concatenate([[0], np.cumsum(ntok, dtype=np.int64)])
+    ids, num_ids = densify(stream.blk[keep])
+    return dataclasses.replace(stream, req_off=off, blk=ids, ntok=ntok, req_tokens=tok[off[1:]] - tok[off[:-1]],
+                               num_ids=num_ids)
+
+
+def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None = None,
+                     fit: PolicyParams | None = None, engine: EngineShape | None = None,
+                     slice_s: float = DEFAULT_SLICE_S, timing: bool = True) -> GuardedRun:
+    """POLICY (wa, or fitted resolving to wa) at CAPACITY_BLOCKS over STREAM with the guard and refit
+    that PARAMS ask for (WaParams.guard, refit_s, ...); any other policy, or neither asked, runs plain."""
+    t0 = time.perf_counter()
+    cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, timing=timing)
+    n = stream.num_requests
+    wa = _wa_params(cache)
+    if wa is None or not wa.guarded or n == 0:
+        cache.serve(0, n)
+        return GuardedRun(cache.result())
+    sub = sampled_stream(stream, wa.sample_rate)
+    scap = max(1, round(wa.sample_rate * capacity_blocks))
+    shadow_params = {k: v for k, v in cache.params.items() if k in {f.name for f in dataclasses.fields(WaParams)}}
+    shadow_params["leaf_only"] = cache.leaf_only
+    lru = Cache(sub, "lru", scap, timing=False)
+    pol = Cache(sub, "wa", scap, params=shadow_params, fit=fit, timing=False)
+    pol.cw = cache.cw.copy()
+    guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None
+    window = ReuseWindow(wa.window_s) if wa.refit_s > 0 else None
+    run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
+    times = stream.req_time_s
+    start_s = float(times[0])
+    edges = np.searchsorted(times, start_s + slice_s * np.arange(1, int((times[-1] - start_s) // slice_s) + 2),
+                            side="left")
+    edges = np.unique(np.concatenate([[0], edges, [n]]))
+    lens = cache.engine.req_nstat
+    next_refit_s = start_s + wa.refit_s
+    for a, b in itertools.pairwise(edges):
+        end_s = start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
+        hits = int(cache.serve(int(a), int(b)).sum())
+        lh = int(lru.serve(int(a), int(b)).sum())
+        ph = int(pol.serve(int(a), int(b)).sum())
+        refs = int(sub.req_off[b] - sub.req_off[a])
+        if window is not None:
+            _feed(window, sub, int(a), int(b))
+        switch = guard.observe(end_s, refs, ph, lh) if guard is not None else None
+        if switch is not None:
+            run.switches.append(switch)
+            cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
+        refitted = False
+        if window is not None and end_s >= next_refit_s:
+            run.refits.extend(_refit(window, end_s, stream.categories, (cache, pol), int(cache.ip[IP_MODEL])))
+            refitted = True
+            next_refit_s += wa.refit_s * max(1, int((end_s - next_refit_s) // wa.refit_s) + 1)
+        est = guard.estimates() if guard is not None else (ph / refs if refs else 0.0, lh / refs if refs else 0.0, refs)
+        num_refs = int(lens[a:b].sum())
+        run.timeline.append({
+            "time_s": end_s, "num_refs": num_refs, "hit_ratio": hits / num_refs if num_refs else float("nan"),
+            "num_sampled_refs": refs, "shadow_policy_hit_ratio": ph / refs if refs else float("nan"),
+            "shadow_lru_hit_ratio": lh / refs if refs else float("nan"),
+            "window_policy_hit_ratio": est[0], "window_lru_hit_ratio": est[1],
+            "guard_mode": guard.mode if guard is not None else "policy", "switched": switch is not None,
+            "refit": refitted})
+    res = dataclasses.replace(cache.result(), elapsed_s=time.perf_counter() - t0)
+    run.result = res
+    run.time_in_mode_s = dict(guard.time_in_mode_s) if guard is not None else {"policy": float(times[-1] - start_s)}
+    return run
+
+
+def _wa_params(cache: Cache) -> WaParams | None:
+    if cache.spec.name != "wa":
+        return None
+    names = {f.name for f in dataclasses.fields(WaParams)}
+    return WaParams(**{k: v for k, v in cache.params.items() if k in names})
+
+
+def _feed(window: ReuseWindow, sub: Stream, a: int, b: int) -> None:
+    """Every sampled access of requests A..B-1 into WINDOW."""
+    off = sub.req_off
+    lens = np.diff(off[a:b + 1])
+    cats = np.repeat(sub.req_cat[a:b], lens).tolist()
+    ts = np.repeat(sub.req_time_s[a:b], lens).tolist()
+    for key, c, t in zip(sub.blk[off[a]:off[b]].tolist(), cats, ts, strict=True):
+        window.access(key, c, t)
+
+
+def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tuple[Cache, ...],
+           model: int) -> list[dict[str, Any]]:
+    """Refit from WINDOW at NOW_S, write the new columns into every cache's cw; one row per category."""
+    from tongyi_trace.guard.refit import CategoryFit
+
+    samples = window.samples(now_s)
+    fits = refit(samples)
+    cw = caches[0].cw
+    rows = []
+    for c, s in sorted(samples.items()):
+        old = CategoryFit(float(cw[CW_P, c]), float(cw[CW_RATE, c]), tuple(float(v) for v in cw[CW_TABLE:, c]))
+        new = fits.get(c)
+        if new is not None:
+            for cache in caches:
+                cache.cw[CW_P, c], cache.cw[CW_RATE, c] = new.reuse_prob, new.rate_per_s
+                cache.cw[CW_TABLE:, c] = new.km_cdf
+        rows.append({"time_s": now_s, "category": names[c], "refitted": new is not None,
+                     "old_reuse_prob": old.reuse_prob, "old_rate_per_s": old.rate_per_s,
+                     "new_reuse_prob": (new or old).reuse_prob, "new_rate_per_s": (new or old).rate_per_s,
+                     **category_metrics(s, new or old, model)})
+    return rows
