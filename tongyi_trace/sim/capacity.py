@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +49,15 @@ def peak_live_blocks(req_off: np.ndarray, next_req: np.ndarray) -> int:
     return best
 
 
+MAX_BLOCKS = 10**15  # far beyond any cache; a bound so that inf% or 1e400x is an error, not an overflow
+
+
+def _rounded(item: str, blocks: float) -> int:
+    if not math.isfinite(blocks):
+        raise UsageError(f"capacity {item!r} is not a finite size; give e.g. 5%, 0.5x, 2L or inf for the ideal")
+    return round(blocks)
+
+
 def parse_capacities(text: str, *, num_distinct: int, block_size_tokens: int, model: ModelPreset | None,
                      peak_live: int | None = None) -> list[Capacity]:
     """Resolve a comma-separated capacity list (see the module doc) to blocks."""
@@ -60,15 +71,15 @@ def parse_capacities(text: str, *, num_distinct: int, block_size_tokens: int, mo
             if low in ("inf", "ideal", "unlimited"):
                 blocks = num_distinct
             elif low.endswith("%"):
-                blocks = round(float(low[:-1]) / 100.0 * num_distinct)
+                blocks = _rounded(item, float(low[:-1]) / 100.0 * num_distinct)
             elif low.endswith("x"):
                 if model is None:
                     raise UsageError(f"capacity {item!r} is in x HBM: give --model")
-                blocks = round(float(low[:-1]) * model.hbm_blocks(block_size_tokens))
+                blocks = _rounded(item, float(low[:-1]) * model.hbm_blocks(block_size_tokens))
             elif low.endswith("l"):
                 if peak_live is None:
                     raise UsageError(f"capacity {item!r} needs the oracle's peak live set")
-                blocks = round(float(low[:-1]) * peak_live)
+                blocks = _rounded(item, float(low[:-1]) * peak_live)
             else:
                 blocks = int(low)
         except ValueError:
@@ -76,6 +87,9 @@ def parse_capacities(text: str, *, num_distinct: int, block_size_tokens: int, mo
                              "oracle's peak live set) or inf") from None
         if blocks < 1:
             raise UsageError(f"capacity {item!r} is {blocks} blocks; it must be at least 1")
+        if blocks > MAX_BLOCKS:
+            raise UsageError(f"capacity {item!r} is {blocks:.3g} blocks, more than {MAX_BLOCKS:.0e}; "
+                             "give a finite size (or inf for the ideal)")
         out.append(Capacity(item, int(blocks)))
     if not out:
         raise UsageError("--capacity is empty; give e.g. 4096,5%,1x")

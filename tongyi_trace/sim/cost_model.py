@@ -17,6 +17,8 @@ x TP), no overlap (layer-wise async swap would hide part of it). Every value can
 
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,8 +60,10 @@ def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: 
                                  "s_per_loaded_token": s_per_loaded_token,
                                  "arrival_scale": arrival_scale}.items() if v is not None}
     for k, v in changes.items():
-        if v < 0:
-            raise UsageError(f"cost model {k} must be >= 0, got {v}")
+        if not (v >= 0 and math.isfinite(v)):
+            raise UsageError(f"cost model {k} must be a finite number >= 0, got {v}")
+    if changes.get("arrival_scale") == 0:
+        raise UsageError("cost model arrival_scale must be > 0, got 0.0")
     return replace(model, **changes)  # type: ignore[arg-type]
 
 

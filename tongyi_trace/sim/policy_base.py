@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,10 @@ def _coerce(policy: str, key: str, typ: Any, v: Any) -> Any:
         if t == "int":
             return int(v)
         if t == "float":
-            return float(v)
+            f = float(v)
+            if not math.isfinite(f):
+                raise ValueError(v)
+            return f
     except (TypeError, ValueError):
         raise UsageError(f"policy {policy}: parameter {key} must be {t}, got {v!r}") from None
     return v

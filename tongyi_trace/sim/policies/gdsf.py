@@ -40,6 +40,12 @@ class GdsfParams:
     block_size_tokens: float = field(default=0.0, metadata={
         "help": "tokens per block for start_token (0 = the simulated block size)"})
 
+    def __post_init__(self) -> None:
+        from tongyi_trace.errors import UsageError
+
+        if not self.attn_scale_tokens > 0 or self.block_size_tokens < 0:
+            raise UsageError("policy gdsf: attn_scale_tokens must be > 0 and block_size_tokens >= 0")
+
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
         fp = np.zeros(8, np.float64)

@@ -50,6 +50,16 @@ class S3FifoParams:
         "help": "hits while in S needed to move to M"})
     freq_cap: int = field(default=3, metadata={"help": "frequency counter saturates here"})
 
+    def __post_init__(self) -> None:
+        from tongyi_trace.errors import UsageError
+
+        if not 0.0 < self.small_ratio < 1.0:
+            raise UsageError(f"policy s3fifo: parameter small_ratio must be in (0, 1), got {self.small_ratio}")
+        if not 0.0 <= self.ghost_ratio <= 10.0:
+            raise UsageError(f"policy s3fifo: parameter ghost_ratio must be in [0, 10], got {self.ghost_ratio}")
+        if self.move_to_main_threshold < 1 or self.freq_cap < 1:
+            raise UsageError("policy s3fifo: parameters move_to_main_threshold and freq_cap must be >= 1")
+
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
         ip = np.zeros(8, np.int64)
