@@ -57,14 +57,15 @@ def print_json(obj: Any) -> None:
 
 @contextmanager
 def progress(quiet: bool = False) -> Iterator[Progress]:
-    """A Rich progress bar on stderr, disabled with --quiet or --json."""
+    """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
+    (a log would only get the blank line Rich prints in its place)."""
     with Progress(
         TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
-        disable=quiet,
+        disable=quiet or not err_console.is_interactive,
         transient=True,
     ) as p:
         yield p

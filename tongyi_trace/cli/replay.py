@@ -134,7 +134,8 @@ def replay(
     bar = Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
                    MofNCompleteColumn(),
                    TextColumn("sent {task.fields[sent]} errors {task.fields[errors]} hit {task.fields[hit]}"),
-                   TimeElapsedColumn(), console=err_console, disable=quiet or json_out, transient=True)
+                   TimeElapsedColumn(), console=err_console,
+                   disable=quiet or json_out or not err_console.is_interactive, transient=True)
     task: list[TaskID] = []
 
     def on_start(sched: Schedule, info: ServerInfo) -> None:
