@@ -7,7 +7,6 @@ with `say(("error:", "bold red"), " ", text)`; table cells are likewise plain te
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tongyi_trace.errors import KvtraceError
-from tongyi_trace.run import _json_default
+from tongyi_trace.run import json_text, stop_signals_interrupt
 
 console = Console(markup=False, emoji=False)
 err_console = Console(stderr=True, markup=False, emoji=False)
@@ -39,9 +38,11 @@ def say(*parts: Part, err: bool = False) -> None:
 
 
 def run_cli(fn: Callable[[], T]) -> T:
-    """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback)."""
+    """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
+    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
     try:
-        return fn()
+        with stop_signals_interrupt():
+            return fn()
     except KvtraceError as e:
         say(("error:", "bold red"), " ", " ".join(str(e).split()), err=True)
         raise typer.Exit(e.exit_code) from None
@@ -51,8 +52,8 @@ def run_cli(fn: Callable[[], T]) -> T:
 
 
 def print_json(obj: Any) -> None:
-    """Print OBJ as JSON on stdout (machine-readable output for --json)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    """Print OBJ as strict JSON on stdout (machine-readable output for --json; NaN becomes null)."""
+    sys.stdout.write(json_text(obj))
 
 
 @contextmanager
