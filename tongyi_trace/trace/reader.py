@@ -359,6 +359,13 @@ def _to_chunk(c: dict[str, list[Any]]) -> Chunk:
     )
 
 
+def _skip_or_raise(e: InputError, on_error: str, stats: ReadStats) -> None:
+    """--on-error skip: count the bad line; fail: raise its error."""
+    if on_error != "skip":
+        raise e
+    stats.note("skipped_lines", str(e))
+
+
 def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
     spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
     bailian = fmt == "bailian"
@@ -372,17 +379,19 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
         first_line = first_line or line_no
         try:
             rec = _loads(path, line_no, line)
-            mixed = _mixed_format(path, line_no, rec, bailian, first_line)
-            if mixed is not None:
-                raise mixed
+        except InputError as e:
+            _skip_or_raise(e, on_error, stats)
+            continue
+        mixed = _mixed_format(path, line_no, rec, bailian, first_line)
+        if mixed is not None:
+            raise mixed  # never skipped: the file is wrong, not a line
+        try:
             hashes = _check_record(path, line_no, rec, spec)
             uid = rec.get("user_id") if bailian else None
             if uid is not None and type(uid) not in (str, int):
                 raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
         except InputError as e:
-            if on_error != "skip" or "one file holds one format" in str(e):
-                raise
-            stats.note("skipped_lines", str(e))
+            _skip_or_raise(e, on_error, stats)
             continue
         stats.note_ids(path, line_no, hashes)
         c["line_no"].append(line_no)
