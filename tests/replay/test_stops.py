@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tongyi_trace.errors import EngineError, UsageError
+from tongyi_trace.errors import EngineError, InputError, UsageError
 from tongyi_trace.replay.records import read_records
 from tongyi_trace.replay.runner import ReplayOptions, reconcile_only, run_replay
 from tongyi_trace.replay.schedule import ScheduleOptions
@@ -118,3 +118,16 @@ def test_a_stop_during_the_final_metrics_scrape_still_finalizes(fresh_tiny_run: 
     assert summary["status"] == "interrupted"
     assert summary["error"] == "stopped while reading the engine's final figures"
     assert summary["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0, "num_not_finished": 0}
+
+
+def test_a_record_cut_mid_write_counts_as_not_finished(fresh_tiny_run: Path, standin: Standin) -> None:
+    url, _ = standin(block_size=32)
+    res = run_replay(fresh_tiny_run, url, ReplayOptions(name="k", max_in_flight=1, schedule=FAST))
+    records = res.out_dir / "records.jsonl"
+    lines = records.read_text().splitlines()
+    records.write_text("\n".join(lines[:5]) + "\n" + lines[5][:40])  # SIGKILL in the middle of the 6th write
+    rebuilt = reconcile_only(fresh_tiny_run, "k").summary
+    assert rebuilt["counts"] == {"num_done": 5, "num_ok": 5, "num_error": 0, "num_not_finished": 1}
+    records.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=r"records.jsonl:2: not a JSON record"):
+        reconcile_only(fresh_tiny_run, "k")

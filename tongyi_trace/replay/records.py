@@ -71,16 +71,19 @@ class RecordWriter:
 
 
 def read_records(path: Path) -> pl.DataFrame:
-    """records.jsonl as a table (RECORD_SCHEMA); a truncated last line (crash mid-write) is an error."""
+    """records.jsonl as a table (RECORD_SCHEMA). A last line without its newline that is not JSON was cut
+    mid-write (the process was killed): that request counts as not finished. Any other bad line is an
+    error."""
     rows: list[dict[str, Any]] = []
     if path.is_file():
-        with path.open(encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if i == len(lines):  # no newline after it: cut mid-write
                     continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{i}: not a JSON record ({e.msg}); the replay was cut "
-                                     "mid-write: delete that line") from e
+                raise InputError(f"{path}:{i}: not a JSON record ({e.msg}); fix or delete that line") from e
     return pl.DataFrame(rows, schema=RECORD_SCHEMA)
