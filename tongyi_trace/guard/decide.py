@@ -7,17 +7,25 @@ sampled references and each shadow's hits. Over the last `window_s` seconds of t
     mode policy -> lru    when LRU's hit ratio exceeds the policy's by more than `margin_points`
     mode lru -> policy    when the policy's hit ratio exceeds LRU's (it is ahead again)
 
-and a rule is tested only once a full window has passed since the start or the last switch (each
-decision rests on a full window of evidence, which also damps flapping). Every switch is kept with
-both estimates.
+and each difference must also be significant: D = sum(lru hits - policy hits) / sum(refs) over the
+window's steps, its variance estimated from the steps as a ratio estimator's,
+var(D) = n/(n-1) sum_i (x_i - D r_i)^2 / (sum_i r_i)^2 with x_i the step's hit difference and r_i its
+references, and |D| / sqrt(var(D)) >= Z_CRIT (Z_CRIT_BACK to switch back). On the sampled sub-stream
+the two estimates are noisy (a few hundred references a minute at 1/32), and without this test the
+guard flips on noise. A rule is
+tested only once a full window has passed since the start or the last switch (each decision rests on a
+full window of evidence). Every switch is kept with both estimates.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 POLICY, LRU = "policy", "lru"
+Z_CRIT = 2.0  # standard errors LRU's lead must exceed to switch to LRU
+Z_CRIT_BACK = 3.0  # and the policy's lead to switch back (LRU is the safe state: leave it on firmer ground)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,18 @@ class Guard:
         refs, ph, lh = self._sums
         return (ph / refs, lh / refs, refs) if refs else (0.0, 0.0, 0)
 
+    def z_score(self) -> float:
+        """D / its standard error over the window (D = LRU's hit ratio minus the policy's; see the module
+        doc); +-inf when the steps agree exactly, 0 without a difference."""
+        refs, ph, lh = self._sums
+        d = (lh - ph) / refs if refs else 0.0
+        n = len(self._steps)
+        if d == 0.0 or n < 2:
+            return 0.0
+        ss = sum((q - p - d * r) ** 2 for _, r, p, q in self._steps)
+        var = ss * n / (n - 1) / refs**2
+        return d / math.sqrt(var) if var > 0 else math.copysign(math.inf, d)
+
     def observe(self, time_s: float, refs: int, policy_hits: int, lru_hits: int) -> Switch | None:
         """Report one step ending at TIME_S (sampled REFS and the shadows' hits); the switch, if any."""
         if self._since_s is None:
@@ -66,7 +86,9 @@ class Guard:
         pol, lru, n = self.estimates()
         if n == 0:
             return None
-        if (self.mode == POLICY and lru - pol > self.margin) or (self.mode == LRU and pol > lru):
+        z = self.z_score()
+        if (self.mode == POLICY and lru - pol > self.margin and z >= Z_CRIT) or (
+                self.mode == LRU and pol > lru and z <= -Z_CRIT_BACK):
             self.mode = LRU if self.mode == POLICY else POLICY
             sw = Switch(time_s, self.mode, pol, lru)
             self.switches.append(sw)

@@ -23,7 +23,7 @@ import numpy as np
 
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.guard.decide import LRU, Guard, Switch
-from tongyi_trace.guard.refit import ReuseWindow, category_metrics, refit
+from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
 from tongyi_trace.guard.sampling import sampled_mask, threshold
 from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
 from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult
@@ -54,7 +54,7 @@ class GuardedRun:
 
 def sampled_stream(stream: Stream, rate: float) -> Stream:
     """STREAM with only the references to hash-sampled blocks (same requests, times and categories)."""
-    keep = sampled_mask(stream.blk, threshold(rate))
+    keep = sampled_mask(np.arange(stream.num_ids, dtype=np.int64), threshold(rate))[stream.blk]
     csum = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
     off = csum[stream.req_off]
     ntok = stream.ntok[keep]
@@ -84,7 +84,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     pol = Cache(sub, "wa", scap, params=shadow_params, fit=fit, timing=False)
     pol.cw = cache.cw.copy()
     guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None
-    window = ReuseWindow(wa.window_s) if wa.refit_s > 0 else None
+    window = ReuseWindow(wa.window_s, sub.num_ids) if wa.refit_s > 0 else None
     run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
     times = stream.req_time_s
     start_s = float(times[0])
@@ -136,24 +136,20 @@ def _feed(window: ReuseWindow, sub: Stream, a: int, b: int) -> None:
     """Every sampled access of requests A..B-1 into WINDOW."""
     off = sub.req_off
     lens = np.diff(off[a:b + 1])
-    cats = np.repeat(sub.req_cat[a:b], lens).tolist()
-    ts = np.repeat(sub.req_time_s[a:b], lens).tolist()
-    for key, c, t in zip(sub.blk[off[a]:off[b]].tolist(), cats, ts, strict=True):
-        window.access(key, c, t)
+    window.add(sub.blk[off[a]:off[b]], np.repeat(sub.req_cat[a:b], lens), np.repeat(sub.req_time_s[a:b], lens))
 
 
 def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tuple[Cache, ...],
            model: int) -> list[dict[str, Any]]:
     """Refit from WINDOW at NOW_S, write the new columns into every cache's cw; one row per category."""
-    from tongyi_trace.guard.refit import CategoryFit
-
     samples = window.samples(now_s)
-    fits = refit(samples)
     cw = caches[0].cw
+    current = {c: CategoryFit(float(cw[CW_P, c]), float(cw[CW_RATE, c]), tuple(float(v) for v in cw[CW_TABLE:, c]))
+               for c in samples}
+    fits, metrics = refit(samples, current, model)
     rows = []
-    for c, s in sorted(samples.items()):
-        old = CategoryFit(float(cw[CW_P, c]), float(cw[CW_RATE, c]), tuple(float(v) for v in cw[CW_TABLE:, c]))
-        new = fits.get(c)
+    for c in sorted(samples):
+        old, new = current[c], fits.get(c)
         if new is not None:
             for cache in caches:
                 cache.cw[CW_P, c], cache.cw[CW_RATE, c] = new.reuse_prob, new.rate_per_s
@@ -161,5 +157,5 @@ def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tu
         rows.append({"time_s": now_s, "category": names[c], "refitted": new is not None,
                      "old_reuse_prob": old.reuse_prob, "old_rate_per_s": old.rate_per_s,
                      "new_reuse_prob": (new or old).reuse_prob, "new_rate_per_s": (new or old).rate_per_s,
-                     **category_metrics(s, new or old, model)})
+                     **metrics[c]})
     return rows

@@ -77,7 +77,7 @@ class WaParams:
     # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them)
     guard: bool = field(default=False, metadata={
         "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
-    guard_margin: float = field(default=0.5, metadata={
+    guard_margin: float = field(default=0.2, metadata={
         "help": "guard: switch when WA's sampled hit ratio trails LRU's by more than this, in points"})
     guard_window_s: float = field(default=120.0, metadata={
         "help": "guard: the trace seconds over which both sampled hit ratios are compared"})
