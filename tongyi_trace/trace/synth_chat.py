@@ -56,6 +56,18 @@ class ChatType:
 
 
 @dataclass(frozen=True)
+class LongChat:
+    """Long conversations of short turns (companion / role-play chat): they give the turn maximum."""
+
+    session_share: float  # share of all conversations
+    type_name: str  # the product they run on (a key of ChatParams.types)
+    continuation: float  # P(turn k+1 | turn k), from the 1st turn on
+    next_input: Lognormal
+    output: Lognormal
+    think_s: Lognormal  # short messages are answered quickly
+
+
+@dataclass(frozen=True)
 class ChatParams:
     """A conversational profile: types, users, turns, think times, redos (docs/synth.md, per profile)."""
 
@@ -75,6 +87,11 @@ class ChatParams:
     prompt_zipf: float  # popularity of a type's shared prompts
     max_turns: int
     max_context_tokens: int  # the model window: a longer conversation is not continued
+    activity_cap_z: float = float("inf")  # a person's rate is bounded: activity z-score capped here
+    engagement_cap: float = float("inf")  # largest mean number of further turns of a user
+    slow_session_share: float = 0.0  # conversations kept open in the background: every think time is slow
+    slow_session_turns: float = 1.0  # mean number of further turns of such a conversation (>= 1)
+    long_chat: LongChat | None = None
 
 
 def _lognormal(rng: np.random.Generator, ln: Lognormal | tuple[F64, F64], size: int) -> F64:
@@ -130,8 +147,8 @@ def draw_population(rng: np.random.Generator, num_users: int, p: ChatParams) -> 
     z_act = rng.standard_normal(num_users)
     z_eng = p.engagement_activity_corr * z_act + np.sqrt(1 - p.engagement_activity_corr ** 2) * \
         rng.standard_normal(num_users)
-    act = np.exp(p.user_activity_sigma * z_act)
-    more_turns = p.engagement[0] * np.exp(p.engagement[1] * z_eng)
+    act = np.exp(p.user_activity_sigma * np.minimum(z_act, p.activity_cap_z))
+    more_turns = np.minimum(p.engagement[0] * np.exp(p.engagement[1] * z_eng), p.engagement_cap)
     pace = np.exp(p.pace_sigma * rng.standard_normal(num_users))
     lens = [tokens(_lognormal(rng, t.prompt_tokens, t.num_prompts), lo=BLOCK_SIZE_TOKENS)
             for t in p.types.values()]
@@ -145,6 +162,11 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     tp = list(p.types.values())
     share = np.array([t.session_share for t in tp])
     s_type = rng.choice(len(tp), size=num_sessions, p=share / share.sum())
+    lc = p.long_chat
+    s_long = np.zeros(num_sessions, dtype=bool)
+    if lc is not None:
+        s_long = rng.random(num_sessions) < lc.session_share
+        s_type[s_long] = list(p.types).index(lc.type_name)
     s_user = rng.choice(pop.activity.size, size=num_sessions, p=pop.activity)
     if rate_shape is None:
         s_t0 = rng.integers(0, duration_ms, size=num_sessions)
@@ -159,6 +181,10 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     second = rng.random(num_sessions) < np.array([t.second_turn_prob for t in tp])[s_type]
     c = np.minimum(pop.continuation[s_user], 0.999)
     turns = np.where(second, 1 + rng.geometric(1.0 - c), 1)
+    s_slow = rng.random(num_sessions) < p.slow_session_share
+    turns = np.where(s_slow, 1 + rng.geometric(1.0 / p.slow_session_turns, num_sessions), turns)
+    if lc is not None:
+        turns = np.where(s_long, rng.geometric(1.0 - lc.continuation, num_sessions), turns)
     turns = np.minimum(turns, p.max_turns).astype(np.int64)
 
     # kept turns, then a discarded try inserted before some of them
@@ -183,11 +209,17 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
 
     new_med = np.where(is_first, per_type("first_input", 0), per_type("next_input", 0))
     new_sig = np.where(is_first, per_type("first_input", 1), per_type("next_input", 1))
+    out_med, out_sig = per_type("output", 0), per_type("output", 1)
+    long_row = s_long[session]
+    if lc is not None:
+        later = long_row & ~is_first
+        new_med, new_sig = np.where(later, lc.next_input[0], new_med), np.where(later, lc.next_input[1], new_sig)
+        out_med, out_sig = np.where(long_row, lc.output[0], out_med), np.where(long_row, lc.output[1], out_sig)
     new_tok = tokens(_lognormal(rng, (new_med, new_sig), n))
     # a regenerate sends exactly the input of the kept row after it
     regen = np.flatnonzero(kind == REGENERATE)
     new_tok[regen] = new_tok[regen + 1]
-    out_tok = tokens(_lognormal(rng, (per_type("output", 0), per_type("output", 1)), n))
+    out_tok = tokens(_lognormal(rng, (out_med, out_sig), n))
     kept_share = np.array([t.kept_output_share for t in tp])[r_type]
     kept_out = np.where(kept_share < 1.0, tokens(out_tok * kept_share), out_tok)
 
@@ -195,8 +227,11 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     # discarded try arrives first and the kept row after its answer + a short redo time
     user = s_user[session]
     pace = pop.pace[user]
-    think = np.where(rng.random(n) < p.slow_return_prob, _lognormal(rng, p.slow_return_s, n),
+    slow = (rng.random(n) < p.slow_return_prob) | s_slow[session]
+    think = np.where(slow, _lognormal(rng, p.slow_return_s, n),
                      _lognormal(rng, p.think_body_s, n) * pace)
+    if lc is not None:
+        think = np.where(long_row, _lognormal(rng, lc.think_s, n), think)
     redo_wait = _lognormal(rng, p.redo_think_s, n)
     gen_s = out_tok / p.decode_tokens_per_s
     prev_gen = np.concatenate([[0.0], gen_s[:-1]])

@@ -258,7 +258,9 @@ def like_params(wl: Workload) -> Any:
             _lognormal_of(lens.get("next_input_tokens", []), wl.quantile_levels, first),
             _lognormal_of(lens.get("output_tokens", []), wl.quantile_levels, base.output),
             prompt_prob, base.num_prompts, base.prompt_tokens)
-    return replace(TO_C, types=types, engagement=(median_more, TO_C.engagement[1]))
+    # the recorded turn shares stand for every conversation: no extra background or long-chat classes
+    return replace(TO_C, types=types, engagement=(median_more, TO_C.engagement[1]), slow_session_share=0.0,
+                   long_chat=None)
 
 
 def synth_like(source: str | Path, seed: int, num_requests: int | None = None,
