@@ -68,7 +68,7 @@ def main() -> None:
                   f"{best['policy'] + ' ' + format(best['hit_ratio'], '.4f'):>20} {d_best:+7.2f} {d_lru:+7.2f} "
                   f"{100 * closed:9.1f}% {100 * q:+11.1f}%")
     ok = all(v >= 0 for v in worst.values()) and all(worst[c] >= 1.5 for c in ("0.25L", "0.5L", "1L"))
-    print(f"\nworst (seeds 2, 3) exported minus best baseline: "
+    print("\nworst (seeds 2, 3) exported minus best baseline: "
           + ", ".join(f"{c} {v:+.2f}" for c, v in worst.items())
           + f"  -> targets {'met' if ok else 'NOT met'}")
 

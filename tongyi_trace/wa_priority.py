@@ -48,17 +48,17 @@ def km_cdf(table: object, d_s: float) -> float:
     """F(d_s) from a table of F at km_grid_s() (linear interpolation; flat past the last point)."""
     vals = table  # any indexable of KM_NUM floats (a list in the plugin, a numpy row in the simulator)
     if d_s <= 0.0:
-        return vals[0]  # type: ignore[index,no-any-return]
+        return vals[0]  # type: ignore[index]
     if d_s < KM_T0_S:
-        return vals[0] + (vals[1] - vals[0]) * (d_s / KM_T0_S)  # type: ignore[index,no-any-return]
+        return vals[0] + (vals[1] - vals[0]) * (d_s / KM_T0_S)  # type: ignore[index]
     k = int(math.log(d_s / KM_T0_S) / math.log(KM_RATIO))
     if k >= KM_NUM - 2:
-        return vals[KM_NUM - 1]  # type: ignore[index,no-any-return]
+        return vals[KM_NUM - 1]  # type: ignore[index]
     lo = KM_T0_S * KM_RATIO**k
     hi = lo * KM_RATIO
     frac = (d_s - lo) / (hi - lo)
     frac = min(max(frac, 0.0), 1.0)
-    return vals[k + 1] + (vals[k + 2] - vals[k + 1]) * frac  # type: ignore[index,no-any-return]
+    return vals[k + 1] + (vals[k + 2] - vals[k + 1]) * frac  # type: ignore[index]
 
 
 def exp_cdf(p: float, rate_per_s: float, d_s: float) -> float:

@@ -95,7 +95,7 @@ def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path) -> Non
                                                 "num_samples", "ks", "fallback", "km_cdf"}
     # the Kaplan-Meier table: a CDF on the shared grid, below the category's reuse probability + noise
     km = doc["categories"]["text-1"]["km_cdf"]
-    assert len(km) == len(doc["km_grid_s"]) and km == sorted(km) and 0.0 <= km[0] and km[-1] <= 1.0
+    assert len(km) == len(doc["km_grid_s"]) and km == sorted(km) and km[0] >= 0.0 and km[-1] <= 1.0
     # the workload summary is its own artifact now, not part of the policy file
     assert "workload" not in doc
     work = json.loads((known_run / "fit" / "workload.json").read_text())
@@ -206,7 +206,8 @@ def policy_doc(make_run: Callable[..., Path], tmp_path: Path) -> dict:
     (lambda d: d.update(schema="kvtrace.policy/9"), r"field 'schema' is 'kvtrace.policy/9'"),
     (lambda d: d.pop("default"), r"field 'default' is missing"),
     (lambda d: d["categories"]["text-1"].pop("rate_per_s"), r"field 'categories.text-1.rate_per_s' is missing"),
-    (lambda d: d["categories"]["text-2"].update(rate_per_s=-0.5), r"'categories.text-2.rate_per_s' is -0.5, outside \[0, inf\]"),
+    (lambda d: d["categories"]["text-2"].update(rate_per_s=-0.5),
+     r"'categories.text-2.rate_per_s' is -0.5, outside \[0, inf\]"),
     (lambda d: d["default"].update(reuse_prob=1.5), r"'default.reuse_prob' is 1.5, outside \[0, 1\]"),
     (lambda d: d["default"].update(num_samples=float("inf")), r"'default.num_samples' must be a finite number"),
     (lambda d: d.update(turn_buckets=[3, 1, 2]), r"field 'turn_buckets' must be a non-empty increasing list"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +130,7 @@ def test_serving_in_slices_equals_one_pass(s: Stream, capacity: int, slices: int
     for pol in ALL:
         whole = simulate_policy(s, pol, capacity, fit=FIT)
         cache = Cache(s, pol, capacity, fit=FIT)
-        for a, b in zip(cuts, cuts[1:], strict=False):
+        for a, b in itertools.pairwise(cuts):
             cache.serve(a, b)
         part = cache.result()
         assert part.req_hit_blocks.tolist() == whole.req_hit_blocks.tolist(), pol

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
 from tongyi_trace.models import get_preset
@@ -55,8 +55,8 @@ def fit(
     elif not quiet:
         for table in _tables(outcome):
             console.print(table)
-        console.print(f"policy written to [bold]{outcome.policy_path}[/]; table and CDFs in "
-                      f"{outcome.artifact_dir}")
+        say("policy written to ", (str(outcome.policy_path), "bold"),
+            f"; table, CDFs and tuning in {outcome.artifact_dir}")
 
 
 def _fmt(x: Any, spec: str) -> str:

@@ -16,6 +16,7 @@ engine's environment. The whole schema is validated here, in one place, with one
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -165,7 +166,7 @@ def _parse_category(path: Path, where: str, raw: Any) -> CategoryParams:
             raise InputError(f"{path}: field '{where}.km_cdf' must be a list of {KM_NUM} numbers; "
                              "regenerate it with 'kvtrace fit'")
         vals = [_number(path, f"{where}.km_cdf", {str(i): v}, str(i), hi=1.0) for i, v in enumerate(km)]
-        if any(b < a for a, b in zip(vals, vals[1:], strict=False)):
+        if any(b < a for a, b in itertools.pairwise(vals)):
             raise InputError(f"{path}: field '{where}.km_cdf' must not decrease (it is a CDF)")
         table = tuple(vals)
     return CategoryParams(reuse_prob=p, rate_per_s=rate, mean_reuse_s=mean_s, life_s=life,

@@ -45,7 +45,7 @@ from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, tune
 from tongyi_trace.models import ModelPreset
-from tongyi_trace.run import open_run, write_json
+from tongyi_trace.run import open_run, write_json, write_parquet_atomic
 from tongyi_trace.trace.synth_like import workload_summary
 from tongyi_trace.wa_priority import km_grid_s
 
@@ -108,54 +108,55 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         raise UsageError(f"--life-s {life_s}: must be a finite number of seconds >= 0")
     step = on_step or (lambda _msg: None)
     run = open_run(run_path)
-    prov = run.provenance()
-    step("linking block accesses")
-    acc = load_accesses(run)
-    trace_end_s = max(acc.trace_end_s, float(prov.get("duration_s") or 0.0))
-    train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
-    test_w = parse_window(test, trace_end_s, "--test") if test else None
+    with run.lock():
+        prov = run.provenance()
+        step("linking block accesses")
+        acc = load_accesses(run)
+        trace_end_s = max(acc.trace_end_s, float(prov.get("duration_s") or 0.0))
+        train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
+        test_w = parse_window(test, trace_end_s, "--test") if test else None
 
-    step("fitting the train window")
-    train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"))
-    lifes = block_lifespans(acc, train_w)
-    policy_cats, rows, default = _fit_categories(train_fits, acc.category_type, lifes, min_samples,
-                                                 life_quantile, life_s)
-    test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
-    if test_w is not None:
-        step("checking on the test window")
-        test_fits = _own_fits(_nonempty(window_samples(acc, test_w), test_w, trace_end_s, "--test"))
-        _add_test_columns(rows, test_fits, policy_cats, default)
+        step("fitting the train window")
+        train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"))
+        lifes = block_lifespans(acc, train_w)
+        policy_cats, rows, default = _fit_categories(train_fits, acc.category_type, lifes, min_samples,
+                                                     life_quantile, life_s)
+        test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
+        if test_w is not None:
+            step("checking on the test window")
+            test_fits = _own_fits(_nonempty(window_samples(acc, test_w), test_w, trace_end_s, "--test"))
+            _add_test_columns(rows, test_fits, policy_cats, default)
 
-    policy = PolicyParams(
-        categories=policy_cats,
-        default=default,
-        trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
-        window=train_w.to_json() | {"trace_end_s": trace_end_s},
-        turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
-    )
-    fit_dir = run.subdir("fit")
-    if capacities:
-        choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, jobs=jobs, on_step=step)
-        policy = replace(policy, choices=choices)
-        pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]).write_parquet(
-            fit_dir / "tuning.parquet")
-    step("writing the policy and artifacts")
-    out = Path(out_path)
-    save_policy(policy, out)
-    if out.resolve() != (fit_dir / "policy.json").resolve():
-        save_policy(policy, fit_dir / "policy.json")
-    write_json(fit_dir / "workload.json", workload_summary(run))
-    write_json(fit_dir / "train_test.json", {
-        "schema": TRAIN_TEST_SCHEMA,
-        "train": train_w.to_json(),
-        "test": test_w.to_json() if test_w else None,
-        "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
-                    "capacities": capacities},
-        "rows": rows,
-    })
-    _cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w).write_parquet(
-        fit_dir / "cdf.parquet")
-    return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
+        policy = PolicyParams(
+            categories=policy_cats,
+            default=default,
+            trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
+            window=train_w.to_json() | {"trace_end_s": trace_end_s},
+            turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
+        )
+        fit_dir = run.subdir("fit")
+        if capacities:
+            choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, jobs=jobs, on_step=step)
+            policy = replace(policy, choices=choices)
+            write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
+                                 fit_dir / "tuning.parquet")
+        step("writing the policy and artifacts")
+        out = Path(out_path)
+        save_policy(policy, out)
+        if out.resolve() != (fit_dir / "policy.json").resolve():
+            save_policy(policy, fit_dir / "policy.json")
+        write_json(fit_dir / "workload.json", workload_summary(run))
+        write_json(fit_dir / "train_test.json", {
+            "schema": TRAIN_TEST_SCHEMA,
+            "train": train_w.to_json(),
+            "test": test_w.to_json() if test_w else None,
+            "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
+                        "capacities": capacities},
+            "rows": rows,
+        })
+        write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),
+                             fit_dir / "cdf.parquet")
+        return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
 
 
 def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option: str) -> dict[str, Samples]:
