@@ -7,9 +7,13 @@ the tensor-parallel degree (KV heads are sharded). HBM left for KV = tp x (GPU m
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from tongyi_trace.errors import UsageError
+from tongyi_trace.errors import InputError, UsageError
 
 GIB = 1024**3
 
@@ -50,7 +54,7 @@ class ModelPreset:
         left = int(total - self.weights_bytes - self.tp * self.activation_reserve_bytes)
         if left <= 0:
             raise UsageError(f"model {self.name}: weights and reserve exceed GPU memory; "
-                             "raise --gpu-mem-gib or --tp")
+                             "raise --gpu-mem or --tp")
         return left
 
     def hbm_blocks(self, block_size_tokens: int) -> int:
@@ -68,18 +72,83 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "fp8": 1, "int8": 1}
+
+
 def get_preset(name: str, *, gpu_mem_gib: float | None = None, tp: int | None = None,
                reserve_gib: float | None = None, utilization: float | None = None) -> ModelPreset:
-    """Preset NAME with optional overrides of GPU memory, TP degree, reserve and utilization."""
-    try:
-        preset = PRESETS[name.lower()]
-    except KeyError:
-        raise UsageError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    """Model NAME (a preset name or the path of a Hugging Face config.json) with optional overrides of GPU
+    memory, TP degree, reserve and utilization."""
+    base = load_hf_config(Path(name)) if _is_config_path(name) else PRESETS.get(name.lower())
+    if base is None:
+        raise UsageError(f"unknown model preset {name!r}; give a preset ({', '.join(PRESETS)}) or the path of a "
+                         "Hugging Face config.json")
+    for flag, v in (("--gpu-mem", gpu_mem_gib), ("--tp", tp)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UsageError(f"{flag} {v}: give a finite number > 0")
     return replace(
-        preset,
-        gpu_mem_bytes=preset.gpu_mem_bytes if gpu_mem_gib is None else int(gpu_mem_gib * GIB),
-        tp=preset.tp if tp is None else tp,
-        activation_reserve_bytes=(preset.activation_reserve_bytes if reserve_gib is None
+        base,
+        gpu_mem_bytes=base.gpu_mem_bytes if gpu_mem_gib is None else int(gpu_mem_gib * GIB),
+        tp=base.tp if tp is None else tp,
+        activation_reserve_bytes=(base.activation_reserve_bytes if reserve_gib is None
                                   else int(reserve_gib * GIB)),
-        gpu_mem_utilization=preset.gpu_mem_utilization if utilization is None else utilization,
+        gpu_mem_utilization=base.gpu_mem_utilization if utilization is None else utilization,
     )
+
+
+def _is_config_path(name: str) -> bool:
+    return name.lower().endswith(".json") or "/" in name or Path(name).is_file()
+
+
+def load_hf_config(path: Path) -> ModelPreset:
+    """A model shape from a Hugging Face config.json (a file, or a folder holding one); nothing is
+    downloaded. Layers, KV heads (num_key_value_heads, else num_attention_heads), head dim (head_dim, else
+    hidden_size / heads) and dtype (torch_dtype) are read; parameters are counted from the shapes
+    (embeddings, attention, gated MLP) for the weights' share of HBM."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such config.json; give a preset ({', '.join(PRESETS)}) or a config "
+                         "path") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable JSON config ({e})") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}:1: a config.json is a JSON object")
+    if "num_hidden_layers" not in doc and isinstance(doc.get("text_config"), dict):
+        doc = {**doc, **doc["text_config"]}  # multimodal configs nest the language model
+    name = str(doc.get("_name_or_path") or path.parent.name or path.stem).rstrip("/").split("/")[-1] or "model"
+    layers = _field(path, doc, "num_hidden_layers")
+    heads = _field(path, doc, "num_attention_heads")
+    kv_heads = _field(path, doc, "num_key_value_heads", heads)
+    hidden = _field(path, doc, "hidden_size")
+    head_dim = _field(path, doc, "head_dim", hidden // heads if heads else None)
+    dtype = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16").lower().removeprefix("torch.")
+    if dtype not in DTYPE_BYTES:
+        raise InputError(f"{path}: field torch_dtype {dtype!r} unknown; use one of {', '.join(DTYPE_BYTES)}")
+    return ModelPreset(name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                       dtype_bytes=DTYPE_BYTES[dtype], num_params=_count_params(doc, layers, heads, kv_heads,
+                                                                                head_dim, hidden))
+
+
+def _field(path: Path, doc: dict[str, Any], key: str, default: int | None = None) -> int:
+    v = doc.get(key, default)
+    if v is None:
+        raise InputError(f"{path}: field {key} missing; a decoder config.json needs it")
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise InputError(f"{path}: field {key} is {v!r}; it must be a positive integer")
+    return v
+
+
+def _count_params(doc: dict[str, Any], layers: int, heads: int, kv_heads: int, head_dim: int,
+                  hidden: int) -> float:
+    """Parameters of a decoder: embeddings (twice unless tied) + per layer Q, K, V, O and a gated MLP."""
+    inter = int(doc.get("intermediate_size") or 4 * hidden)
+    vocab = int(doc.get("vocab_size") or 0)
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * inter
+    experts = int(doc.get("num_local_experts") or doc.get("num_experts") or 1)
+    emb = vocab * hidden * (1 if doc.get("tie_word_embeddings") else 2)
+    return float(emb + layers * (attn + experts * mlp))

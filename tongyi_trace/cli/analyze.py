@@ -29,15 +29,18 @@ def analyze(
                                     "(default: ./<trace name>.kvtrace)."),
     only: str | None = typer.Option(None, "--only", help=f"Comma-separated subset of: {', '.join(ANALYSES)}."),
     model: str = typer.Option("qwen2-7b,llama2-13b,llama3-70b", "--model",
-                              help="Comma-separated model presets for KV bytes and HBM (qwen2-7b, llama2-13b, "
-                                   "llama3-70b, or 'custom' with the shape options)."),
+                              help="Comma-separated models for KV bytes and HBM: presets (qwen2-7b, llama2-13b, "
+                                   "llama3-70b), Hugging Face config.json paths, or 'custom' with the shape "
+                                   "options."),
     layers: int | None = typer.Option(None, "--layers", help="Override: transformer layers."),
     kv_heads: int | None = typer.Option(None, "--kv-heads", help="Override: KV heads."),
     head_dim: int | None = typer.Option(None, "--head-dim", help="Override: head dimension."),
-    dtype_bytes: int | None = typer.Option(None, "--dtype-bytes", help="Override: bytes per KV element (2 = bf16)."),
+    dtype_bytes: int | None = typer.Option(None, "--dtype-bytes", help="Override: bytes per KV element, e.g. 2 for "
+                                             "bf16/fp16, 1 for fp8 (default: the model's own)."),
     params_b: float | None = typer.Option(None, "--params-b", help="Override: parameters in billions (weights)."),
     tp: int | None = typer.Option(None, "--tp", help="Override: tensor-parallel degree (GPUs)."),
-    gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem-gib", help="Override: memory per GPU in GiB (80)."),
+    gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem", "--gpu-mem-gib",
+                                             help="Override: memory per GPU in GiB (80)."),
     reserve_gib: float | None = typer.Option(None, "--reserve-gib",
                                              help="Override: activation reserve per GPU in GiB (2)."),
     gpu_util: float | None = typer.Option(None, "--gpu-util", help="Override: usable share of GPU memory (0.9)."),

@@ -32,8 +32,9 @@ def fit(
     life_s: float | None = typer.Option(None, "--life-s", help="Use this life_s (s) for every category."),
     capacity: str = typer.Option(DEFAULT_CAPACITIES, "--capacity", "-c",
                                  help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
-                                      "HBM of --model, NL x the oracle's peak live set); 'none': no choice."),
-    model: str = typer.Option("qwen2-7b", "--model", help="Model preset for x HBM capacities."),
+                                      "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
+    model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path "
+                              "(x HBM and byte capacities)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = 2)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
