@@ -4,10 +4,10 @@
 set -euo pipefail
 OUT=${1:-demo-run}
 K=${KVTRACE:-.venv/bin/kvtrace}
-REPLAY_REQUESTS=${REPLAY_REQUESTS:-200}
-ENGINE_BLOCKS=${ENGINE_BLOCKS:-512}  # x 32 tokens: small enough that evictions bind on the replayed slice
+REPLAY_REQUESTS=${REPLAY_REQUESTS:-800}
+ENGINE_BLOCKS=${ENGINE_BLOCKS:-4096}  # x 32 tokens: evictions bind on the replayed slice, and the fitted choice wins there in simulation
 ENGINE_CAP=$(( (ENGINE_BLOCKS - 1) * 2 ))  # the engine's cache in 16-token trace blocks (one is vLLM's null block)
-SPEEDUP=1  # real time: the tiny CPU engine keeps up, so dispatch drift stays small
+SPEEDUP=${SPEEDUP:-2}  # twice real time: the tiny CPU engine keeps up one request at a time
 export COLUMNS=${COLUMNS:-160}  # wide tables when the output is not a terminal
 mkdir -p "$OUT"
 cleanup() { $K engine stop --name demo-lru >/dev/null 2>&1 || true; $K engine stop --name demo-wa >/dev/null 2>&1 || true; }
@@ -17,7 +17,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "1/9 synth: a Trace-A-like to-C trace (~43k requests, ~2 h)"
 $K synth --profile to-c --seed 1 -o "$OUT/to-c.jsonl"
 step "2/9 ingest: normalized tables with prefix-chained block ids"
-$K ingest "$OUT/to-c.jsonl" -o "$OUT/run"
+$K ingest "$OUT/to-c.jsonl" -o "$OUT/run" --overwrite
 step "3/9 analyze: the paper's characterization (Fig 4-22)"
 $K analyze "$OUT/run"
 step "4/9 fit: per-category reuse models, hour 1 -> hour 2, and the setting to run at each cache size"

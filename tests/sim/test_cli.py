@@ -88,3 +88,15 @@ def test_hbm_split_and_cost_overrides(make_run: Callable[..., Path]) -> None:
     # QTTFT (no queueing, arrivals 100 s apart): 1 + 0.01 x uncached tokens + 0.001 x loaded tokens
     # r0 32 uncached, r1 16, r2 0 (+16 loaded), r3 16, r4 16 -> 1.32, 1.16, 1.016, 1.16, 1.16
     assert row["qttft_mean_s"] == pytest.approx((1.32 + 1.16 + 1.016 + 1.16 + 1.16) / 5)
+
+
+def test_a_policy_fitted_on_another_trace_is_flagged(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"text-1": CategoryParams(0.9, 1.0, 1.0, 10.0)},
+                             default=CategoryParams(0.1, 0.1, 10.0, 10.0), trace={"run_id": "elsewhere"}), policy)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "wa", "-c", "2", "--params", str(policy), "--json",
+                                   "-j", "1"])
+    assert res.exit_code == 0, res.output
+    [warning] = json.loads(res.stdout)["summary"]["warnings"]
+    assert warning.startswith("none of this run's 2 categories is in the policy file") and "another trace" in warning

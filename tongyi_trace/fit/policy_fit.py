@@ -130,7 +130,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         policy = PolicyParams(
             categories=policy_cats,
             default=default,
-            trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size")},
+            trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size", "run_id")},
             window=train_w.to_json() | {"trace_end_s": trace_end_s},
             turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
         )
