@@ -13,13 +13,16 @@ Presets (A800-80GB, bf16, the paper's models): b = 2 x params / (peak FLOP/s x T
 and MFU 0.5; a = 15 ms (scheduling, sampling, one decode step); c = KV bytes per token / (PCIe 25 GB/s
 x TP), no overlap (layer-wise async swap would hide part of it). Every value can be overridden, and
 `calibrate_from_replay` fits a, b by least squares to a real engine's records.
+
+Saturation: the queue's utilization is rho = total prefill time / arrival span (first to last arrival,
+scaled). With rho >= 1 one instance cannot keep up: the backlog, hence QTTFT, grows with the trace's
+length instead of settling. floor(rho) + 1 instances (requests spread evenly) bring each below 1.
 """
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.models import get_preset
+from tongyi_trace.models import ModelPreset, get_preset
 
 GPU_FLOPS = 312e12
 MFU = 0.5
@@ -45,9 +48,9 @@ class CostModel:
     arrival_scale: float = 1.0  # multiply the trace's arrival times (>1 = slower, lighter load)
 
 
-def preset_cost(model_name: str) -> CostModel:
-    """The cost model of a model preset (see the module doc for the derivation)."""
-    m = get_preset(model_name)
+def preset_cost(model: str | ModelPreset) -> CostModel:
+    """The cost model of a model preset or its name (see the module doc for the derivation)."""
+    m = get_preset(model) if isinstance(model, str) else model
     b = 2.0 * m.num_params / (GPU_FLOPS * m.tp * MFU)
     c = m.kv_bytes_per_token / (PCIE_BYTES_PER_S * m.tp)
     return CostModel(m.name, 0.015, b, c)
@@ -78,13 +81,44 @@ def _fifo(arrival_s: np.ndarray, service_s: np.ndarray) -> np.ndarray:
     return out
 
 
-def qttft_s(model: CostModel, arrival_s: np.ndarray, uncached_tokens: np.ndarray,
-            loaded_tokens: np.ndarray | None = None) -> np.ndarray:
-    """QTTFT of each request (seconds) under MODEL."""
+def service_s(model: CostModel, uncached_tokens: np.ndarray, loaded_tokens: np.ndarray | None = None) -> np.ndarray:
+    """Prefill time of each request (seconds) under MODEL: a + b x uncached + c x loaded tokens."""
     service = model.overhead_s + model.s_per_token * uncached_tokens.astype(np.float64)
     if loaded_tokens is not None:
         service = service + model.s_per_loaded_token * loaded_tokens.astype(np.float64)
+    return service
+
+
+def qttft_s(model: CostModel, arrival_s: np.ndarray, uncached_tokens: np.ndarray,
+            loaded_tokens: np.ndarray | None = None) -> np.ndarray:
+    """QTTFT of each request (seconds) under MODEL."""
+    service = service_s(model, uncached_tokens, loaded_tokens)
     return _fifo(np.asarray(arrival_s, np.float64) * model.arrival_scale, service)
+
+
+def utilization(model: CostModel, arrival_s: np.ndarray, service: np.ndarray) -> float:
+    """The single-instance queue's utilization: total service time / arrival span (inf for a zero span)."""
+    if service.size == 0:
+        return 0.0
+    arr = np.asarray(arrival_s, np.float64) * model.arrival_scale
+    span = float(arr.max() - arr.min())
+    total = float(service.sum())
+    return total / span if span > 0 else math.inf
+
+
+def instances_needed(rho: float) -> int | None:
+    """Fewest instances that keep each one's utilization below 1 (floor(rho) + 1; None when rho is inf)."""
+    return math.floor(rho) + 1 if math.isfinite(rho) else None
+
+
+def queue_summary(model: CostModel, arrival_s: np.ndarray, uncached_tokens: np.ndarray,
+                  loaded_tokens: np.ndarray | None = None) -> dict[str, float | int | bool | None]:
+    """QTTFT mean/P50/P99 plus utilization, saturated (utilization >= 1) and instances needed."""
+    service = service_s(model, uncached_tokens, loaded_tokens)
+    q = _fifo(np.asarray(arrival_s, np.float64) * model.arrival_scale, service)
+    rho = utilization(model, arrival_s, service)
+    return {**summarize_qttft(q), "utilization": rho if math.isfinite(rho) else None,
+            "saturated": rho >= 1.0, "instances_needed": instances_needed(rho)}
 
 
 def summarize_qttft(q: np.ndarray) -> dict[str, float]:
@@ -103,8 +137,10 @@ def calibrate_from_replay(run_path: Path, base: CostModel) -> CostModel:
     root = Path(run_path) / "replay"
     fitted = root / "cost_model.json"
     if fitted.is_file():
+        from tongyi_trace.run import read_artifact
+
+        doc = read_artifact(fitted) or {}  # refuses another run's cost model (run identity)
         try:
-            doc = json.loads(fitted.read_text())
             a, b = float(doc["a_s"]), float(doc["b_s_per_token"])
         except (ValueError, KeyError, TypeError) as e:
             raise InputError(f"{fitted}: field a_s/b_s_per_token unreadable ({e}); re-run 'kvtrace replay'") from e

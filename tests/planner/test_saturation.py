@@ -1,0 +1,36 @@
+"""Latency saturation: the single-instance queue's utilization and the instances that keep it below 1."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from tongyi_trace.sim.cost_model import CostModel, instances_needed, queue_summary, utilization
+from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
+
+
+def test_utilization_golden() -> None:
+    m = CostModel("t", overhead_s=0.5, s_per_token=0.01, s_per_loaded_token=0.0)
+    arrival = np.array([0.0, 1.0, 2.0, 4.0])
+    q = queue_summary(m, arrival, np.array([100, 100, 100, 100]))  # service 1.5 s each, span 4 s
+    assert q["utilization"] == 1.5 and q["saturated"] is True and q["instances_needed"] == 2
+    light = queue_summary(m, arrival * 10, np.array([100, 100, 100, 100]))
+    assert light["utilization"] == 0.15 and light["saturated"] is False and light["instances_needed"] == 1
+    assert utilization(m, np.array([3.0, 3.0]), np.array([1.0, 1.0])) == math.inf
+    assert instances_needed(math.inf) is None and instances_needed(0.99) == 1 and instances_needed(1.0) == 2
+
+
+def test_mooncake_conversation_saturates(mooncake_conversation_run: Path) -> None:
+    """LRU at 2,000 blocks: one instance cannot keep up; the rows say so and how many would."""
+    res = simulate_run(mooncake_conversation_run, SimulateOptions(policies="lru", capacities="2000,inf", jobs=1))
+    assert res.summary["num_saturated"] == 2
+    for row in res.rows:
+        rho = row["utilization"]
+        assert row["saturated"] is True and rho > 1
+        assert row["instances_needed"] == math.floor(rho) + 1
+    small = res.rows[0]
+    assert small["capacity_blocks"] == 2000 and small["qttft_mean_s"] > 1000  # the backlog grows: thousands of s
+    # a bigger cache computes fewer tokens: the load falls
+    assert res.rows[1]["utilization"] < small["utilization"]
