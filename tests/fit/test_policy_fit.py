@@ -247,3 +247,19 @@ def test_mooncake_conversation_counts_match_the_readme(mooncake_conversation_run
     assert default["train_num_samples"] == 288_500
     assert default["train_num_observed"] == 288_500 - 182_790
     assert 0.0 < out.policy.default.reuse_prob < 1.0 and out.policy.default.life_s > 0
+
+
+def test_version_1_policy_files_still_load(tmp_path: Path) -> None:
+    from tongyi_trace.fit.params import POLICY_SCHEMA_V1
+    from tongyi_trace.wa_priority import exp_cdf, km_grid_s
+
+    p = tmp_path / "v1.json"
+    p.write_text(json.dumps({"schema": POLICY_SCHEMA_V1, "turn_buckets": [1, 2, 3],
+                             "categories": {"text-1": {"reuse_prob": 0.5, "rate_per_s": 0.1, "life_s": 30.0}},
+                             "default": {"reuse_prob": 0.2, "rate_per_s": 0.01, "life_s": 60.0},
+                             "workload": {"schema": "kvtrace.workload/1"}}))
+    pol = load_policy(p)
+    assert pol.schema == POLICY_SCHEMA_V1 and pol.choices == [] and pol.choice_for(1000) is None
+    # no Kaplan-Meier table in version 1: the km model reads the exponential model's CDF
+    assert pol.categories["text-1"].km_cdf_table() == [exp_cdf(0.5, 0.1, t) for t in km_grid_s()]
+    assert pol.categories["text-1"].mean_reuse_s == 10.0
