@@ -1,0 +1,65 @@
+"""The fleet part of `kvtrace simulate` (--instances, --router, --remote-capacity): progress, the table,
+JSON. cli/simulate.py dispatches here when a fleet option is given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
+from tongyi_trace.errors import UsageError
+from tongyi_trace.fleet.sweep import DEFAULT_ROUTERS, FleetOptions, FleetSweepResult, fleet_simulate_run
+from tongyi_trace.sim.sweep import SimulateOptions
+
+
+def simulate_fleet_cli(run_dir: Path, opts: SimulateOptions, instances: str | None, router: str | None,
+                       remote_capacity: str | None, remote_s_per_token: float | None, *, quiet: bool,
+                       json_out: bool) -> None:
+    """Run the fleet sweep with progress; print the table (or JSON); exit 1 when a configuration failed."""
+    if instances is None:
+        given = "--router" if router is not None else "--remote-capacity/--remote-load-s-per-token"
+        run_cli(lambda: _needs_instances(given))
+        return
+    fleet = FleetOptions(instances, router or DEFAULT_ROUTERS, remote_capacity, remote_s_per_token)
+    with progress(quiet or json_out) as bar:
+        task = bar.add_task("fleet", total=None)
+
+        def on_result(row: dict[str, Any], done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"fleet {row['router']} x "
+                       f"{row['num_instances']} {row['policy']} @ {row['capacity']}")
+
+        result = run_cli(lambda: fleet_simulate_run(run_dir, opts, fleet, on_result))
+    if json_out:
+        print_json({"summary": result.summary, "rows": result.rows})
+    elif not quiet:
+        console.print(_table(result))
+        console.print(f"ideal hit ratio {result.summary['ideal_hit_ratio']:.4f}; conversations from "
+                      f"{result.summary['session_source']}; results in {run_dir / 'sim' / 'fleet'}")
+    failed = result.summary["failed"]
+    if failed:
+        first = failed[0]
+        say(("error:", "bold red"), f" {len(failed)} of {len(failed) + len(result.rows)} fleet simulations failed "
+            f"(rows with 'error' in sim/fleet/results.jsonl); first: {first['router']} x {first['num_instances']} "
+            f"{first['policy']} @ {first['capacity']}: {first['error']}", err=True)
+        raise typer.Exit(1)
+
+
+def _needs_instances(option: str) -> None:
+    raise UsageError(f"{option} is a fleet option: give --instances too, e.g. --instances 1,2,4")
+
+
+def _table(result: FleetSweepResult) -> Table:
+    t = Table(title="fleet simulation (capacity per instance)")
+    cols = ("router", "instances", "policy", "capacity", "hit ratio", "HBM", "DRAM", "remote", "QTTFT mean s",
+            "QTTFT p99 s", "imbalance", "duplication", "requests per instance")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("router", "policy", "capacity", "requests per instance") else "right")
+    for r in result.rows:
+        t.add_row(r["router"], str(r["num_instances"]), r["policy"], r["capacity"], f"{r['hit_ratio']:.4f}",
+                  f"{r['hbm_hit_ratio']:.4f}", f"{r['dram_hit_ratio']:.4f}", f"{r['remote_hit_ratio']:.4f}",
+                  f"{r['qttft_mean_s']:.3f}", f"{r['qttft_p99_s']:.3f}", f"{r['imbalance']:.2f}",
+                  f"{r['duplication']:.3f}", ",".join(str(v) for v in r["requests_per_instance"]))
+    return t

@@ -1,0 +1,265 @@
+"""One fleet configuration over a Stream: N instances behind a router, each a `Cache` (sim/simulate.py)
+over the same stream serving only the requests routed to it, plus its own FIFO prefill queue under the
+QTTFT cost model (sim/cost_model.py).
+
+Tiers per instance (docs/fleet.md): the instance's cache of CAPACITY blocks is HBM + CPU DRAM. With
+`hbm_blocks` H < CAPACITY the tiers are modelled as an exclusive hierarchy with demotion, which for
+LRU is exact: the hits of the two tiers together are those of one cache of CAPACITY blocks, and the
+HBM hits are those of a cache of H blocks serving the same requests (for other policies the same
+construction is the inclusive approximation `kvtrace simulate --hbm-capacity` uses). DRAM hits are
+loaded at the cost model's c per token. An optional shared remote pool (one for the fleet, written
+through by every instance) is a cache of `remote_blocks` serving every request; a request hits
+max(local prefix, remote prefix), the part beyond the local prefix loaded at `remote_s_per_token`.
+With one instance and one tier this is exactly `simulate_policy` (tested).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.params import PolicyParams
+from tongyi_trace.fleet.routers import Router, get_router
+from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
+from tongyi_trace.sim.simulate import Cache
+from tongyi_trace.sim.stream import Stream
+from tongyi_trace.sim.structs import PRESENT
+
+DUP_SAMPLES = 8  # request boundaries at which duplication across instances is measured
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """The cache tiers below each instance's HBM (sizes in blocks; None = absent)."""
+
+    hbm_blocks: int | None = None  # HBM part of each instance's cache; the rest is CPU DRAM
+    remote_blocks: int | None = None  # one shared remote pool for the fleet
+    remote_s_per_token: float = 0.0  # load cost of a remote hit, seconds per token
+
+
+@dataclass
+class FleetResult:
+    """Figures of one fleet configuration, and per-request arrays (instance, hits, QTTFT)."""
+
+    router: str
+    num_instances: int
+    policy: str
+    capacity_blocks: int  # per instance (HBM + DRAM)
+    num_refs: int
+    num_hits: int
+    num_hbm_hits: int
+    num_dram_hits: int
+    num_remote_hits: int
+    num_tokens: int
+    num_hit_tokens: int
+    qttft: dict[str, float]
+    requests_per_instance: list[int]
+    utilization: list[float]  # prefill time / arrival span (first to last arrival), per instance
+    duplication: float  # share of cached blocks held by two or more instances (mean over samples)
+    elapsed_s: float
+    params: dict[str, Any]
+    req_instance: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    req_hit_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    req_hit_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    req_qttft_s: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+
+    @property
+    def hit_ratio(self) -> float:
+        """Block hit ratio over every tier."""
+        return self.num_hits / self.num_refs if self.num_refs else 0.0
+
+    @property
+    def imbalance(self) -> float:
+        """Max over mean utilization (1 = perfectly even)."""
+        mean = float(np.mean(self.utilization)) if self.utilization else 0.0
+        return max(self.utilization) / mean if mean > 0 else 1.0
+
+    def summary(self) -> dict[str, Any]:
+        """A flat JSON-able row (no per-request arrays)."""
+        refs = self.num_refs or 1
+        return {"router": self.router, "num_instances": self.num_instances, "policy": self.policy,
+                "capacity_blocks": self.capacity_blocks, "num_refs": self.num_refs, "num_hits": self.num_hits,
+                "hit_ratio": self.hit_ratio, "hbm_hit_ratio": self.num_hbm_hits / refs,
+                "dram_hit_ratio": self.num_dram_hits / refs, "remote_hit_ratio": self.num_remote_hits / refs,
+                "num_tokens": self.num_tokens, "num_hit_tokens": self.num_hit_tokens,
+                "token_hit_ratio": self.num_hit_tokens / self.num_tokens if self.num_tokens else 0.0,
+                **self.qttft, "utilization": self.utilization, "imbalance": self.imbalance,
+                "duplication": self.duplication, "requests_per_instance": self.requests_per_instance,
+                "elapsed_s": self.elapsed_s, "params": self.params}
+
+
+class Fleet:
+    """The fleet's state while it serves the stream; it is the `FleetView` routers read."""
+
+    def __init__(self, stream: Stream, num_instances: int, policy: str, capacity_blocks: int, *,
+                 params: dict[str, Any] | None, fit: PolicyParams | None, next_req: np.ndarray | None,
+                 tiers: Tiers, cost: CostModel, session: np.ndarray | None, with_index: bool) -> None:
+        if num_instances < 1:
+            raise UsageError(f"--instances must be at least 1, got {num_instances}")
+        if session is not None and session.shape[0] != stream.num_requests:
+            raise UsageError(f"session array has {session.shape[0]} entries for {stream.num_requests} requests")
+
+        def cache(blocks: int) -> Cache:
+            return Cache(stream, policy, blocks, params=params, fit=fit, next_req=next_req, timing=False)
+
+        self.stream, self.num_instances, self.tiers, self.cost = stream, num_instances, tiers, cost
+        self.s_per_token = cost.s_per_token
+        self.local = [cache(capacity_blocks) for _ in range(num_instances)]
+        hbm = tiers.hbm_blocks
+        self.hbm = [cache(hbm) for _ in range(num_instances)] if hbm is not None and hbm < capacity_blocks else []
+        self.remote = cache(tiers.remote_blocks) if tiers.remote_blocks else None
+        self.index: list[Cache] = []
+        if with_index:  # the router's LRU index of routed prompts; the caches themselves when they are LRU
+            same = self.local[0].spec.name == "lru"
+            self.index = self.local if same else [Cache(stream, "lru", capacity_blocks, timing=False)
+                                                  for _ in range(num_instances)]
+        self.sessions = session if session is not None else first_blocks(stream)
+        self.cum_tok = np.concatenate([[0], np.cumsum(stream.ntok)]).astype(np.int64)
+        self.arrival_s = stream.req_time_s * cost.arrival_scale
+        self.max_id = max_id_so_far(stream)
+        self.free_at = np.full(num_instances, -np.inf)
+        self.routed = np.zeros(num_instances, np.int64)
+
+    # ---- FleetView ----
+    def outstanding_s(self, r: int) -> np.ndarray:
+        """Queued prefill work not done at R's arrival, per instance."""
+        return np.maximum(self.free_at - self.arrival_s[r], 0.0)
+
+    def num_routed(self) -> np.ndarray:
+        """Requests routed to each instance so far."""
+        return self.routed
+
+    def session(self, r: int) -> int:
+        """R's conversation."""
+        return int(self.sessions[r])
+
+    def indexed_prefix(self, r: int) -> np.ndarray:
+        """R's leading blocks in the router's index, per instance."""
+        return np.array([c.cached_prefix(r) for c in self.index], np.int64)
+
+    def cached_prefix(self, r: int) -> np.ndarray:
+        """R's leading blocks cached on each instance (HBM + DRAM)."""
+        return np.array([c.cached_prefix(r) for c in self.local], np.int64)
+
+    def uncached_tokens(self, r: int, cached_blocks: np.ndarray) -> np.ndarray:
+        """R's prompt tokens after CACHED_BLOCKS leading blocks."""
+        base = self.stream.req_off[r]
+        return self.stream.req_tokens[r] - (self.cum_tok[base + cached_blocks] - self.cum_tok[base])
+
+    # ---- serving ----
+    def serve(self, r: int, i: int) -> tuple[int, int, int, int, int, float, float]:
+        """Serve R on instance I: (hit blocks, HBM hits, DRAM hits, remote hits, hit tokens, load seconds,
+        prefill seconds)."""
+        loc = self.local[i]
+        local_hits = int(loc.serve(r, r + 1)[0])
+        local_tok = int(loc.req_hit_tokens[r])
+        hbm_hits, hbm_tok = local_hits, local_tok
+        if self.hbm:
+            h = self.hbm[i]
+            hbm_hits = min(int(h.serve(r, r + 1)[0]), local_hits)
+            hbm_tok = min(int(h.req_hit_tokens[r]), local_tok)
+        if self.index and self.index is not self.local:
+            self.index[i].serve(r, r + 1)
+        hits, tok, remote_hits, remote_tok = local_hits, local_tok, 0, 0
+        if self.remote is not None:
+            rh = int(self.remote.serve(r, r + 1)[0])
+            if rh > local_hits:
+                hits, remote_hits = rh, rh - local_hits
+                tok = int(self.remote.req_hit_tokens[r])
+                remote_tok = tok - local_tok
+        load_s = self.cost.s_per_loaded_token * (local_tok - hbm_tok)
+        if remote_tok:
+            load_s += self.tiers.remote_s_per_token * remote_tok
+        service = self.cost.overhead_s + self.cost.s_per_token * float(self.stream.req_tokens[r] - tok) + load_s
+        self.free_at[i] = max(self.arrival_s[r], self.free_at[i]) + service
+        self.routed[i] += 1
+        return hits, hbm_hits, local_hits - hbm_hits, remote_hits, tok, load_s, service
+
+    def duplication_counts(self, r: int) -> tuple[int, int]:
+        """(blocks cached on two or more instances, blocks cached on any) after request R (ids are dense in
+        order of first reference, so only those below the largest id of requests 0..R can be cached)."""
+        count = np.zeros(int(self.max_id[r]) + 1, np.int8)
+        for c in self.local:
+            _add_present(count, c.state[0])
+        return int((count >= 2).sum()), int((count >= 1).sum())
+
+
+@njit(cache=True)
+def _add_present(count: np.ndarray, bk: np.ndarray) -> None:
+    """COUNT[x] += 1 (saturating at 2) for every block x present in the state BK."""
+    for x in range(count.shape[0]):
+        if bk[x, PRESENT] == 1 and count[x] < 2:
+            count[x] += 1
+
+
+def first_blocks(stream: Stream) -> np.ndarray:
+    """Each request's first block id (-1 - index for an empty request): its conversation when the trace
+    names none (requests of one conversation share their first block)."""
+    out = -1 - np.arange(stream.num_requests, dtype=np.int64)
+    nonempty = np.flatnonzero(np.diff(stream.req_off) > 0)
+    out[nonempty] = stream.blk[stream.req_off[nonempty]]
+    return out
+
+
+def max_id_so_far(stream: Stream) -> np.ndarray:
+    """int64[N]: the largest block id referenced by requests 0..r (-1 before any block)."""
+    m = np.full(stream.num_requests, -1, np.int64)
+    nonempty = np.flatnonzero(np.diff(stream.req_off) > 0)
+    if nonempty.size:
+        m[nonempty] = np.maximum.reduceat(stream.blk, stream.req_off[nonempty])
+    return np.maximum.accumulate(m) if m.size else m
+
+
+def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, policy: str, capacity_blocks: int,
+                   *, params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
+                   next_req: np.ndarray | None = None, tiers: Tiers | None = None, cost: CostModel,
+                   session: np.ndarray | None = None) -> FleetResult:
+    """Serve STREAM on NUM_INSTANCES instances of CAPACITY_BLOCKS blocks (HBM + DRAM) each under POLICY
+    (params, fit and next_req as simulate_policy), ROUTER choosing the instance of each request at its
+    arrival. SESSION: the conversation of each request (default: its first block's id)."""
+    t0 = time.perf_counter()
+    rt = get_router(router) if isinstance(router, str) else router
+    tiers = tiers or Tiers()
+    fleet = Fleet(stream, num_instances, policy, capacity_blocks, params=params, fit=fit, next_req=next_req,
+                  tiers=tiers, cost=cost, session=session, with_index=rt.uses_index)
+    n = stream.num_requests
+    inst = np.zeros(n, np.int64)
+    hits = np.zeros((n, 5), np.int64)  # hits, hbm, dram, remote, hit tokens
+    load_s = np.zeros(n)
+    service_s = np.zeros(n)
+    samples = set(np.linspace(0, n, DUP_SAMPLES + 1).astype(np.int64)[1:].tolist()) if num_instances > 1 else set()
+    num_dup = num_held = 0
+    for r in range(n):
+        i = rt.choose(r, fleet)
+        if not 0 <= i < num_instances:
+            raise UsageError(f"router {rt.name} chose instance {i} of {num_instances}")
+        inst[r] = i
+        *hits[r], load_s[r], service_s[r] = fleet.serve(r, i)
+        if r + 1 in samples:
+            d, h = fleet.duplication_counts(r)
+            num_dup += d
+            num_held += h
+    uncached = stream.req_tokens - hits[:, 4]
+    q = np.zeros(n)
+    unit = replace(cost, s_per_loaded_token=1.0)  # load_s is in seconds already
+    for i in range(num_instances):
+        sel = inst == i
+        q[sel] = qttft_s(unit, stream.req_time_s[sel], uncached[sel], load_s[sel])
+    busy = np.bincount(inst, weights=service_s, minlength=num_instances)
+    span = float(fleet.arrival_s.max() - fleet.arrival_s.min()) if n else 0.0
+    util = (busy / span).tolist() if span > 0 else [0.0] * num_instances  # as cost_model's utilization
+    return FleetResult(
+        router=rt.name, num_instances=num_instances, policy=fleet.local[0].spec.name,
+        capacity_blocks=int(capacity_blocks), num_refs=stream.num_refs, num_hits=int(hits[:, 0].sum()),
+        num_hbm_hits=int(hits[:, 1].sum()), num_dram_hits=int(hits[:, 2].sum()),
+        num_remote_hits=int(hits[:, 3].sum()), num_tokens=int(stream.req_tokens.sum()),
+        num_hit_tokens=int(hits[:, 4].sum()), qttft=summarize_qttft(q),
+        requests_per_instance=np.bincount(inst, minlength=num_instances).tolist(), utilization=util,
+        duplication=num_dup / num_held if num_held else 0.0, elapsed_s=time.perf_counter() - t0,
+        params=dict(fleet.local[0].params), req_instance=inst, req_hit_blocks=hits[:, 0].copy(),
+        req_hit_tokens=hits[:, 4].copy(), req_qttft_s=q)

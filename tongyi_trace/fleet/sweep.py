@@ -1,0 +1,215 @@
+"""`kvtrace simulate --instances LIST --router LIST`: every policy x router x instance count x capacity
+(per instance) of one run through the fleet simulator, in parallel, written incrementally.
+
+Artifacts in RUN_DIR/sim/fleet/ (docs/fleet.md):
+    results.jsonl    one line per finished configuration, appended as they finish
+    results.parquet  the same rows, flat, written at the end
+    summary.json     the configuration, tiers, cost model, where the conversations came from
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
+from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.fleet.routers import parse_routers
+from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
+from tongyi_trace.run import RunDir, write_json
+from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
+from tongyi_trace.sim.registry import Policy, get_policy
+from tongyi_trace.sim.simulate import FITTED, resolve_fitted
+from tongyi_trace.sim.stream import Stream, next_request_of_refs
+from tongyi_trace.sim.sweep import (
+    SimulateOptions,
+    SweepConfig,
+    _shared,
+    _worker_stream,
+    build_config,
+    policy_variant,
+    prepare_stream,
+)
+
+SCHEMA = "kvtrace.fleet/1"
+DEFAULT_ROUTERS = "rr,least-loaded,session,prefix,kv-aware"
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """The fleet's own options of `kvtrace simulate`."""
+
+    instances: str  # comma-separated instance counts
+    routers: str = DEFAULT_ROUTERS  # router specs (fleet/routers), or all
+    remote_capacity: str | None = None  # one shared remote pool (capacity units), absent by default
+    remote_s_per_token: float | None = None  # default: 4 x the cost model's CPU load cost
+
+
+@dataclass
+class FleetSweepResult:
+    """One row per configuration, and the sweep's summary."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def parse_instances(text: str) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8] (each >= 1, no duplicates)."""
+    out: list[int] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        try:
+            n = int(item)
+        except ValueError:
+            raise UsageError(f"--instances {item!r} is not a whole number; give e.g. 1,2,4,8") from None
+        if not 1 <= n <= 4096:
+            raise UsageError(f"--instances {n} is out of range; give 1..4096")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise UsageError("--instances is empty; give e.g. 1,2,4,8")
+    return out
+
+
+def run_sessions(run: RunDir, stream: Stream) -> tuple[np.ndarray | None, str]:
+    """Each stream request's conversation from the run's requests table (session_id), or None (the
+    first block then stands for it) when the trace has no conversations; and where it came from."""
+    if not run.provenance().get("has_sessions"):
+        return None, "first block (the trace has no conversations)"
+    sess = run.requests().select("session_id")["session_id"].to_numpy().astype(np.int64)
+    return sess[stream.req_idx], "requests.session_id"
+
+
+def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
+                    on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> FleetSweepResult:
+    """Simulate every policy x router x instance count x capacity of CFG and FLEET over RUN; call
+    ON_RESULT(row, done, total) as each ends."""
+    routers = parse_routers(fleet.routers)
+    counts = parse_instances(fleet.instances)
+    variants = [policy_variant(p) for p in cfg.policies]
+    fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
+    needy = [base for base, _ in variants if base in ("wa", FITTED)]
+    if fit is None and needy:
+        raise UsageError(f"policy {needy[0]} needs fitted parameters: pass --params policy.json "
+                         "(from 'kvtrace fit')")
+    for base, _ in variants:
+        if base != FITTED:
+            get_policy(base).make_params({**cfg.policy_params.get(base, {})})
+    assert cfg.cost is not None
+    stream = prepare_stream(run, cfg.engine_block_size)
+    if stream.num_refs == 0:
+        raise UsageError(f"{run.path}: no block references to simulate")
+    next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    peak_live = int(peak_live_blocks(stream.req_off, next_req))
+
+    def capacities(text: str) -> list[Capacity]:
+        return parse_capacities(text, num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
+                                model=cfg.model, peak_live=peak_live)
+
+    caps = capacities(cfg.capacities)
+    hbm = capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
+    remote = capacities(fleet.remote_capacity)[0] if fleet.remote_capacity else None
+    remote_cost = fleet.remote_s_per_token
+    if remote_cost is None:
+        remote_cost = 4.0 * cfg.cost.s_per_loaded_token
+    if not (remote_cost >= 0 and np.isfinite(remote_cost)):
+        raise UsageError(f"--remote-load-s-per-token must be a finite number >= 0, got {remote_cost}")
+    session, session_source = run_sessions(run, stream)
+    tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]] = []
+    for name, (base, over) in zip(cfg.policies, variants, strict=True):
+        for cap in caps:
+            pol, params = base, {**cfg.policy_params.get(base, {}), **over}
+            if base == FITTED:
+                assert fit is not None
+                pol, chosen, _ = resolve_fitted(fit, cap.num_blocks, stream.block_size)
+                params = {**chosen, **params}
+            tasks += [(name, pol, params, rt, n, cap) for rt in routers for n in counts]
+    out_dir = run.subdir("sim") / "fleet" if cfg.write else None
+    jsonl = None
+    if out_dir:
+        out_dir.mkdir(exist_ok=True)
+        jsonl = out_dir / "results.jsonl"
+        jsonl.write_text("")
+    queue = sorted(tasks, key=lambda t: (-t[4], -t[5].num_blocks))  # biggest fleets first: the pool ends evenly
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+
+    def done(out: TaskOutcome) -> None:
+        name, pol, _, rt, n, cap = queue[out.index]
+        row = out.value if out.ok else {"policy": name, "base_policy": pol, "router": rt, "num_instances": n,
+                                        "capacity": cap.label, "capacity_blocks": cap.num_blocks,
+                                        "error": out.error}
+        (rows if out.ok else failed).append(row)
+        if jsonl:
+            with jsonl.open("a") as f:
+                f.write(json.dumps(row, default=_jsonable) + "\n")
+        if on_result:
+            on_result(row, len(rows) + len(failed), len(tasks))
+
+    t0 = time.perf_counter()
+    shared = _shared(stream, next_req, fit, hbm, cfg.cost)
+    shared.update(session=session if session is not None else np.zeros(0, np.int64),
+                  tiers=Tiers(hbm.num_blocks if hbm else None, remote.num_blocks if remote else None, remote_cost))
+    map_tasks(_worker_task, queue, shared, done, ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
+    order = {(t[0], t[3], t[4], t[5].label): i for i, t in enumerate(tasks)}
+    for lst in (rows, failed):
+        lst.sort(key=lambda r: order[(r["policy"], r["router"], r["num_instances"], r["capacity"])])
+    summary = {
+        "schema": SCHEMA, "num_requests": stream.num_requests, "num_refs": stream.num_refs,
+        "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
+        "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
+        "peak_live_blocks": peak_live, "capacities_per_instance": [asdict(c) for c in caps],
+        "instances": counts, "routers": routers, "policies": cfg.policies,
+        "hbm_capacity": asdict(hbm) if hbm else None, "remote_capacity": asdict(remote) if remote else None,
+        "remote_s_per_token": remote_cost, "session_source": session_source,
+        "model": cfg.model.name if cfg.model else None, "cost_model": asdict(cfg.cost),
+        "params_path": cfg.params_path, "elapsed_s": time.perf_counter() - t0, "executor": cfg.executor,
+        "num_failed": len(failed), "failed": failed,
+    }
+    if out_dir:
+        flat = [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()} for r in rows]
+        pl.DataFrame(flat).write_parquet(out_dir / "results.parquet")
+        write_json(out_dir / "summary.json", summary)
+    return FleetSweepResult(rows, summary)
+
+
+def _worker_task(task: tuple[str, str, dict[str, Any], str, int, Capacity], shared: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    """One policy x router x instance count x capacity (runs in an executor's worker)."""
+    name, pol, params, rt, n, cap = task
+    stream = _worker_stream(shared)
+    session = shared["session"]
+    res = simulate_fleet(stream, rt, n, pol, cap.num_blocks, params=params, fit=shared["fit"],
+                         next_req=shared["next_req"] if pol == Policy.ORACLE.value else None,
+                         tiers=shared["tiers"], cost=shared["cost"],
+                         session=np.asarray(session) if len(session) else None)
+    row = res.summary()
+    row.update(policy=name, base_policy=pol, router=rt, capacity=cap.label,
+               total_capacity_blocks=cap.num_blocks * n)
+    return row
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+def fleet_simulate_run(run_dir: Path, opts: SimulateOptions, fleet: FleetOptions,
+                       on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> FleetSweepResult:
+    """`kvtrace simulate --instances`: open RUN_DIR, resolve OPTS and FLEET, run the sweep, write
+    RUN_DIR/sim/fleet/."""
+    from tongyi_trace.run import open_run
+
+    return run_fleet_sweep(open_run(run_dir), build_config(opts), fleet, on_result)
