@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 POLICY, LRU = "policy", "lru"
 Z_CRIT = 2.0  # standard errors LRU's lead must exceed to switch to LRU
-Z_CRIT_BACK = 3.0  # and the policy's lead to switch back (LRU is the safe state: leave it on firmer ground)
+Z_CRIT_BACK = 2.0  # and the policy's lead to switch back (the same bar)
 
 
 @dataclass(frozen=True)

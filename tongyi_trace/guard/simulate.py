@@ -5,6 +5,12 @@ sample_rate x the capacity over the hash-sampled sub-stream (sampling.py). After
 `refit_s` seconds the reuse window of the sampled accesses (refit.py) is refitted and the new parameters
 overwrite the per-category columns of `Cache.cw` in the cache and in the WA shadow.
 
+The guard compares the order that runs, measured exactly (the cache's own hits on the sampled
+references: a hit is a prefix, so those are the sampled positions inside each request's hit prefix),
+with the other order's shadow: in policy mode the cache vs the LRU shadow, in LRU mode the WA shadow vs
+the cache. One of the two estimates is then free of shadow error (the shadows' hit ratios over short
+windows stray by points from the full cache's at 1/32, most of all while the caches warm up).
+
 The time line (one row per slice: the cache's hit ratio, both shadows', the guard's windowed estimates
 and mode, refits) and the refit table (per refit and category: parameters before and after, observed vs
 predicted reuse, KS) are returned for the artifacts RUN/sim/guard_timeline.parquet and
@@ -17,6 +23,7 @@ import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,19 +50,62 @@ class GuardedRun:
     time_in_mode_s: dict[str, float] = field(default_factory=dict)
     shadow_capacity_blocks: int = 0
 
+    @property
+    def guarded(self) -> bool:
+        """Whether the guard or the refit ran (else the result is the plain policy's)."""
+        return self.shadow_capacity_blocks > 0
+
     def summary(self) -> dict[str, Any]:
-        """The result's row plus guard_switches, refits, time in each mode and the shadow size."""
-        return {**self.result.summary(), "guard_switches": len(self.switches),
-                "refits": len({r["time_s"] for r in self.refits}),
-                "guard_time_policy_s": self.time_in_mode_s.get("policy", 0.0),
-                "guard_time_lru_s": self.time_in_mode_s.get(LRU, 0.0),
-                "shadow_capacity_blocks": self.shadow_capacity_blocks}
+        """The result's row plus guard_switches, refits, the time in each mode (null when neither ran)
+        and the shadow size; a guarded run also carries its tables under GUARD_TABLES (pop_guard_tables)."""
+        row = {**self.result.summary(), "guard_switches": len(self.switches),
+               "refits": len({r["time_s"] for r in self.refits}),
+               "guard_time_policy_s": self.time_in_mode_s.get("policy") if self.guarded else None,
+               "guard_time_lru_s": self.time_in_mode_s.get(LRU) if self.guarded else None,
+               "shadow_capacity_blocks": self.shadow_capacity_blocks}
+        if self.guarded:
+            row["guard_timeline"] = self.timeline
+            row["guard_refits"] = self.refits
+            row["guard_switch_log"] = [dataclasses.asdict(s) for s in self.switches]
+        return row
+
+
+GUARD_TABLES = ("guard_timeline", "guard_refits", "guard_switch_log")
+
+
+def pop_guard_tables(row: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Take a result row's guard tables out of it (they go to their own files), each line tagged with the
+    row's policy and capacity."""
+    tag = {"policy": row.get("policy"), "capacity": row.get("capacity")}
+    return {k: [{**tag, **line} for line in row.pop(k, [])] for k in GUARD_TABLES}
+
+
+def write_guard_tables(out_dir: Path, tables: list[dict[str, list[dict[str, Any]]]]) -> None:
+    """OUT_DIR/guard_timeline.parquet, guard_refits.parquet and guard_switches.parquet from the rows'
+    tables (files only for tables with lines)."""
+    import polars as pl
+
+    names = {"guard_timeline": "guard_timeline", "guard_refits": "guard_refits",
+             "guard_switch_log": "guard_switches"}
+    for key, name in names.items():
+        lines = [line for t in tables for line in t.get(key, [])]
+        if lines:
+            pl.DataFrame(lines).write_parquet(out_dir / f"{name}.parquet")
+
+
+def guard_cell(row: dict[str, Any]) -> str:
+    """The guard's column of `kvtrace simulate`'s table: switches, refits and the share of time in LRU."""
+    pol, lru = row.get("guard_time_policy_s"), row.get("guard_time_lru_s")
+    if pol is None or lru is None:
+        return "-"
+    share = lru / (pol + lru) if pol + lru > 0 else 0.0
+    return f"{row['guard_switches']} sw, {row['refits']} refits, lru {share:.0%}"
 
 
 def sampled_stream(stream: Stream, rate: float) -> Stream:
     """STREAM with only the references to hash-sampled blocks (same requests, times and categories)."""
     keep = sampled_mask(np.arange(stream.num_ids, dtype=np.int64), threshold(rate))[stream.blk]
-    csum = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+    csum = sampled_prefix_counts(keep)
     off = csum[stream.req_off]
     ntok = stream.ntok[keep]
     tok = np.concatenate([[0], np.cumsum(ntok, dtype=np.int64)])
@@ -64,13 +114,20 @@ def sampled_stream(stream: Stream, rate: float) -> Stream:
                                num_ids=num_ids)
 
 
+def sampled_prefix_counts(keep: np.ndarray) -> np.ndarray:
+    """int64[R+1]: how many sampled references (KEEP) precede each position of the stream."""
+    return np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+
+
 def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None = None,
                      fit: PolicyParams | None = None, engine: EngineShape | None = None,
-                     slice_s: float = DEFAULT_SLICE_S, timing: bool = True) -> GuardedRun:
+                     next_req: np.ndarray | None = None, slice_s: float = DEFAULT_SLICE_S,
+                     timing: bool = True) -> GuardedRun:
     """POLICY (wa, or fitted resolving to wa) at CAPACITY_BLOCKS over STREAM with the guard and refit
     that PARAMS ask for (WaParams.guard, refit_s, ...); any other policy, or neither asked, runs plain."""
     t0 = time.perf_counter()
-    cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, timing=timing)
+    cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, next_req=next_req,
+                  timing=timing)
     n = stream.num_requests
     wa = _wa_params(cache)
     if wa is None or not wa.guarded or n == 0:
@@ -92,16 +149,24 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                             side="left")
     edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
+    before = sampled_prefix_counts(sampled_mask(np.arange(stream.num_ids, dtype=np.int64),
+                                                threshold(wa.sample_rate))[stream.blk])
     next_refit_s = start_s + wa.refit_s
     for a, b in itertools.pairwise(edges):
         end_s = start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
-        hits = int(cache.serve(int(a), int(b)).sum())
+        req_hits = cache.serve(int(a), int(b))
+        hits = int(req_hits.sum())
         lh = int(lru.serve(int(a), int(b)).sum())
         ph = int(pol.serve(int(a), int(b)).sum())
+        starts = stream.req_off[a:b]
+        own = int((before[starts + req_hits] - before[starts]).sum())  # the cache's hits on sampled refs
         refs = int(sub.req_off[b] - sub.req_off[a])
         if window is not None:
             _feed(window, sub, int(a), int(b))
-        switch = guard.observe(end_s, refs, ph, lh) if guard is not None else None
+        switch = None
+        if guard is not None:  # the running order is measured exactly, the other one by its shadow
+            in_lru = guard.mode == LRU
+            switch = guard.observe(end_s, refs, ph if in_lru else own, own if in_lru else lh)
         if switch is not None:
             run.switches.append(switch)
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
@@ -114,7 +179,8 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         num_refs = int(lens[a:b].sum())
         run.timeline.append({
             "time_s": end_s, "num_refs": num_refs, "hit_ratio": hits / num_refs if num_refs else float("nan"),
-            "num_sampled_refs": refs, "shadow_policy_hit_ratio": ph / refs if refs else float("nan"),
+            "num_sampled_refs": refs, "sampled_hit_ratio": own / refs if refs else float("nan"),
+            "shadow_policy_hit_ratio": ph / refs if refs else float("nan"),
             "shadow_lru_hit_ratio": lh / refs if refs else float("nan"),
             "window_policy_hit_ratio": est[0], "window_lru_hit_ratio": est[1],
             "guard_mode": guard.mode if guard is not None else "policy", "switched": switch is not None,
