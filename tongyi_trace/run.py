@@ -5,9 +5,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import math
 import os
-import secrets
 import shutil
 import signal
 import threading
@@ -21,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tongyi_trace.atomic import atomic_path, atomic_write_text, finite
 from tongyi_trace.errors import InputError
 
 RUN_SCHEMA = "kvtrace.run/1"
@@ -168,34 +167,6 @@ def read_artifact(path: Path, schema: str | None = None, required: bool = True) 
     return doc
 
 
-def temp_path(path: Path) -> Path:
-    """A hidden temporary name beside PATH, unique across processes and threads, ending in PATH's suffix
-    (writers that choose the format by suffix still work)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
-                          f".tmp{path.suffix}")
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a unique temporary path beside PATH; on success it replaces PATH atomically, else it is removed."""
-    tmp = temp_path(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write ({e.strerror or e}); check the path and free space") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write TEXT to PATH atomically (unique temp file + rename): readers see the old or the new file."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
 def write_parquet_atomic(table: pl.DataFrame | pa.Table, path: Path) -> None:
     """Write a polars or Arrow table to PATH atomically."""
     with atomic_path(path) as tmp:
@@ -207,7 +178,7 @@ def write_parquet_atomic(table: pl.DataFrame | pa.Table, path: Path) -> None:
 
 def json_text(obj: Any) -> str:
     """OBJ as indented, strictly valid JSON: NaN and infinities become null, numpy scalars plain numbers."""
-    return json.dumps(_finite(obj), indent=2, allow_nan=False, default=_json_default) + "\n"
+    return json.dumps(finite(obj), indent=2, allow_nan=False, default=_json_default) + "\n"
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -219,18 +190,6 @@ def write_json(path: Path, obj: Any) -> None:
         if rid is not None:
             obj = {**obj, "run_id": rid}
     atomic_write_text(path, json_text(obj))
-
-
-def _finite(o: Any) -> Any:
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_finite(v) for v in o]
-    if hasattr(o, "item") and not isinstance(o, str | bytes):
-        return _finite(o.item())
-    return o
 
 
 def _json_default(o: Any) -> Any:

@@ -88,7 +88,7 @@ def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path) -> Non
     doc = json.loads((tmp_path / "sub" / "policy.json").read_text())
     assert doc["schema"] == POLICY_SCHEMA
     assert doc["trace"] == {"source": "tests/fit generator", "sha256": "0" * 64, "format": "bailian",
-                            "block_size": 16}
+                            "block_size": 16, "run_id": open_run(known_run).provenance().get("run_id")}
     assert doc["turn_buckets"] == [1, 2, 3]
     assert set(doc["categories"]) == set(KNOWN)
     assert set(doc["categories"]["text-1"]) == {"reuse_prob", "rate_per_s", "mean_reuse_s", "life_s",

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tongyi_trace.atomic import temp_path
 from tongyi_trace.cli import app
 from tongyi_trace.errors import InputError
-from tongyi_trace.run import RunDir, atomic_write_text, run_lock, temp_path, write_json
+from tongyi_trace.run import RunDir, atomic_write_text, run_lock, write_json
 from tongyi_trace.trace.ingest import ingest_trace
 
 runner = CliRunner()

@@ -19,12 +19,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tongyi_trace.atomic import atomic_write_text, finite
 from tongyi_trace.errors import InputError
 from tongyi_trace.wa_priority import KM_NUM, exp_cdf, km_grid_s
 
@@ -109,25 +108,14 @@ class PolicyParams:
             "km_grid_s": km_grid_s(),
             "categories": {k: _cat_json(v) for k, v in self.categories.items()},
             "default": _cat_json(self.default),
-            "choices": [_strict(asdict(c)) for c in self.choices],
+            "choices": [finite(asdict(c)) for c in self.choices],
         }
-
-
-def _strict(o: Any) -> Any:
-    """O with non-finite floats as null (strict JSON)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _strict(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_strict(v) for v in o]
-    return o
 
 
 def _cat_json(c: CategoryParams) -> dict[str, Any]:
     d = asdict(c)
     d["km_cdf"] = c.km_cdf_table()
-    return _strict(d)
+    return finite(d)
 
 
 def _number(path: Path, where: str, raw: dict[str, Any], key: str, *, lo: float = 0.0,
@@ -271,15 +259,6 @@ def save_policy(params: PolicyParams, path: str | Path) -> None:
     text = json.dumps(params.to_json(), indent=2, allow_nan=False) + "\n"
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(p, text)
     except OSError as e:
         raise InputError(f"{p}: cannot write the policy file ({e.strerror}); choose a writable path") from e

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace import __version__
+from tongyi_trace.atomic import temp_path
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import (
@@ -36,7 +37,6 @@ from tongyi_trace.run import (
     open_run,
     run_identity,
     run_lock,
-    temp_path,
     write_json,
 )
 from tongyi_trace.trace.categories import NO_CATEGORY, categories

@@ -1,0 +1,56 @@
+"""Atomic file writes and strict JSON values, standard library only (the vLLM plugin's environment
+imports the policy file module, which uses this; so does every run-folder writer via tongyi_trace.run)."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tongyi_trace.errors import InputError
+
+
+def temp_path(path: Path) -> Path:
+    """A hidden temporary name beside PATH, unique across processes and threads, ending in PATH's suffix
+    (writers that choose the format by suffix still work)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+                          f".tmp{path.suffix}")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a unique temporary path beside PATH; on success it replaces PATH atomically, else it is removed."""
+    tmp = temp_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write ({e.strerror or e}); check the path and free space") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write TEXT to PATH atomically (unique temp file + rename): readers see the old or the new file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def finite(o: Any) -> Any:
+    """O with NaN and infinities as None (strict JSON), recursively; numpy scalars as plain numbers."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: finite(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [finite(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, str | bytes):
+        return finite(o.item())
+    return o
