@@ -31,7 +31,7 @@ def _text(html: str) -> str:
 
 def test_every_step_gives_its_sections_in_order(evil_run: RunDir) -> None:
     keys = [s.key for s in build_sections(evil_run)]
-    assert keys == ["provenance", *ANALYSES, "fit", "sim", "replay-0", "replay-1", "compare-0"]
+    assert keys == ["recommendation", "provenance", *ANALYSES, "fit", "sim", "replay-0", "replay-1", "compare-0"]
 
 
 def test_tiny_fixture_numbers_reach_the_page(evil_run: RunDir) -> None:

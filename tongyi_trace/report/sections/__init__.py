@@ -15,6 +15,7 @@ from tongyi_trace.report.sections import (
     live_set,
     next_turn,
     provenance,
+    recommendation,
     replay,
     request_mix,
     reuse_time,
@@ -29,6 +30,8 @@ from tongyi_trace.run import RunDir
 Builder = Callable[[RunDir], list[Section]]
 
 BUILDERS: list[Builder] = [
+    # the planner's answer first (from `kvtrace simulate`)
+    recommendation.build,
     provenance.build,
     # characterization (`kvtrace analyze`), in the paper's figure order
     hit_ratio.build,

@@ -1,0 +1,28 @@
+"""The planner's summary that `kvtrace simulate` prints before its table (tongyi_trace/sim/recommend.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tongyi_trace.cli._common import say
+
+
+def recommendation_json(result: Any) -> dict[str, Any]:
+    """The recommendation document of a SweepResult."""
+    from tongyi_trace.sim.recommend import recommend
+
+    return recommend(result.rows, result.curve, result.summary)
+
+
+def print_recommendation(result: Any) -> None:
+    """Print the Recommendation block of a SweepResult, then how byte capacities were converted."""
+    from tongyi_trace.sim.recommend import describe
+
+    rec = recommendation_json(result)
+    say(("Recommendation", "bold"))
+    for line in describe(rec):
+        say(("  " + line, "bold red" if line.startswith("WARNING") else ""))
+    for c in result.summary.get("capacities") or []:
+        if c.get("bytes_per_block"):
+            say(f"capacity {c['label']} = {c['num_blocks']:,} blocks at {c['bytes_per_block']:,} KV bytes per block "
+                f"of model {result.summary.get('model')}")
