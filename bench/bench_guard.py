@@ -8,6 +8,7 @@ Printed per capacity (hit-ratio points over the second hour, against LRU): the s
 or refit, with the guard, with the refit, with both; the refit's gain over LRU from shift + 2 x refit_s
 to the end next to the first hour's gain; and on the unshifted trace the guard's cost and the
 throughput of guard + refit relative to plain WA.
+`python bench/bench_guard.py RUN` runs it on another ingested run (its first-hour policy is made once).
 Targets (the guard issue): guard loss <= 0.3 points at every capacity; refit recovers within 2 x refit_s;
 unshifted cost <= 0.1 points; throughput >= 50%.
 """
@@ -15,6 +16,7 @@ unshifted cost <= 0.1 points; throughput >= 50%.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def timed(fn, *args, **kw):  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    run = ingested_run("to-c", 0.25, seed=1)
+    run = Path(sys.argv[1]) if len(sys.argv) > 1 else ingested_run("to-c", 0.25, seed=1)
     policy_path = Path(str(run.with_suffix("")) + ".h1.policy.json")
     if not policy_path.exists():
         kvtrace("fit", str(run), "--train", f"0:{SHIFT_S:g}", "--capacity", CAPACITIES, "-o", str(policy_path), "-q")

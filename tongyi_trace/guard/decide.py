@@ -29,6 +29,23 @@ Z_CRIT_BACK = 2.0  # and the policy's lead to switch back (the same bar)
 
 
 @dataclass(frozen=True)
+class GuardSettings:
+    """The guard's and the refit's parameters, as WA's (tongyi_trace.sim.policies.wa.WaParams) name them."""
+
+    guard: bool
+    guard_margin: float
+    guard_window_s: float
+    refit_s: float
+    window_s: float
+    sample_rate: float
+
+    @property
+    def active(self) -> bool:
+        """Whether the guard or the refit is on."""
+        return self.guard or self.refit_s > 0
+
+
+@dataclass(frozen=True)
 class Switch:
     """One switch of the guard: when, to which mode, and the two windowed hit ratios that decided it."""
 
@@ -49,6 +66,7 @@ class Guard:
         self.time_in_mode_s = {POLICY: 0.0, LRU: 0.0}
         self._steps: deque[tuple[float, int, int, int]] = deque()  # (time_s, refs, policy hits, lru hits)
         self._sums = [0, 0, 0]
+        self._moments = [0.0, 0.0, 0.0]  # sums of x^2, x r, r^2 over the window (x = lru hits - policy hits)
         self._since_s: float | None = None  # start of the evidence: first step or last switch
         self._last_s: float | None = None
 
@@ -56,6 +74,13 @@ class Guard:
         """(policy hit ratio, LRU hit ratio, sampled references) over the current window."""
         refs, ph, lh = self._sums
         return (ph / refs, lh / refs, refs) if refs else (0.0, 0.0, 0)
+
+    def _add(self, sign: int, step: tuple[float, int, int, int]) -> None:
+        _, r, p, q = step
+        x = q - p
+        self._sums = [self._sums[0] + sign * r, self._sums[1] + sign * p, self._sums[2] + sign * q]
+        m = self._moments
+        self._moments = [m[0] + sign * x * x, m[1] + sign * x * r, m[2] + sign * r * r]
 
     def z_score(self) -> float:
         """D / its standard error over the window (D = LRU's hit ratio minus the policy's; see the module
@@ -65,7 +90,8 @@ class Guard:
         n = len(self._steps)
         if d == 0.0 or n < 2:
             return 0.0
-        ss = sum((q - p - d * r) ** 2 for _, r, p, q in self._steps)
+        xx, xr, rr = self._moments
+        ss = max(xx - 2 * d * xr + d * d * rr, 0.0)  # sum (x_i - d r_i)^2
         var = ss * n / (n - 1) / refs**2
         return d / math.sqrt(var) if var > 0 else math.copysign(math.inf, d)
 
@@ -76,11 +102,10 @@ class Guard:
         if self._last_s is not None:
             self.time_in_mode_s[self.mode] += max(time_s - self._last_s, 0.0)
         self._last_s = time_s
+        self._add(1, (time_s, refs, policy_hits, lru_hits))
         self._steps.append((time_s, refs, policy_hits, lru_hits))
-        self._sums = [self._sums[0] + refs, self._sums[1] + policy_hits, self._sums[2] + lru_hits]
         while self._steps and self._steps[0][0] <= time_s - self.window_s:
-            _, r, p, q = self._steps.popleft()
-            self._sums = [self._sums[0] - r, self._sums[1] - p, self._sums[2] - q]
+            self._add(-1, self._steps.popleft())
         if time_s - self._since_s < self.window_s:
             return None
         pol, lru, n = self.estimates()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
 from tongyi_trace.fit.params import CategoryParams, load_policy
+from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, QueuePolicy
 from tongyi_trace.wa_priority import MODELS
 
@@ -34,6 +35,36 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise PluginConfigError(f"{name}={raw!r} is not a switch; use 1 or 0")
+
+
+# environment variable -> WA parameter of the guard and the refit (tongyi_trace.sim.policies.wa.WaParams)
+GUARD_ENV = {"KVTRACE_GUARD": "guard", "KVTRACE_GUARD_MARGIN": "guard_margin",
+             "KVTRACE_GUARD_WINDOW_S": "guard_window_s", "KVTRACE_REFIT_S": "refit_s",
+             "KVTRACE_REFIT_WINDOW_S": "window_s", "KVTRACE_SAMPLE_RATE": "sample_rate"}
+
+
+def guard_settings(env: Mapping[str, str]) -> GuardSettings:
+    """The guard's and the refit's settings from ENV (GUARD_ENV), WA's defaults and validation."""
+    from tongyi_trace.errors import UsageError
+    from tongyi_trace.sim.policies.wa import WaParams
+
+    values: dict[str, object] = {}
+    for var, name in GUARD_ENV.items():
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        if name == "guard":
+            values[name] = _flag(env, var, False)
+            continue
+        try:
+            values[name] = float(raw)
+        except ValueError as e:
+            raise PluginConfigError(f"{var}={raw!r} is not a number") from e
+    try:
+        wa = WaParams(**values)  # type: ignore[arg-type]
+    except UsageError as e:
+        raise PluginConfigError(f"{e} (from the KVTRACE_GUARD* / KVTRACE_REFIT* variables)") from e
+    return GuardSettings(wa.guard, wa.guard_margin, wa.guard_window_s, wa.refit_s, wa.window_s, wa.sample_rate)
 
 
 def load_config(env: Mapping[str, str]) -> PluginConfig:
@@ -84,5 +115,6 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         choices=tuple((c.capacity_blocks * params.block_size, c.policy, dict(c.params)) for c in params.choices),
         block_size=int(raw_bs),
     )
+    policy = replace(policy, guard=guard_settings(env))
     stats_dir = Path(env.get("KVTRACE_STATS_DIR") or path.resolve().parent)
     return PluginConfig(policy=policy, policy_path=path, stats_dir=stats_dir)

@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.guard.refit import CategoryFit
 from tongyi_trace.vllm_plugin.s3fifo import S3FifoOrder
 from tongyi_trace.vllm_plugin.stats import PluginStats
 from tongyi_trace.wa_priority import MODELS, evicts_before, log_reuse_prob
@@ -82,6 +84,7 @@ class QueuePolicy:
     # mode "fitted": (capacity_tokens, policy, params) chosen by `kvtrace fit --capacity`
     choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
     block_size: int = 16  # tokens per engine block (the plugin is told by KVTRACE_BLOCK_SIZE)
+    guard: GuardSettings | None = None  # the shadow-LRU guard and the online refit (guard.py), WA only
 
     @property
     def prefix_closed(self) -> bool:
@@ -143,6 +146,11 @@ class PolicyFreeQueue:
         self._fifo_heap: list[tuple[int, int]] = []
         self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
         self._next_seq = 0
+        self.guard_ctl: Any = None
+        if policy.mode == "wa" and policy.guard is not None and policy.guard.active:
+            from tongyi_trace.vllm_plugin.guard import GuardControl  # it builds shadow queues of this class
+
+            self.guard_ctl = GuardControl(policy.guard, policy, max(1, len(blocks) - 1), self._names, self.stats)
         for b in blocks:
             self._uncached[b.block_id] = b
             self._where[b.block_id] = _UNCACHED
@@ -175,6 +183,28 @@ class PolicyFreeQueue:
                 self._pgen[bid] = self._gen[prev]
                 self._nchild[prev] += 1
             prev = bid
+        if self.guard_ctl is not None:
+            self._guard_step(blocks, cat, req_s)
+
+    def _guard_step(self, blocks: Iterable[Any], cat: int, req_s: float) -> None:
+        """Feed the guard and the refit one released request; apply a refit (see guard.py)."""
+        from tongyi_trace.vllm_plugin.guard import block_key
+
+        try:
+            keys = [block_key(b.block_hash) for b in blocks if b.block_hash is not None]
+            t = req_s if req_s == req_s else self.now_s()
+            self.set_category_fits(self.guard_ctl.on_request(keys, cat, t, self.category_fits))
+        except Exception as e:  # never break serving: the guard keeps its state, counted
+            self.stats.record_fallback(f"guard: {type(e).__name__}: {e}")
+
+    def category_fits(self) -> dict[int, CategoryFit]:
+        """The reuse model of every category index now."""
+        return {i: CategoryFit(self._p[i], self._rate[i], tuple(self._table[i])) for i in range(len(self._names))}
+
+    def set_category_fits(self, fits: dict[int, CategoryFit]) -> None:
+        """Replace the reuse model of the category indexes in FITS (an online refit)."""
+        for i, f in fits.items():
+            self._p[i], self._rate[i], self._table[i] = f.reuse_prob, f.rate_per_s, f.km_cdf
 
     def _linked(self, bid: int) -> bool:
         """Whether BID is counted among the cached children of a live parent."""
@@ -220,11 +250,13 @@ class PolicyFreeQueue:
             self._held.pop(bid, None)
             self._ready.pop(bid, None)
             self.stats.hits_on_free += 1
+            self.stats.record_hit(self._names[self._cat[bid]])
             if self._s3 is not None:
                 self._s3.hit(bid)
         else:
             del self._queues[where][bid]
             self.stats.hits_on_free += 1
+            self.stats.record_hit(self._names[where])
             if self._s3 is not None:
                 self._s3.hit(bid)
         self._where[bid] = _NOT_FREE
@@ -334,7 +366,7 @@ class PolicyFreeQueue:
 
     def _choose(self, now_s: float) -> int:
         mode = self.policy.mode
-        if mode == "lru":
+        if mode == "lru" or (self.guard_ctl is not None and self.guard_ctl.lru_order):
             return self._choose_lru()
         if mode == "fifo":
             return self._choose_fifo()

@@ -6,6 +6,12 @@ difference of two snapshots and still get a mean and a P99 of its own window), h
 and fallbacks to LRU with their first reasons. A daemon thread writes the counters atomically to
 `STATS_DIR/plugin_stats.json` at most once a second while they change, and once more at exit.
 Standard library only: `kvtrace compare` and `kvtrace replay` read the file with `read_stats`.
+
+Beside it, `plugin_stats.prom` holds the same counters in the Prometheus text format (0.0.4), written
+atomically with the JSON file, for a node-exporter textfile collector or any scraper (docs/guard.md):
+evictions and hits per category, fallbacks, and, with the guard or the refit on (the `guard` section),
+the guard's mode, switches, both windowed hit-ratio estimates, refits, and per category the observed
+vs predicted reuse CDF at a few horizons and the KS distance of the recent window.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 STATS_SCHEMA = "kvtrace.plugin_stats/1"
 STATS_FILE = "plugin_stats.json"
+PROM_FILE = "plugin_stats.prom"
 # Histogram edges in nanoseconds: 20 buckets a decade from 100 ns to 1 s; bucket i counts
 # durations in [edge[i-1], edge[i]); bucket 0 is below 100 ns, the last one 1 s and above.
 HIST_EDGES_NS: list[float] = [100.0 * 10 ** (i / 20) for i in range(141)]
@@ -42,6 +50,8 @@ class PluginStats:
         self.decision_ns_sum = 0
         self.decision_hist = [0] * (len(HIST_EDGES_NS) + 1)
         self.hits_on_free = 0                    # cached free blocks pinned again by a prefix hit
+        self.hits_by_category: dict[str, int] = {}  # the same, by category of the block's last release
+        self.sections: dict[str, Callable[[], dict[str, Any]]] = {}  # name -> its part of the document
         self.num_held = 0                        # leaf_only: victims held back while they had cached children
         self.fallbacks = 0
         self.fallback_reasons: list[str] = []
@@ -67,6 +77,11 @@ class PluginStats:
         self.decision_hist[bisect.bisect_right(HIST_EDGES_NS, decision_ns)] += 1
         self._dirty = True
 
+    def record_hit(self, category: str) -> None:
+        """Count one hit on a free cached block last released by a request of CATEGORY."""
+        self.hits_by_category[category] = self.hits_by_category.get(category, 0) + 1
+        self._dirty = True
+
     def record_fallback(self, reason: str) -> None:
         """Count one decision that fell back to LRU, keeping the first few reasons."""
         self.fallbacks += 1
@@ -90,6 +105,7 @@ class PluginStats:
             "evictions_by_category": dict(self.evictions_by_category),
             "reuses_uncached": self.reuses_uncached,
             "hits_on_free": self.hits_on_free,
+            "hits_by_category": dict(self.hits_by_category),
             "num_held": self.num_held,
             "decision_ns_sum": self.decision_ns_sum,
             "decision_hist_edges_ns": HIST_EDGES_NS,
@@ -99,6 +115,8 @@ class PluginStats:
         }
         doc.update(self.info)
         doc.update(decision_summary(doc))
+        for name, section in list(self.sections.items()):
+            doc[name] = section()
         return doc
 
     def write(self) -> None:
@@ -114,9 +132,11 @@ class PluginStats:
                     continue
             else:
                 return
-            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
-            os.replace(tmp, self._path)
+            for path, text in ((self._path, json.dumps(doc, indent=1) + "\n"),
+                               (self._path.with_name(PROM_FILE), prometheus_text(doc))):
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(text)
+                os.replace(tmp, path)
             self._dirty = False
 
     def _flusher(self) -> None:
@@ -125,6 +145,57 @@ class PluginStats:
             if self._dirty:
                 with contextlib.suppress(OSError):
                     self.write()
+
+
+def _label(v: object) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(doc: dict[str, Any]) -> str:
+    """The stats document DOC in the Prometheus text format (metric names `kvtrace_*`)."""
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, object], float]]) -> None:
+        out.append(f"# HELP kvtrace_{name} {help_}")
+        out.append(f"# TYPE kvtrace_{name} {kind}")
+        for labels, v in samples:
+            lab = ",".join(f'{k}="{_label(x)}"' for k, x in labels.items())
+            val = float(v)
+            text = "NaN" if val != val else repr(val)
+            out.append(f"kvtrace_{name}{{{lab}}} {text}" if lab else f"kvtrace_{name} {text}")
+
+    mode = {"mode": doc.get("mode", "")}
+    metric("evictions_total", "counter", "Blocks evicted by the policy, by category of the block.",
+           [({**mode, "category": c}, n) for c, n in sorted((doc.get("evictions_by_category") or {}).items())])
+    metric("hits_on_free_total", "counter", "Prefix hits on free cached blocks, by category of the block.",
+           [({**mode, "category": c}, n) for c, n in sorted((doc.get("hits_by_category") or {}).items())])
+    metric("fallbacks_total", "counter", "Decisions that fell back to LRU after an error.",
+           [(mode, doc.get("fallbacks", 0))])
+    g = doc.get("guard")
+    if isinstance(g, dict):
+        metric("guard_lru_mode", "gauge", "1 while the guard makes the cache evict in LRU order.",
+               [(mode, g.get("mode") == "lru")])
+        metric("guard_switches_total", "counter", "Switches of the guard (either way).", [(mode, g.get("switches", 0))])
+        metric("guard_window_hit_ratio", "gauge", "Shadow hit ratio over the guard window, by eviction order.",
+               [({**mode, "order": "policy"}, g.get("window_policy_hit_ratio", 0.0)),
+                ({**mode, "order": "lru"}, g.get("window_lru_hit_ratio", 0.0))])
+        metric("guard_time_in_mode_seconds_total", "counter", "Policy-clock seconds in each guard mode.",
+               [({**mode, "guard_mode": k}, v) for k, v in sorted((g.get("time_in_mode_s") or {}).items())])
+        metric("refits_total", "counter", "Online refits run.", [(mode, g.get("refits", 0))])
+        cats = g.get("category_metrics") or {}
+        cdf: list[tuple[dict[str, object], float]] = []
+        ks: list[tuple[dict[str, object], float]] = []
+        for c, m in sorted(cats.items()):
+            ks.append(({**mode, "category": c}, m.get("ks", math.nan)))
+            for k, v in sorted(m.items()):
+                for kind in ("observed", "predicted"):
+                    if k.startswith(f"{kind}_cdf_"):
+                        cdf.append(({**mode, "category": c, "kind": kind,
+                                     "horizon_s": k[len(kind) + 5:-1]}, v))
+        metric("reuse_cdf", "gauge", "Reuse probability within horizon_s: the recent window (observed) "
+               "vs the running model (predicted), at the last refit.", cdf)
+        metric("reuse_ks", "gauge", "KS distance of the recent window to the running model, at the last refit.", ks)
+    return "\n".join(out) + "\n"
 
 
 def decision_summary(doc: dict[str, Any]) -> dict[str, float | None]:

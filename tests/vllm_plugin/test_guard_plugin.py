@@ -1,0 +1,99 @@
+"""The guard and the refit inside the plugin's queue, driven like the engine drives it (no vLLM):
+blocks are allocated from the queue, released with note_request + append_n, hits taken with remove."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
+from tongyi_trace.guard.decide import LRU, GuardSettings
+from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
+from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.shadow import ShadowCache
+from tongyi_trace.vllm_plugin.stats import PROM_FILE, STATS_FILE, PluginStats
+
+
+@dataclass
+class Block:
+    block_id: int
+    block_hash: int | None = None
+
+
+def _policy(guard: GuardSettings | None) -> QueuePolicy:
+    """What the first half says (tests/guard/conftest.py): "a" is reused, "b" almost never."""
+    return QueuePolicy(mode="wa", categories={"a": CategoryPriority(0.9, 0.01, 30.0),
+                                              "b": CategoryPriority(0.01, 0.001, 30.0)},
+                       default=CategoryPriority(0.5, 0.01, 30.0), guard=guard)
+
+
+def _replay(queue: PolicyFreeQueue, capacity: int) -> list[int]:
+    """The shifted stream through QUEUE as vLLM's BlockPool would use it; hits per request."""
+    st = shifted()
+    pool = ShadowCache.over(queue)
+    out = []
+    for r in range(st.num_requests):
+        keys = [int(k) + 1 for k in st.blk[st.req_off[r]:st.req_off[r + 1]]]
+        out.append(pool.serve(keys, st.categories[st.req_cat[r]], float(st.req_time_s[r])))
+    return out
+
+
+def test_shadow_lru_equals_simulated_lru() -> None:
+    from tongyi_trace.sim.simulate import simulate_policy
+
+    st = shifted()
+    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryPriority(0, 0, 0)))
+    hits = [shadow.serve([int(k) for k in st.blk[st.req_off[r]:st.req_off[r + 1]]], "a", float(st.req_time_s[r]))
+            for r in range(st.num_requests)]
+    assert hits == simulate_policy(st, "lru", CAPACITY).req_hit_blocks.tolist()
+
+
+def test_guard_switches_the_engine_queue_to_lru(tmp_path) -> None:
+    settings = GuardSettings(guard=True, guard_margin=0.2, guard_window_s=30.0, refit_s=0.0, window_s=600.0,
+                             sample_rate=1.0)
+    stats = PluginStats(mode="wa", stats_dir=tmp_path)
+    blocks = [Block(i) for i in range(CAPACITY + 1)]
+    guarded = PolicyFreeQueue(blocks, _policy(settings), stats)
+    hits = _replay(guarded, CAPACITY)
+    plain = _replay(PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], _policy(None)), CAPACITY)
+    st = shifted()
+    late = [i for i in range(st.num_requests) if st.req_time_s[i] >= T_SHIFT_S]
+    assert sum(hits[i] for i in late) > sum(plain[i] for i in late) + 1000  # stale WA loses the hot set
+    g = guarded.guard_ctl.guard
+    assert [s.to_mode for s in g.switches] == [LRU] and T_SHIFT_S < g.switches[0].time_s <= T_SHIFT_S + 60
+    stats.write()
+    doc = json.loads((tmp_path / STATS_FILE).read_text())
+    assert doc["guard"]["mode"] == "lru" and doc["guard"]["switches"] == 1
+    assert doc["guard"]["switch_log"][0]["to_mode"] == "lru"
+    assert sum(doc["hits_by_category"].values()) == doc["hits_on_free"] > 0
+    prom = (tmp_path / PROM_FILE).read_text()
+    assert 'kvtrace_guard_lru_mode{mode="wa"} 1.0' in prom
+    assert 'kvtrace_guard_switches_total{mode="wa"} 1.0' in prom
+    assert "# TYPE kvtrace_evictions_total counter" in prom
+
+
+def test_refit_in_the_engine_learns_the_swap(tmp_path) -> None:
+    settings = GuardSettings(guard=False, guard_margin=0.2, guard_window_s=30.0, refit_s=60.0, window_s=120.0,
+                             sample_rate=1.0)
+    stats = PluginStats(mode="wa", stats_dir=tmp_path)
+    q = PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], _policy(settings), stats)
+    _replay(q, CAPACITY)
+    fits = q.category_fits()
+    names = q._names
+    assert fits[names.index("a")].reuse_prob < 0.1 and fits[names.index("b")].reuse_prob > 0.9
+    assert q.guard_ctl.refits == int((2 * T_SHIFT_S - 1) // 60)
+    stats.write()
+    prom = (tmp_path / PROM_FILE).read_text()
+    assert 'kvtrace_reuse_cdf{mode="wa",category="b",kind="predicted",horizon_s="60"}' in prom
+
+
+def test_guard_settings_from_the_environment() -> None:
+    s = guard_settings({"KVTRACE_GUARD": "1", "KVTRACE_REFIT_S": "300"})
+    assert s.guard and s.refit_s == 300.0 and s.active
+    assert not guard_settings({}).active
+    with pytest.raises(PluginConfigError, match="sample_rate"):
+        guard_settings({"KVTRACE_SAMPLE_RATE": "2"})
+    with pytest.raises(PluginConfigError, match="KVTRACE_REFIT_S"):
+        guard_settings({"KVTRACE_REFIT_S": "soon"})
