@@ -77,9 +77,9 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         need = t * ideal - 1e-12
         at = np.flatnonzero(curve_hits >= need)
         lru_blocks = int(curve_caps[at[0]]) if at.size else None
-        lru_row = next((cell[("lru", lab)] for b, lab in caps
+        lru_row: dict[str, Any] | None = next((cell[("lru", lab)] for b, lab in caps
                         if lru_blocks is not None and b >= lru_blocks and ("lru", lab) in cell), None)
-        best = next((e for e in per_cap if e["best_hit_ratio"] >= need), None)
+        best: dict[str, Any] | None = next((e for e in per_cap if e["best_hit_ratio"] >= need), None)
         targets.append({
             "target": t, "hit_ratio": t * ideal,
             "lru": {"capacity_blocks": lru_blocks, "size": size(lru_blocks),
@@ -127,7 +127,7 @@ def describe(rec: dict[str, Any], model: str | None = None) -> list[str]:
     """The recommendation as plain sentences (one per line), sizes for MODEL (default: the sweep's model,
     else the first preset)."""
     names = [m["name"] for m in rec["models"]]
-    m = model if model in names else (rec["sweep_model"] if rec["sweep_model"] in names else names[0])
+    m = str(model if model in names else (rec["sweep_model"] if rec["sweep_model"] in names else names[0]))
     lines = [f"Ideal hit ratio {rec['ideal_hit_ratio']:.4f}; sizes for {m} ({rec['block_size']}-token blocks; "
              "other presets in --json)."]
     for t in rec["targets"]:
