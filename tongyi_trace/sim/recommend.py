@@ -79,15 +79,16 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         lru_blocks = int(curve_caps[at[0]]) if at.size else None
         lru_row: dict[str, Any] | None = next((cell[("lru", lab)] for b, lab in caps
                         if lru_blocks is not None and b >= lru_blocks and ("lru", lab) in cell), None)
-        best: dict[str, Any] | None = next((e for e in per_cap if e["best_hit_ratio"] >= need), None)
+        reach: dict[str, Any] | None = next((e for e in per_cap if e["best_hit_ratio"] >= need), None)
         targets.append({
             "target": t, "hit_ratio": t * ideal,
             "lru": {"capacity_blocks": lru_blocks, "size": size(lru_blocks),
                     "qttft_mean_s": lru_row.get("qttft_mean_s") if lru_row else None,
                     "qttft_at": lru_row["capacity"] if lru_row else None},
-            "best": None if best is None else {
-                "policy": best["best_policy"], "capacity": best["capacity"], "capacity_blocks": best["capacity_blocks"],
-                "size": best["size"], "hit_ratio": best["best_hit_ratio"], "qttft_mean_s": best["best_qttft_mean_s"]},
+            "best": None if reach is None else {
+                "policy": reach["best_policy"], "capacity": reach["capacity"],
+                "capacity_blocks": reach["capacity_blocks"], "size": reach["size"],
+                "hit_ratio": reach["best_hit_ratio"], "qttft_mean_s": reach["best_qttft_mean_s"]},
         })
     return {
         "schema": SCHEMA, "ideal_hit_ratio": ideal, "block_size": block_size, "sweep_model": summary.get("model"),
