@@ -1,0 +1,81 @@
+"""`kvtrace simulate --instances --router` end to end on a synthetic multi-turn run (real CLI, real
+artifacts): one instance reproduces `kvtrace simulate` row for row, the sweep writes sim/fleet/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from tongyi_trace.cli import app
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
+
+POLICIES = "lru,fifo,lfu,s3fifo,gdsf,wa,oracle"
+
+
+@pytest.fixture(scope="module")
+def toc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fleet")
+    trace, run = d / "toc.jsonl", d / "toc.run"
+    for args in (["synth", "--profile", "to-c", "--seed", "3", "--scale", "0.01", "-o", str(trace)],
+                 ["ingest", str(trace), "-o", str(run), "-q"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+    save_policy(PolicyParams(categories={"text": CategoryParams(0.9, 0.01, 600.0, 600.0)},
+                             default=CategoryParams(0.3, 0.001, 600.0, 600.0)), d / "policy.json")
+    return run
+
+
+def _json(args: list[str]) -> dict:
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("hbm", [[], ["--hbm-capacity", "1%"]])
+def test_one_instance_equals_simulate(toc_run: Path, hbm: list[str]) -> None:
+    common = ["simulate", str(toc_run), "-p", POLICIES, "-c", "2%,10%", "--params",
+              str(toc_run.parent / "policy.json"), *hbm, "--json", "-j", "2"]
+    single = {(r["policy"], r["capacity"]): r for r in _json(common)["rows"]}
+    fleet = _json([*common, "--instances", "1", "--router", "rr"])
+    assert len(fleet["rows"]) == len(single) == 14
+    keys = ["num_hits", "hit_ratio", "num_hit_tokens", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
+    for row in fleet["rows"]:
+        ref = single[(row["policy"], row["capacity"])]
+        assert {k: row[k] for k in keys} == {k: ref[k] for k in keys}, row["policy"]
+        if hbm:  # HBM hits per request are capped by the instance's hits (sim reports the small cache's own)
+            assert row["hbm_hit_ratio"] <= ref["hbm_hit_ratio"]
+            assert row["dram_hit_ratio"] > 0
+            assert row["hbm_hit_ratio"] + row["dram_hit_ratio"] == pytest.approx(row["hit_ratio"])
+            if row["policy"] == "lru":  # inclusion: the small LRU never hits more than the big one
+                assert row["hbm_hit_ratio"] == ref["hbm_hit_ratio"]
+    assert fleet["summary"]["session_source"] == "requests.session_id"
+
+
+def test_fleet_sweep_artifacts_and_routing(toc_run: Path) -> None:
+    doc = _json(["simulate", str(toc_run), "-p", "lru", "-c", "5%", "--instances", "2,4", "--router", "all",
+                 "--json", "-j", "2"])
+    rows = {(r["router"], r["num_instances"]): r for r in doc["rows"]}
+    assert len(rows) == 12
+    for n in (2, 4):
+        assert sum(rows[("rr", n)]["requests_per_instance"]) == doc["summary"]["num_requests"]
+        assert rows[("session", n)]["hit_ratio"] > rows[("rr", n)]["hit_ratio"]
+        assert rows[("prefix", n)]["hit_ratio"] > rows[("rr", n)]["hit_ratio"]
+        assert rows[("rr", n)]["duplication"] > rows[("prefix", n)]["duplication"]
+    out = toc_run / "sim" / "fleet"
+    assert len((out / "results.jsonl").read_text().splitlines()) == 12
+    table = pl.read_parquet(out / "results.parquet")
+    assert table.height == 12 and {"hit_ratio", "qttft_p99_s", "imbalance", "duplication"} <= set(table.columns)
+    assert json.loads((out / "summary.json").read_text())["schema"] == "kvtrace.fleet/1"
+
+
+def test_fleet_options_errors_are_one_line(toc_run: Path) -> None:
+    for args, msg in [(["--router", "rr"], "give --instances too"), (["--instances", "0"], "out of range"),
+                      (["--instances", "2", "--router", "belady"], "unknown router"),
+                      (["--instances", "two"], "not a whole number")]:
+        res = CliRunner().invoke(app, ["simulate", str(toc_run), "-p", "lru", "-c", "5%", *args])
+        assert res.exit_code == 2, (args, res.output)
+        assert msg in res.output and "Traceback" not in res.output

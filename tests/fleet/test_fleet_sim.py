@@ -1,0 +1,132 @@
+"""The fleet simulator: one instance equals the single-instance simulation for every policy and tier
+setting, golden routing and duplication on hand-made streams, router parameters and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.fleet.routers import get_router, parse_routers
+from tongyi_trace.fleet.routers.session import SessionAffinity
+from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
+from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
+from tongyi_trace.sim.registry import REGISTRY
+from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.stream import next_request_of_refs, stream_from_lists
+
+COST = CostModel("test", overhead_s=0.01, s_per_token=0.001, s_per_loaded_token=0.0002)
+FIT = PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)}, default=CategoryParams(0.1, 0.1, 10.0, 10.0))
+
+
+def _stream(seed: int, n: int = 60):
+    """Prefix-chained requests: conversations that grow by turns, over a few shared system prompts."""
+    rng = np.random.default_rng(seed)
+    reqs: list[list[int]] = []
+    convs: list[list[int]] = []
+    nxt = 1000
+    for _ in range(n):
+        if convs and rng.random() < 0.6:
+            c = convs[int(rng.integers(len(convs)))]
+        else:
+            c = [int(rng.integers(3))]  # one of three system prompts
+            convs.append(c)
+        grow = int(rng.integers(1, 4))
+        c.extend(range(nxt, nxt + grow))
+        nxt += grow
+        reqs.append(list(c))
+    cats = ["a" if rng.random() < 0.5 else "b" for _ in reqs]
+    times = np.cumsum(rng.exponential(0.05, n)).tolist()
+    return stream_from_lists(reqs, times_s=times, categories=cats)
+
+
+@pytest.mark.parametrize("policy", [p.value for p in REGISTRY])
+@pytest.mark.parametrize("hbm", [None, 3])
+def test_one_instance_equals_single_simulation(policy: str, hbm: int | None) -> None:
+    stream = _stream(1)
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    cap = 12
+    one = simulate_fleet(stream, "rr", 1, policy, cap, fit=FIT, next_req=nxt, tiers=Tiers(hbm_blocks=hbm), cost=COST)
+    ref = simulate_policy(stream, policy, cap, fit=FIT, next_req=nxt)
+    assert 0 < ref.num_hits < stream.ideal_hits()  # the capacity really evicts
+    assert one.num_hits == ref.num_hits and one.num_hit_tokens == ref.num_hit_tokens
+    assert np.array_equal(one.req_hit_blocks, ref.req_hit_blocks)
+    loaded = None
+    if hbm is not None:
+        small = simulate_policy(stream, policy, hbm, fit=FIT, next_req=nxt)
+        loaded = np.maximum(ref.req_hit_tokens - small.req_hit_tokens, 0)
+        assert one.num_hbm_hits == int(np.minimum(small.req_hit_blocks, ref.req_hit_blocks).sum())
+        assert one.num_dram_hits == ref.num_hits - one.num_hbm_hits > 0
+    q = qttft_s(COST, stream.req_time_s, stream.req_tokens - ref.req_hit_tokens, loaded)
+    assert one.qttft == summarize_qttft(q)  # exactly, not approximately
+    assert one.duplication == 0.0 and one.requests_per_instance == [stream.num_requests]
+
+
+def test_golden_routing_two_instances() -> None:
+    # r0 [1,2] r1 [5,6] r2 [1,2,3] r3 [5,6,7]: rr splits the conversations, prefix follows them
+    stream = stream_from_lists([[1, 2], [5, 6], [1, 2, 3], [5, 6, 7]], times_s=[0, 10, 20, 30])
+    rr = simulate_fleet(stream, "rr", 2, "lru", 10, cost=COST)
+    assert rr.req_instance.tolist() == [0, 1, 0, 1] and rr.num_hits == 4
+    ll = simulate_fleet(stream, "least-loaded", 2, "lru", 10, cost=COST)  # idle fleet: fewest routed, then index
+    assert ll.req_instance.tolist() == [0, 1, 0, 1]
+    pre = simulate_fleet(stream, "prefix", 2, "lru", 10, cost=COST)
+    assert pre.req_instance.tolist() == [0, 1, 0, 1] and pre.num_hits == 4
+    # rr that crosses the conversations: r2 lands where [1,2] is not, and misses
+    crossed = stream_from_lists([[1, 2], [1, 2, 3], [5, 6], [5, 6, 7]], times_s=[0, 10, 20, 30])
+    assert simulate_fleet(crossed, "rr", 2, "lru", 10, cost=COST).num_hits == 0
+    assert simulate_fleet(crossed, "prefix", 2, "lru", 10, cost=COST).num_hits == 4
+    assert simulate_fleet(crossed, "oracle-affinity", 2, "lru", 10, cost=COST).num_hits == 4
+    assert simulate_fleet(crossed, "kv-aware", 2, "lru", 10, cost=COST).num_hits == 4
+
+
+def test_duplication_and_utilization_golden() -> None:
+    stream = stream_from_lists([[1, 2], [1, 2]], times_s=[0.0, 10.0])
+    res = simulate_fleet(stream, "rr", 2, "lru", 10, cost=COST)
+    # samples after r0 (2 held, none twice) and after r1 (2 held, both twice)
+    assert res.duplication == 2 / 4
+    service = COST.overhead_s + COST.s_per_token * 32
+    assert res.utilization == pytest.approx([service / 10.0, service / 10.0])
+    assert res.imbalance == pytest.approx(1.0)
+    assert res.qttft["qttft_p99_s"] == pytest.approx(service)
+
+
+def test_session_router_sticks_and_rebalances() -> None:
+    sess = SessionAffinity({"vnodes": "16"})
+    homes = {s: sess.home(s, 4) for s in range(200)}
+    assert set(homes.values()) == {0, 1, 2, 3}
+    # consistent hashing: growing the ring from 4 to 5 instances moves only sessions onto the new one
+    grown = SessionAffinity({"vnodes": "16"})
+    moved = [s for s in range(200) if grown.home(s, 5) != homes[s]]
+    assert moved and all(grown.home(s, 5) == 4 for s in moved)
+    # one conversation of many turns arriving at once: sticky until its instance is SATURATION_S ahead
+    reqs = [[1, *range(100, 100 + k)] for k in range(1, 9)]
+    stream = stream_from_lists(reqs, times_s=[0.0] * 8)
+    session = np.zeros(8, np.int64)
+    sticky = simulate_fleet(stream, "session:saturation_s=100", 2, "lru", 100, cost=COST, session=session)
+    assert len(set(sticky.req_instance.tolist())) == 1
+    moving = simulate_fleet(stream, "session:saturation_s=0.05", 2, "lru", 100, cost=COST, session=session)
+    assert len(set(moving.req_instance.tolist())) == 2
+
+
+def test_remote_pool_and_one_tier() -> None:
+    stream = _stream(2)
+    base = simulate_fleet(stream, "rr", 4, "lru", 10, cost=COST)
+    one_tier = simulate_fleet(stream, "rr", 4, "lru", 10, cost=COST, tiers=Tiers(hbm_blocks=10))
+    assert one_tier.summary() | {"elapsed_s": 0} == base.summary() | {"elapsed_s": 0}
+    pooled = simulate_fleet(stream, "rr", 4, "lru", 10, cost=COST,
+                            tiers=Tiers(remote_blocks=10_000, remote_s_per_token=0.0))
+    assert pooled.num_hits == stream.ideal_hits()  # the shared pool remembers everything
+    assert pooled.num_remote_hits == pooled.num_hits - base.num_hits > 0
+
+
+def test_router_specs_and_errors() -> None:
+    assert parse_routers("all") == ["rr", "least-loaded", "session", "prefix", "kv-aware", "oracle-affinity"]
+    assert get_router("kv-aware:weight=2.5").weight == 2.5  # type: ignore[attr-defined]
+    for spec, msg in [("belady", "unknown router"), ("kv-aware:alpha=1", "no parameter 'alpha'"),
+                      ("kv-aware:weight=x", "is not a float"), ("kv-aware:weight", "NAME:KEY=VALUE"),
+                      ("kv-aware:weight=-1", ">= 0")]:
+        with pytest.raises(UsageError, match=msg):
+            get_router(spec)
+    with pytest.raises(UsageError, match="at least 1"):
+        simulate_fleet(_stream(3, 5), "rr", 0, "lru", 4, cost=COST)
