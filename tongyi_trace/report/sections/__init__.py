@@ -9,6 +9,7 @@ from tongyi_trace.report.model import Section
 from tongyi_trace.report.sections import (
     compare,
     fit,
+    guard,
     hit_ratio,
     kv_size,
     lifespan,
@@ -49,6 +50,7 @@ BUILDERS: list[Builder] = [
     fit.build,
     # policies in the embedded simulator (`kvtrace simulate`)
     sim.build,
+    guard.build,
     # live replays on vLLM (`kvtrace replay`), one section each
     replay.build,
     compare.build,

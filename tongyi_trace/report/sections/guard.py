@@ -1,0 +1,75 @@
+"""Section: the shadow-LRU guard and the online refit of WA in the simulator, per guarded run (policy x
+capacity): a time line of the cache's hit ratio on the sampled references against the two shadows'
+(policy and LRU), the guard's mode and the refits, and a table of the switches with both estimates
+(tongyi_trace.guard). Artifacts in RUN_DIR/sim/: guard_timeline.parquet, guard_switches.parquet,
+guard_refits.parquet (written by `kvtrace simulate --set wa.guard=true` or `wa.refit_s=...`)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tongyi_trace.report import fmt
+from tongyi_trace.report.artifacts import read_parquet
+from tongyi_trace.report.figures import downsample, label, new_figure
+from tongyi_trace.report.model import Headline, Section, Table
+from tongyi_trace.run import RunDir
+
+REMEDY = "re-run 'kvtrace simulate RUN_DIR --set wa.guard=true'"
+SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minutes of 10-s slices)
+
+
+def build(run: RunDir) -> list[Section]:
+    """One section per guarded run, or nothing when no simulation ran with the guard or the refit."""
+    d = run.path / "sim"
+    tl = read_parquet(d / "guard_timeline.parquet", REMEDY)
+    if tl is None or tl.height == 0:
+        return []
+    switches = read_parquet(d / "guard_switches.parquet", REMEDY)
+    refits = read_parquet(d / "guard_refits.parquet", REMEDY)
+    out = []
+    for (policy, capacity), part in tl.sort("time_s").group_by(["policy", "capacity"], maintain_order=True):
+        key = f"guard-{policy}-{capacity}".replace(".", "_").replace("%", "pct")
+        s = Section(key=key, partial="guard", title=f"Guard and refit: {policy} at {capacity}",
+                    definition="Shadows: two caches of sample_rate x the capacity over the blocks sampled by a "
+                               "hash (SHARDS), one in LRU order, one under the policy. The guard compares over "
+                               "guard_window_s the order that runs (measured on the cache's own hits on the "
+                               "sampled references) with the other order's shadow, and switches when the "
+                               "difference exceeds guard_margin and two standard errors.")
+        t_min = part["time_s"].to_numpy() / 60.0
+        fig = new_figure(x_title="time (min from trace start)", y_title="hit ratio on sampled refs (rolling)")
+        for col, name in (("sampled_hit_ratio", "cache"), ("shadow_policy_hit_ratio", "policy shadow"),
+                          ("shadow_lru_hit_ratio", "LRU shadow")):
+            y = part[col].fill_nan(None).rolling_mean(SMOOTH_SLICES, min_samples=1).to_numpy()
+            x, yy = downsample(t_min, y)
+            fig.add_scatter(x=x, y=yy, mode="lines", name=label(name))
+        lru = part.filter(pl.col("guard_mode") == "lru")
+        if lru.height:
+            fig.add_scatter(x=lru["time_s"].to_numpy() / 60.0, y=[0.0] * lru.height, mode="markers",
+                            name="guard in LRU order", marker={"symbol": "line-ns-open", "size": 8})
+        refit_t = part.filter(pl.col("refit"))["time_s"].to_numpy() / 60.0
+        if refit_t.size:
+            fig.add_scatter(x=refit_t, y=[1.0] * refit_t.size, mode="markers", name="refit",
+                            marker={"symbol": "triangle-down", "size": 8})
+        s.figures["timeline"] = fig
+        sw = switches.filter((pl.col("policy") == policy) & (pl.col("capacity") == capacity)) \
+            if switches is not None else pl.DataFrame()
+        s.tables["switches"] = Table(
+            columns=["time", "to", "policy (window)", "LRU (window)"],
+            rows=[[fmt.seconds(r["time_s"]), r["to_mode"], fmt.ratio(r["policy_hit_ratio"]),
+                   fmt.ratio(r["lru_hit_ratio"])] for r in sw.iter_rows(named=True)],
+            caption="Every switch of the guard with the two windowed estimates that decided it.")
+        rf = refits.filter((pl.col("policy") == policy) & (pl.col("capacity") == capacity)) \
+            if refits is not None else pl.DataFrame()
+        changed = rf.filter(pl.col("refitted")) if rf.height else rf
+        s.tables["refits"] = Table(
+            columns=["time", "category", "samples", "KS before", "p before", "p after"],
+            rows=[[fmt.seconds(r["time_s"]), label(r["category"]), fmt.count(r["num_samples"]), fmt.num(r["ks"]),
+                   fmt.num(r["old_reuse_prob"]), fmt.num(r["new_reuse_prob"])]
+                  for r in changed.iter_rows(named=True)],
+            caption="Categories refitted (their window's KS distance to the running model was too large).")
+        in_lru = float((part["guard_mode"] == "lru").mean() or 0.0)
+        s.values = {"switches": fmt.count(sw.height), "refits": fmt.count(part["refit"].sum()),
+                    "lru_share": fmt.pct(in_lru), "num_refitted": fmt.count(changed.height)}
+        s.headline = [Headline(f"guard switches ({policy} @ {capacity})", s.values["switches"])]
+        out.append(s)
+    return out
