@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import aiohttp
 import numpy as np
@@ -99,6 +100,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
     """Send one request; every outcome (including a reply the client cannot understand) is a record."""
     sent = time.perf_counter()
     ttft: float | None = None
+    token_times: list[float] = []  # arrival of every chunk carrying choices (tokens)
     usage: dict[str, object] | None = None
     status, http_status, error = "ok", None, None
     try:
@@ -119,8 +121,10 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
                     if "error" in obj:
                         status, error = "error", f"stream error: {_error_text(data.decode(errors='replace'))}"
                         break
-                    if ttft is None and obj.get("choices"):
-                        ttft = time.perf_counter() - sent
+                    if obj.get("choices"):
+                        token_times.append(time.perf_counter())
+                        if ttft is None:
+                            ttft = token_times[0] - sent
                     if obj.get("usage"):
                         usage = obj["usage"]  # type: ignore[assignment]
                 if status == "ok" and usage is None:
@@ -130,6 +134,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
         usage = None
     end = time.perf_counter()
     details = usage.get("prompt_tokens_details") if usage else None
+    tpot, itl = _decode_times(token_times, _int(usage.get("completion_tokens")) if usage else None, status == "ok")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return RequestRecord(
         req_idx=sr.req_idx, session_id=sr.session_id, category=sr.category, scheduled_s=sr.scheduled_s,
@@ -138,7 +143,18 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
         e2e_ms=(end - sent) * 1e3 if status == "ok" else None, prompt_tokens=num_prompt,
         engine_prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
         cached_tokens=_int(cached), output_tokens=_int(usage.get("completion_tokens")) if usage else None,
-        max_tokens=sr.max_tokens, status=status, http_status=http_status, error=error)
+        max_tokens=sr.max_tokens, status=status, http_status=http_status, error=error,
+        tpot_ms=tpot, itl_ms=itl)
+
+
+def _decode_times(token_times: list[float], output_tokens: int | None, ok: bool) -> tuple[float | None,
+                                                                                          list[float] | None]:
+    """TPOT (ms per output token after the first) and the inter-chunk latencies (ms) of one request."""
+    if not ok or len(token_times) < 2:
+        return None, [] if ok else None
+    n = output_tokens if output_tokens and output_tokens > 1 else len(token_times)
+    itl = [round((b - a) * 1e3, 3) for a, b in pairwise(token_times)]
+    return (token_times[-1] - token_times[0]) * 1e3 / (n - 1), itl
 
 
 def _int(v: object) -> int | None:

@@ -17,12 +17,12 @@ import polars as pl
 
 from tongyi_trace.errors import InputError
 
-RECORD_SCHEMA: dict[str, type[pl.DataType]] = {
+RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "req_idx": pl.Int64, "session_id": pl.Int64, "category": pl.Utf8, "scheduled_s": pl.Float64,
     "sent_s": pl.Float64, "drift_ms": pl.Float64, "ttft_ms": pl.Float64, "e2e_ms": pl.Float64,
     "prompt_tokens": pl.Int64, "engine_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
     "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.Utf8, "http_status": pl.Int64,
-    "error": pl.Utf8,
+    "error": pl.Utf8, "tpot_ms": pl.Float64, "itl_ms": pl.List(pl.Float64),
 }
 
 
@@ -46,6 +46,8 @@ class RequestRecord:
     status: str
     http_status: int | None
     error: str | None
+    tpot_ms: float | None = None  # (last token - first token) / (output tokens - 1), ok requests
+    itl_ms: list[float] | None = None  # gaps between successive streamed chunks carrying tokens
 
     @property
     def ok(self) -> bool:

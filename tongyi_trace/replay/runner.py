@@ -347,10 +347,25 @@ def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, 
         "drift_ms": _pcts(recs["drift_ms"]),
         "ttft_ms": _pcts(ok["ttft_ms"]),
         "e2e_ms": _pcts(ok["e2e_ms"]),
+        "tpot_ms": _pcts(ok["tpot_ms"]),
+        "itl_ms": _pcts(ok["itl_ms"].explode()) if ok.height else _pcts(ok["tpot_ms"]),
+        "throughput": _throughput(ok),
         "errors": (recs.filter(pl.col("status") != "ok").group_by("error").len()
                    .sort(["len", "error"], descending=[True, False]).head(10).rename({"len": "count"})
                    .to_dicts()),
     }
+
+
+def _throughput(ok: pl.DataFrame) -> dict[str, float | None]:
+    """Requests and tokens per second over the span from the first send to the last completion (ok requests)."""
+    done = ok.filter(pl.col("e2e_ms").is_not_null())
+    span = (float((done["sent_s"] + done["e2e_ms"] / 1e3).max()) - float(done["sent_s"].min())  # type: ignore[arg-type]
+            if done.height else 0.0)
+    if span <= 0:
+        return {"span_s": None, "requests_per_s": None, "output_tokens_per_s": None, "total_tokens_per_s": None}
+    out = int(done["output_tokens"].sum() or 0)
+    return {"span_s": span, "requests_per_s": done.height / span, "output_tokens_per_s": out / span,
+            "total_tokens_per_s": (out + int(done["prompt_tokens"].sum() or 0)) / span}
 
 
 def _finalize(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],

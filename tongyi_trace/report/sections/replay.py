@@ -67,7 +67,11 @@ def _replay_section(d: Path, index: int) -> Section:
         ["engine hit ratio (cached / prompt tokens of ok requests)", fmt.ratio(doc.get("records_hit_ratio"))],
         ["dispatch drift P50 / P99", _ms_pair(doc.get("drift_ms"))],
         ["TTFT P50 / P99", _ms_pair(doc.get("ttft_ms"))],
+        ["TPOT P50 / P99 (per output token after the first)", _ms_pair(doc.get("tpot_ms"))],
+        ["ITL P50 / P99 (between streamed chunks)", _ms_pair(doc.get("itl_ms"))],
         ["end-to-end P50 / P99", _ms_pair(doc.get("e2e_ms"))],
+        ["throughput: requests / output tokens / total tokens per s", _throughput(doc.get("throughput"))],
+        ["skipped as too long for the engine", _too_long(doc)],
     ])
     errors = doc.get("errors") or []
     if errors:
@@ -98,6 +102,23 @@ def _replay_section(d: Path, index: int) -> Section:
     if plugin:
         _plugin(s, plugin)
     return s
+
+
+def _throughput(t: dict[str, Any] | None) -> str:
+    t = t or {}
+    return " / ".join(fmt.num(t.get(k)) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"))
+
+
+def _too_long(doc: dict[str, Any]) -> str:
+    """How many requests of the window were skipped as too long, and why (the engine's max_model_len)."""
+    sel = doc.get("selection") or {}
+    n = sel.get("num_too_long")
+    if not n:
+        return fmt.count(n)
+    mml = (doc.get("engine") or {}).get("max_model_len")
+    return (f"{fmt.count(n)} of {fmt.count(sel.get('num_in_window'))}: prompt + forced output tokens exceed the "
+            f"engine's max_model_len ({fmt.count(mml)}); start the engine with a larger --max-model-len to "
+            "include them")
 
 
 def _ms_pair(d: dict[str, Any] | None) -> str:
