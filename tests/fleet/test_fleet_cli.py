@@ -79,3 +79,18 @@ def test_fleet_options_errors_are_one_line(toc_run: Path) -> None:
         res = CliRunner().invoke(app, ["simulate", str(toc_run), "-p", "lru", "-c", "5%", *args])
         assert res.exit_code == 2, (args, res.output)
         assert msg in res.output and "Traceback" not in res.output
+
+
+def test_report_section_reads_the_sweep(toc_run: Path) -> None:
+    from tongyi_trace.report.sections import fleet
+    from tongyi_trace.run import open_run
+
+    _json(["simulate", str(toc_run), "-p", "lru", "-c", "5%", "--instances", "1,2", "--router", "rr,prefix",
+           "--json", "-j", "1"])
+    [s] = fleet.build(open_run(toc_run))
+    assert s.tables["grid"].columns == ["router", "capacity", "1 inst: hit / P99", "2 inst: hit / P99"]
+    assert [row[0] for row in s.tables["grid"].rows] == ["rr", "prefix"]
+    rows = pl.read_parquet(toc_run / "sim" / "fleet" / "results.parquet")
+    best = rows.sort(["qttft_p99_s", "hit_ratio"], descending=[False, True]).row(0, named=True)
+    assert (s.values["best_router"], s.values["best_instances"]) == (best["router"], best["num_instances"])
+    assert s.values["partial"] is False and set(s.figures) == {"hit", "p99"}
