@@ -32,6 +32,7 @@ from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.guard.decide import LRU, Guard, Switch
 from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
 from tongyi_trace.guard.sampling import sampled_mask, threshold
+from tongyi_trace.sim.kernel import S_EVICTIONS
 from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
 from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult
 from tongyi_trace.sim.stream import Stream, densify
@@ -164,7 +165,8 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         if window is not None:
             _feed(window, sub, int(a), int(b))
         switch = None
-        if guard is not None:  # the running order is measured exactly, the other one by its shadow
+        if guard is not None and lru.stats[S_EVICTIONS] > 0:  # warm: see tongyi_trace.guard.decide
+            # the running order is measured exactly, the other one by its shadow
             in_lru = guard.mode == LRU
             switch = guard.observe(end_s, refs, ph if in_lru else own, own if in_lru else lh)
         if switch is not None:

@@ -78,7 +78,7 @@ class GuardControl:
             self.sampled_refs += len(sampled)
             self.shadow_hits["policy"] += ph
             self.shadow_hits[LRU] += lh
-            if self.guard is not None:
+            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (guard.decide)
                 sw = self.guard.observe(time_s, len(sampled), ph, lh)
                 if sw is not None:
                     self._log_switch(sw)
