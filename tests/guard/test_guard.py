@@ -122,3 +122,38 @@ def test_plain_policies_run_plain(first_hour_fit) -> None:
     st = shifted()
     run = simulate_guarded(st, "lru", CAPACITY)
     assert run.timeline == [] and run.result.num_hits == simulate_policy(st, "lru", CAPACITY).num_hits
+
+
+def test_reuse_window_matches_the_fit_definition() -> None:
+    """ReuseWindow's samples (fed in batches, dict or array keys) equal the definition of
+    tongyi_trace.fit.events: accesses in [T - window, T), observed when the next access is by T."""
+    from tongyi_trace.guard.refit import ReuseWindow
+
+    rng = np.random.default_rng(3)
+    n = 1500
+    times = np.sort(rng.uniform(0, 1000, n))
+    keys = rng.integers(0, 100, n)
+    cats = rng.integers(0, 3, n)
+    now, window_s = 900.0, 300.0
+    next_s = np.full(n, np.inf)
+    seen: dict[int, float] = {}
+    for i in range(n - 1, -1, -1):
+        next_s[i] = seen.get(int(keys[i]), np.inf)
+        seen[int(keys[i])] = times[i]
+    want: dict[int, list[tuple[float, bool]]] = {}
+    for i in range(n):
+        if now - window_s <= times[i] < now:
+            obs = bool(next_s[i] <= now)
+            want.setdefault(int(cats[i]), []).append((next_s[i] - times[i] if obs else now - times[i], obs))
+    for num_keys in (None, 200):
+        w = ReuseWindow(window_s, num_keys)
+        upto = int(np.searchsorted(times, now))
+        for a in range(0, upto, 37):
+            b = min(a + 37, upto)
+            w.add(keys[a:b], cats[a:b], times[a:b])
+        got = w.samples(now)
+        assert set(got) == set(want)
+        for c, s in got.items():
+            got_c = sorted(zip(s.time_s.tolist(), s.observed.tolist(), strict=True))
+            assert [o for _, o in got_c] == [o for _, o in sorted(want[c])]
+            assert np.allclose([t for t, _ in got_c], [t for t, _ in sorted(want[c])])
