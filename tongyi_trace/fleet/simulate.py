@@ -21,16 +21,18 @@ from typing import Any
 
 import numpy as np
 from numba import njit
+from numba.typed import List
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
+from tongyi_trace.sim.kernel import cached_prefix_len
 from tongyi_trace.sim.simulate import Cache
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import PRESENT
 
-DUP_SAMPLES = 8  # request boundaries at which duplication across instances is measured
+DUP_SAMPLES = 4  # request boundaries at which duplication across instances is measured
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ class Fleet:
             self.index = self.local if same else [Cache(stream, "lru", capacity_blocks, timing=False)
                                                   for _ in range(num_instances)]
         self.sessions = session if session is not None else first_blocks(stream)
+        self.local_states = List([c.state[0] for c in self.local])
+        self.index_states = List([c.state[0] for c in self.index]) if self.index else self.local_states
+        self.prefix_out = np.zeros(num_instances, np.int64)
         self.cum_tok = np.concatenate([[0], np.cumsum(stream.ntok)]).astype(np.int64)
         self.arrival_s = stream.req_time_s * cost.arrival_scale
         self.max_id = max_id_so_far(stream)
@@ -140,11 +145,11 @@ class Fleet:
 
     def indexed_prefix(self, r: int) -> np.ndarray:
         """R's leading blocks in the router's index, per instance."""
-        return np.array([c.cached_prefix(r) for c in self.index], np.int64)
+        return _prefixes(self.stream.req_off, self.stream.blk, self.index_states, r, self.prefix_out).copy()
 
     def cached_prefix(self, r: int) -> np.ndarray:
         """R's leading blocks cached on each instance (HBM + DRAM)."""
-        return np.array([c.cached_prefix(r) for c in self.local], np.int64)
+        return _prefixes(self.stream.req_off, self.stream.blk, self.local_states, r, self.prefix_out).copy()
 
     def uncached_tokens(self, r: int, cached_blocks: np.ndarray) -> np.ndarray:
         """R's prompt tokens after CACHED_BLOCKS leading blocks."""
@@ -187,6 +192,14 @@ class Fleet:
         for c in self.local:
             _add_present(count, c.state[0])
         return int((count >= 2).sum()), int((count >= 1).sum())
+
+
+@njit(cache=True)
+def _prefixes(req_off: np.ndarray, blk: np.ndarray, states: List, r: int, out: np.ndarray) -> np.ndarray:
+    """OUT[i] = leading blocks of request R cached in STATES[i] (each a Cache's block table)."""
+    for i in range(len(states)):
+        out[i] = cached_prefix_len(req_off, blk, states[i], r)
+    return out
 
 
 @njit(cache=True)
