@@ -1,13 +1,60 @@
-"""The `kvtrace` command: a thin Typer app; each command lives in its own module of this package."""
+"""The `kvtrace` command: a thin Typer app; each command lives in its own module of this package.
+
+Commands load lazily: `kvtrace --help` lists them from their source (no import), and a command's module,
+with the libraries it needs, is imported only when that command runs or shows its own help.
+"""
 
 from __future__ import annotations
 
-import typer
+import ast
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
 
-from tongyi_trace import __version__
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+# command -> module of this package that registers it, in the pipeline's order (shown so in --help)
+COMMANDS: dict[str, str] = {
+    "ingest": "ingest", "export": "ingest", "synth": "synth", "analyze": "analyze", "report": "report",
+    "fit": "fit", "simulate": "simulate", "engine": "engine", "replay": "replay", "compare": "compare",
+    "study": "study",
+}
+
+
+class LazyGroup(TyperGroup):
+    """A Typer group whose commands are imported on first use; its help lists them without importing."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Every command, in COMMANDS order."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command CMD_NAME: a stub carrying its short help while the group's help is listed, else the
+        real command (its module imported now)."""
+        if cmd_name not in COMMANDS:
+            return None
+        if cmd_name not in self.commands:
+            if self._listing:
+                return TyperCommand(cmd_name, help=_short_help(cmd_name))
+            self.add_command(_load(cmd_name), cmd_name)
+        return self.commands[cmd_name]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, listing the commands from their source."""
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="kvtrace",
+    cls=LazyGroup,
     help="KV-cache reuse in LLM serving traces: characterize, fit, simulate, replay on vLLM, report.",
     no_args_is_help=True,
     add_completion=False,
@@ -17,6 +64,8 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
+        from tongyi_trace import __version__
+
         typer.echo(f"kvtrace {__version__}")
         raise typer.Exit()
 
@@ -29,16 +78,33 @@ def main(
     """KV-cache reuse in LLM serving traces: characterize, fit, simulate, replay on vLLM, report."""
 
 
-# Each module registers its command(s) on `app`, in the pipeline's order (shown so in --help).
-# isort: off
-from tongyi_trace.cli import ingest as _ingest  # noqa: E402,F401
-from tongyi_trace.cli import synth as _synth  # noqa: E402,F401
-from tongyi_trace.cli import analyze as _analyze  # noqa: E402,F401
-from tongyi_trace.cli import report as _report  # noqa: E402,F401
-from tongyi_trace.cli import fit as _fit  # noqa: E402,F401
-from tongyi_trace.cli import simulate as _simulate  # noqa: E402,F401
-from tongyi_trace.cli import engine as _engine  # noqa: E402,F401
-from tongyi_trace.cli import replay as _replay  # noqa: E402,F401
-from tongyi_trace.cli import compare as _compare  # noqa: E402,F401
-from tongyi_trace.cli import study as _study  # noqa: E402,F401
-# isort: on
+def _load(name: str) -> Any:
+    """Import the module registering command NAME on `app` and build its Click command."""
+    importlib.import_module(f"tongyi_trace.cli.{COMMANDS[name]}")
+    opts: dict[str, Any] = {"pretty_exceptions_short": app.pretty_exceptions_short,
+                            "rich_markup_mode": app.rich_markup_mode}
+    for info in app.registered_commands:
+        cb = info.callback
+        if (info.name or (cb.__name__.replace("_", "-") if cb else "")) == name:
+            return typer.main.get_command_from_info(info, **opts)
+    for group in app.registered_groups:
+        if group.name == name:
+            return typer.main.get_group_from_info(group, suggest_commands=app.suggest_commands, **opts)
+    raise LookupError(f"tongyi_trace.cli.{COMMANDS[name]} does not register command {name}")
+
+
+def _short_help(name: str) -> str:
+    """Command NAME's help as written in its module (the command function's docstring, else the module's
+    docstring after its colon), read without importing the module."""
+    tree = ast.parse((Path(__file__).parent / f"{COMMANDS[name]}.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return " ".join(inspect.cleandoc(ast.get_docstring(node) or "").split("\n\n")[0].split())
+    doc = " ".join((ast.get_docstring(tree) or "").split("\n\n")[0].split()).split(": ", 1)[-1]
+    return doc[:1].upper() + doc[1:]
+
+
+def load_all() -> None:
+    """Import every command module (for tools that inspect `app.registered_commands`)."""
+    for module in dict.fromkeys(COMMANDS.values()):
+        importlib.import_module(f"tongyi_trace.cli.{module}")

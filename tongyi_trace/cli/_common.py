@@ -18,7 +18,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tongyi_trace.errors import KvtraceError
-from tongyi_trace.run import json_text, stop_signals_interrupt
 
 console = Console(markup=False, emoji=False)
 err_console = Console(stderr=True, markup=False, emoji=False)
@@ -40,6 +39,8 @@ def say(*parts: Part, err: bool = False) -> None:
 def run_cli(fn: Callable[[], T]) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
     SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
+    from tongyi_trace.run import stop_signals_interrupt
+
     try:
         with stop_signals_interrupt():
             return fn()
@@ -53,6 +54,8 @@ def run_cli(fn: Callable[[], T]) -> T:
 
 def print_json(obj: Any) -> None:
     """Print OBJ as strict JSON on stdout (machine-readable output for --json; NaN becomes null)."""
+    from tongyi_trace.run import json_text
+
     sys.stdout.write(json_text(obj))
 
 

@@ -10,10 +10,9 @@ from rich.table import Table
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.run import open_run
-from tongyi_trace.trace.categories import parse_turn_buckets
-from tongyi_trace.trace.export import export_trace
-from tongyi_trace.trace.ingest import ingest_trace, summarize
+
+INGEST_SCHEMA = "kvtrace.ingest-output/1"
+EXPORT_SCHEMA = "kvtrace.export-output/1"
 
 
 @app.command()
@@ -27,13 +26,16 @@ def ingest(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run folder that holds another trace "
                                    "(deletes its analysis/, fit/, sim/, replay/ results and report)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
 ) -> None:
     """Read a trace once, validate it and write requests/blocks Parquet + provenance into a run folder.
 
     Example: kvtrace ingest ../shared/traces/mooncake_conversation.jsonl -o runs/conv
     """
     def go() -> dict[str, object]:
+        from tongyi_trace.trace.categories import parse_turn_buckets
+        from tongyi_trace.trace.ingest import ingest_trace, summarize
+
         with progress(quiet or json_out) as bar:
             task = bar.add_task("reading requests", total=None)
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
@@ -44,7 +46,9 @@ def ingest(
 
     summary = run_cli(go)
     if json_out:
-        print_json(summary)
+        print_json({"schema": INGEST_SCHEMA, "run_dir": str(out.resolve()), **summary})
+        return
+    if quiet:
         return
     t = Table(title=f"ingested {trace.name} -> {out}", show_header=False)  # plain text: console markup is off
     for k, v in summary.items():
@@ -68,6 +72,9 @@ def export(
     Example: kvtrace export runs/conv -o conv.parquet
     """
     def go() -> int:
+        from tongyi_trace.run import open_run
+        from tongyi_trace.trace.export import export_trace
+
         run = open_run(run_dir)
         if out.is_dir():
             raise UsageError(f"{out}: is a folder; give -o the trace file to write (.parquet or .jsonl)")
@@ -78,6 +85,6 @@ def export(
 
     n = run_cli(go)
     if json_out:
-        print_json({"path": str(out), "num_requests": n})
+        print_json({"schema": EXPORT_SCHEMA, "path": str(out.resolve()), "num_requests": n})
     elif not quiet:
         console.print(f"wrote {n:,} requests to {out}")
