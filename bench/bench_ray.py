@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from _common import fitted_policy, ingested_run
 
 from tongyi_trace.run import open_run
@@ -75,6 +76,23 @@ def sweep(run: Path, policy: Path, executor: str, address: str | None) -> tuple[
     wall = time.perf_counter() - t0
     assert res.summary["num_failed"] == 0, res.summary["failed"]
     return wall, res.rows
+
+
+def _noop(task: int, shared: Any) -> int:
+    return task + int(shared["stream"].shape[0] > 0)
+
+
+def task_overhead(run: Path, executor: str, address: str | None, num_tasks: int = 400) -> float:
+    """Milliseconds a task costs the executor itself: NUM_TASKS empty tasks over the run's block array."""
+    import numpy as np
+
+    from tongyi_trace.executor import ExecutorOptions, map_tasks
+
+    shared = {"stream": np.asarray(pl.read_parquet(run / "blocks.parquet", columns=["chain_id"])["chain_id"])}
+    map_tasks(_noop, list(range(8)), shared, lambda _o: None, ExecutorOptions(executor, address))  # warm
+    t0 = time.perf_counter()
+    map_tasks(_noop, list(range(num_tasks)), shared, lambda _o: None, ExecutorOptions(executor, address))
+    return (time.perf_counter() - t0) / num_tasks * 1000
 
 
 def differences(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
@@ -159,6 +177,8 @@ def main() -> None:
     with ray_cluster() as address:
         sweep(run, policy, "ray", address)  # warm the cluster's worker processes
         ray_s, ray_rows = sweep(run, policy, "ray", address)
+        ray_ms = task_overhead(run, "ray", address)
+    local_ms = task_overhead(run, "local", None)
     diffs = differences(local_rows, ray_rows)
     same = not diffs and len(local_rows) == len(ray_rows)
     n = len(local_rows)
@@ -170,6 +190,8 @@ def main() -> None:
         print(f"  differs: {d}")
     print(f"  simulation time inside the tasks {task_s:.1f} s; per-task overhead (wall x 2 cores - task time) / "
           f"tasks: local {(2 * local_s - task_s) / n * 1000:.0f} ms, ray {(2 * ray_s - task_s) / n * 1000:.0f} ms")
+    print(f"  empty tasks (shared: the run's block array): local pool {local_ms:.1f} ms a task, "
+          f"ray {ray_ms:.1f} ms a task (including connecting and one ray.put per call)")
     print_probes("default to-C trace (Trace-A scale)", probes(run, policy))
     if args.scale_10x:
         big = ingested_run("to-c", scale=10.0)
