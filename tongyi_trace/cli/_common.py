@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -52,11 +53,20 @@ def run_cli(fn: Callable[[], T]) -> T:
         raise typer.Exit(130) from None
 
 
-def print_json(obj: Any) -> None:
-    """Print OBJ as strict JSON on stdout (machine-readable output for --json; NaN becomes null)."""
+GENERIC_SCHEMA = "kvtrace.output/1"  # only for callers that do not name their document's schema yet
+
+
+def print_json(obj: dict[str, Any], schema: str = GENERIC_SCHEMA) -> None:
+    """Print OBJ as strict JSON on stdout (machine-readable output for --json; NaN becomes null), its
+    "schema" key first (SCHEMA unless OBJ carries its own; docs/artifacts/cli-json.md)."""
     from tongyi_trace.run import json_text
 
-    sys.stdout.write(json_text(obj))
+    sys.stdout.write(json_text({"schema": obj.get("schema", schema), **obj}))
+
+
+def abs_path(p: str | Path | None) -> str | None:
+    """P as an absolute path string (None stays None): paths in --json output are absolute."""
+    return None if p is None else str(Path(p).resolve())
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from tongyi_trace.analysis import (
     run_analyses,
 )
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
+from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
 from tongyi_trace.trace.ingest import ensure_run
 
 
@@ -79,7 +79,8 @@ def analyze(
     rep, html = run_cli(go)
     summary = rep.summary()
     if json_out:
-        print_json({**summary, "report": html})
+        print_json({**summary, "run": abs_path(str(summary.get("run", rep.run.path))), "report": abs_path(html)},
+                   "kvtrace.analysis/1")
         return
     if quiet:
         return

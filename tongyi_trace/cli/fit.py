@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
+from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
 from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
 from tongyi_trace.models import get_preset
@@ -50,9 +50,10 @@ def fit(
             capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
             jobs=jobs, on_step=lambda msg: bar.update(task, description=msg)))
     if json_out:
-        print_json({"policy": str(outcome.policy_path), "artifacts": str(outcome.artifact_dir),
+        print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),
-                    "test": outcome.test.to_json() if outcome.test else None, "rows": outcome.rows})
+                    "test": outcome.test.to_json() if outcome.test else None, "rows": outcome.rows},
+                   "kvtrace.fit-output/1")
     elif not quiet:
         for table in _tables(outcome):
             console.print(table)

@@ -46,7 +46,7 @@ def ingest(
 
     summary = run_cli(go)
     if json_out:
-        print_json({"schema": INGEST_SCHEMA, "run_dir": str(out.resolve()), **summary})
+        print_json({"run_dir": str(out.resolve()), **summary}, INGEST_SCHEMA)
         return
     if quiet:
         return
@@ -85,6 +85,6 @@ def export(
 
     n = run_cli(go)
     if json_out:
-        print_json({"schema": EXPORT_SCHEMA, "path": str(out.resolve()), "num_requests": n})
+        print_json({"path": str(out.resolve()), "num_requests": n}, EXPORT_SCHEMA)
     elif not quiet:
         console.print(f"wrote {n:,} requests to {out}")

@@ -126,7 +126,7 @@ def replay(
     if reconcile_only:
         res = run_cli(lambda: reconcile_only_fn(run_dir, name))
         if json_out:
-            print_json(res.summary)
+            print_json(res.summary, "kvtrace.replay/1")
         elif not quiet:
             _render(res)
         return
@@ -155,7 +155,7 @@ def replay(
         if bar.live.is_started:
             bar.stop()
     if json_out:
-        print_json(res.summary)
+        print_json(res.summary, "kvtrace.replay/1")
     elif not quiet:
         _render(res)
     if res.summary["status"] == "interrupted":

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import print_json, run_cli, say
+from tongyi_trace.cli._common import abs_path, print_json, run_cli, say
 from tongyi_trace.report import render_report, screenshot
 from tongyi_trace.run import open_run
 
@@ -27,11 +27,11 @@ def report(
     def go() -> dict[str, str | None]:
         html = render_report(open_run(run_dir), out)
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
-        return {"report": str(html), "screenshot": str(png) if png else None}
+        return {"report": abs_path(html), "screenshot": abs_path(png) if png else None}
 
     written = run_cli(go)
     if as_json:
-        print_json(written)
+        print_json(written, "kvtrace.report-output/1")
     elif not quiet:
         say("report: ", (str(written["report"]), "bold"))
         if written["screenshot"]:

@@ -37,7 +37,7 @@ def study(
         result = run_cli(lambda: run_study(traces, out, opts, lambda what, done, total: bar.update(
             task, completed=done, total=total, description=what)))
     if json_out:
-        print_json(result.summary)
+        print_json(result.summary, "kvtrace.study/1")
     elif not quiet:
         console.print(_table(result))
         console.print(f"tables and index.html in {result.out_dir}")

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli
 from tongyi_trace.errors import UsageError
 from tongyi_trace.trace.synth import PROFILES, SynthSummary, synth_to_file
 
@@ -61,7 +61,7 @@ def synth(
 
     summary = run_cli(go)
     if json_out:
-        print_json(summary.to_json())
+        print_json({**summary.to_json(), "path": abs_path(summary.path)}, "kvtrace.synth-output/1")
         return
     if quiet:
         return
@@ -91,7 +91,8 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
 
     rows = run_cli(go)
     if json_out:
-        print_json({"profile": profile, "seed": seed, "scale": scale, "rows": [r.to_json() for r in rows]})
+        print_json({"profile": profile, "seed": seed, "scale": scale, "rows": [r.to_json() for r in rows]},
+                   "kvtrace.synth-check/1")
     else:
         console.print(check_table(f"{profile} seed {seed} scale {scale:g}", rows))
     if any(r.ok is False for r in rows):
