@@ -103,10 +103,17 @@ def guard_cell(row: dict[str, Any]) -> str:
     return f"{row['guard_switches']} sw, {row['refits']} refits, lru {share:.0%}"
 
 
-def sampled_stream(stream: Stream, rate: float) -> Stream:
-    """STREAM with only the references to hash-sampled blocks (same requests, times and categories)."""
-    keep = sampled_mask(np.arange(stream.num_ids, dtype=np.int64), threshold(rate))[stream.blk]
-    csum = sampled_prefix_counts(keep)
+def sampled_refs(stream: Stream, rate: float) -> np.ndarray:
+    """bool per reference of STREAM: whether its block is in the hash sample of RATE."""
+    return sampled_mask(np.arange(stream.num_ids, dtype=np.int64), threshold(rate))[stream.blk]
+
+
+def sampled_stream(stream: Stream, rate: float, keep: np.ndarray | None = None,
+                   csum: np.ndarray | None = None) -> Stream:
+    """STREAM with only the references to hash-sampled blocks (same requests, times and categories);
+    KEEP = sampled_refs(STREAM, RATE) and CSUM = sampled_prefix_counts(KEEP) when already known."""
+    keep = sampled_refs(stream, rate) if keep is None else keep
+    csum = sampled_prefix_counts(keep) if csum is None else csum
     off = csum[stream.req_off]
     ntok = stream.ntok[keep]
     tok = np.concatenate([[0], np.cumsum(ntok, dtype=np.int64)])
@@ -134,7 +141,9 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     if wa is None or not wa.guarded or n == 0:
         cache.serve(0, n)
         return GuardedRun(cache.result())
-    sub = sampled_stream(stream, wa.sample_rate)
+    keep = sampled_refs(stream, wa.sample_rate)
+    before = sampled_prefix_counts(keep)  # sampled references before each position
+    sub = sampled_stream(stream, wa.sample_rate, keep, before)
     scap = max(1, round(wa.sample_rate * capacity_blocks))
     shadow_params = {k: v for k, v in cache.params.items() if k in {f.name for f in dataclasses.fields(WaParams)}}
     shadow_params["leaf_only"] = cache.leaf_only
@@ -150,8 +159,6 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                             side="left")
     edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
-    before = sampled_prefix_counts(sampled_mask(np.arange(stream.num_ids, dtype=np.int64),
-                                                threshold(wa.sample_rate))[stream.blk])
     next_refit_s = start_s + wa.refit_s
     for a, b in itertools.pairwise(edges):
         end_s = start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
