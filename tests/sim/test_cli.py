@@ -68,7 +68,7 @@ def test_simulate_errors_are_one_line(make_run: Callable[..., Path], tmp_path: P
 def test_list_policies_prints_parameters() -> None:
     res = CliRunner().invoke(app, ["simulate", "--list-policies", "--json"])
     assert res.exit_code == 0
-    doc = {p["policy"]: p for p in json.loads(res.stdout)}
+    doc = {p["policy"]: p for p in json.loads(res.stdout)["policies"]}
     assert set(doc) >= {"lru", "fifo", "lfu", "s3fifo", "gdsf", "wa", "oracle"}
     assert {p["name"]: p["default"] for p in doc["s3fifo"]["parameters"]} == {
         "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main_threshold": 1, "freq_cap": 3, "leaf_only": False}

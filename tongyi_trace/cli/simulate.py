@@ -9,8 +9,10 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, print_json, progress, run_cli
+from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
+from tongyi_trace.cli._plan import print_recommendation, recommendation_json
 from tongyi_trace.errors import UsageError
+from tongyi_trace.guard.simulate import guard_cell
 from tongyi_trace.sim.sweep import SimulateOptions, SweepResult, describe_policies, simulate_run
 
 
@@ -21,11 +23,16 @@ def simulate(
                                help="Comma-separated: lru,fifo,lfu,s3fifo,gdsf,wa,oracle (or all)."),
     capacity: str = typer.Option("1%,5%,10%,25%,50%,inf", "--capacity", "-c",
                                  help="Comma-separated: blocks (4096), % of distinct blocks (5%), x HBM of "
-                                      "--model (0.5x), x the oracle's peak live set (2L), inf."),
+                                      "--model (0.5x), x the oracle's peak live set (2L), bytes of KV with "
+                                      "--model's bytes per block (40GiB, 200GB), inf."),
     params: Path | None = typer.Option(None, "--params", help="Policy file from 'kvtrace fit' (WA needs it)."),
     engine_block_size: int | None = typer.Option(None, "--engine-block-size",
                                                  help="Regroup trace blocks to this many tokens a block."),
-    model: str = typer.Option("qwen2-7b", "--model", help="Model preset for x HBM capacities and QTTFT."),
+    model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path (x HBM "
+                              "and byte capacities, QTTFT)."),
+    gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem", "--gpu-mem-gib",
+                                             help="Override: memory per GPU in GiB (80)."),
+    tp: int | None = typer.Option(None, "--tp", help="Override: tensor-parallel degree (GPUs)."),
     hbm_capacity: str | None = typer.Option(None, "--hbm-capacity",
                                             help="HBM part of the cache (same units); the rest is a CPU "
                                                  "tier whose hits cost a load (QTTFT)."),
@@ -44,6 +51,18 @@ def simulate(
     ablation: bool = typer.Option(False, "--ablation", help="Also run the three WA ablation variants."),
     set_: list[str] = typer.Option([], "--set", help="POLICY.PARAMETER=VALUE (see --list-policies)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (0 = one per core)."),
+    executor: str = typer.Option("local", "--executor", help="Where the simulations run: local (process pool) "
+                                 "or ray (a Ray cluster; pip install 'kvtrace[ray]')."),
+    ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDR",
+                                           help="Ray cluster to use (default: $RAY_ADDRESS, else start a "
+                                                "local Ray instance)."),
+    instances: str | None = typer.Option(None, "--instances", help="Fleet: instance counts (1,2,4,8); capacity "
+                                         "is then per instance (docs/fleet.md)."),
+    router: str | None = typer.Option(None, "--router", help="Fleet routers: rr,least-loaded,session,prefix,"
+                                      "kv-aware,oracle-affinity or all; NAME:KEY=VALUE sets a parameter."),
+    remote_capacity: str | None = typer.Option(None, "--remote-capacity", help="Fleet: one shared remote KV pool."),
+    remote_load_s_per_token: float | None = typer.Option(None, "--remote-load-s-per-token",
+                                                         help="Fleet: s per token loaded from the remote pool."),
     list_policies: bool = typer.Option(False, "--list-policies", help="Print the policies and parameters."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
@@ -57,10 +76,17 @@ def simulate(
         return
     opts = SimulateOptions(
         policies=policy, capacities=capacity, params_path=params, engine_block_size=engine_block_size,
-        model=model, hbm_capacity=hbm_capacity, overhead_s=prefill_overhead_s,
+        model=model, gpu_mem_gib=gpu_mem_gib, tp=tp, hbm_capacity=hbm_capacity, overhead_s=prefill_overhead_s,
         s_per_token=prefill_s_per_token, s_per_loaded_token=load_s_per_token, arrival_scale=arrival_scale,
         cost_from=cost_from, wa_no_life=wa_no_life, wa_conditional=wa_conditional, wa_no_offset=wa_no_offset,
-        ablation=ablation, sets=tuple(set_), jobs=jobs)
+        ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address)
+    if instances is not None or router is not None or remote_capacity is not None \
+            or remote_load_s_per_token is not None:
+        from tongyi_trace.fleet.cli import simulate_fleet_cli
+
+        simulate_fleet_cli(run_dir, opts, instances, router, remote_capacity, remote_load_s_per_token,
+                           quiet=quiet, json_out=json_out)
+        return
     with progress(quiet or json_out) as bar:
         task = bar.add_task("simulate", total=None)
 
@@ -70,12 +96,27 @@ def simulate(
 
         result = run_cli(lambda: simulate_run(run_dir, opts, on_result))
     if json_out:
-        print_json({"summary": result.summary, "rows": result.rows})
+        print_json({"summary": result.summary, "rows": result.rows, "recommendation": recommendation_json(result)},
+                   "kvtrace.simulate-output/1")
     elif not quiet:
+        print_recommendation(result)
         console.print(_table(result))
+        for w in result.summary.get("warnings") or []:
+            say(("warning:", "yellow"), f" {w}", err=True)
         s = result.summary
         console.print(f"ideal hit ratio {s['ideal_hit_ratio']:.4f}; oracle's peak live set "
                       f"{s['peak_live_blocks']:,} blocks; results in {run_dir / 'sim'}")
+    if result.summary["num_failed"]:
+        _report_failed(result)
+
+
+def _report_failed(result: SweepResult) -> None:
+    failed = result.summary["failed"]
+    first = failed[0]
+    say(("error:", "bold red"), f" {len(failed)} of {len(failed) + len(result.rows)} simulations failed "
+        f"after a retry (rows with 'error' in sim/results.jsonl); first: {first['policy']} @ "
+        f"{first['capacity']}: {first['error']}", err=True)
+    raise typer.Exit(1)
 
 
 def _missing_run() -> None:
@@ -85,21 +126,21 @@ def _missing_run() -> None:
 def _table(result: SweepResult) -> Table:
     t = Table(title="prefix-cache simulation")
     cols = ("policy", "capacity", "blocks", "hit ratio", "token hit", "evictions", "ns/evict",
-            "QTTFT mean s", "QTTFT p99 s", "M refs/s")
+            "QTTFT mean s", "QTTFT p99 s", "M refs/s", "guard")
     for c in cols:
         t.add_column(c, justify="left" if c in ("policy", "capacity") else "right")
     for r in result.rows:
         t.add_row(r["policy"], r["capacity"], f"{r['capacity_blocks']:,}", f"{r['hit_ratio']:.4f}",
                   f"{r['token_hit_ratio']:.4f}", f"{r['num_evictions']:,}", f"{r['evict_decision_ns']:.0f}",
                   f"{r.get('qttft_mean_s', 0):.3f}", f"{r.get('qttft_p99_s', 0):.3f}",
-                  f"{r['refs_per_s'] / 1e6:.1f}")
+                  f"{r['refs_per_s'] / 1e6:.1f}", guard_cell(r))
     return t
 
 
 def _print_policies(json_out: bool) -> None:
     rows = describe_policies()
     if json_out:
-        print_json(rows)
+        print_json({"policies": rows}, "kvtrace.policies/1")
         return
     t = Table(title="policies (--set POLICY.PARAMETER=VALUE)")
     for c in ("policy", "summary", "parameter", "type", "default", "meaning"):

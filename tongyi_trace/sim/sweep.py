@@ -11,13 +11,10 @@ Artifacts in RUN_DIR/sim/ (see docs/artifacts/sim.md):
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +22,16 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.guard.simulate import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.models import ModelPreset
-from tongyi_trace.run import RunDir, write_json
+from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
-from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
+from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import Policy, get_policy
-from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
 # WA ablation variants: name -> parameter overrides of wa
@@ -57,6 +56,8 @@ class SweepConfig:
     cost: CostModel | None = None
     jobs: int = 0  # 0 = one per core
     write: bool = True
+    executor: str = "local"  # local | ray (tongyi_trace/executor.py)
+    ray_address: str | None = None  # default $RAY_ADDRESS, else a local Ray instance
 
 
 @dataclass
@@ -69,11 +70,22 @@ class SweepResult:
 
 
 def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
-    """'wa-no-life' -> ('wa', {'use_life': False}); a plain policy -> (name, {})."""
+    """'wa-no-life' -> ('wa', {'use_life': False}); 'fitted' -> ('fitted', {}); a policy -> (name, {})."""
     low = name.lower()
     if low in WA_VARIANTS:
         return "wa", dict(WA_VARIANTS[low])
+    if low == FITTED:
+        return FITTED, {}
     return get_policy(low).name, {}
+
+
+def _resolve_task(name: str, base: str, params: dict[str, Any], cap: Capacity, fit: PolicyParams | None,
+                  block_size: int) -> tuple[str, str, dict[str, Any], Capacity]:
+    if base != FITTED:
+        return name, base, params, cap
+    assert fit is not None
+    pol, chosen, _ = resolve_fitted(fit, cap.num_blocks, block_size)
+    return name, pol, {**chosen, **params}, cap
 
 
 def prepare_stream(run: RunDir, engine_block_size: int | None) -> Stream:
@@ -87,11 +99,16 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
     variants = [policy_variant(p) for p in cfg.policies]
     fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
-    if fit is None and any(base == "wa" for base, _ in variants):
-        raise UsageError("policy wa needs fitted parameters: pass --params policy.json (from 'kvtrace fit')")
+    needy = [base for base, _ in variants if base in ("wa", FITTED)]
+    if fit is None and needy:
+        raise UsageError(f"policy {needy[0]} needs fitted parameters: pass --params policy.json "
+                         "(from 'kvtrace fit')")
     for base, _ in variants:  # validate parameters before any work
+        if base == FITTED:
+            continue
         get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     stream = prepare_stream(run, cfg.engine_block_size)
+    warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
     if stream.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
@@ -106,40 +123,32 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     out_dir = run.subdir("sim") if cfg.write else None
     jsonl = out_dir / "results.jsonl" if out_dir else None
     if jsonl:
-        jsonl.write_text("")
-    tasks = [(name, base, {**cfg.policy_params.get(base, {}), **over}, cap)
+        atomic_write_text(jsonl, "")
+    tasks = [_resolve_task(name, base, {**cfg.policy_params.get(base, {}), **over}, cap, fit, stream.block_size)
              for name, (base, over) in zip(cfg.policies, variants, strict=True) for cap in caps]
     rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    guard_tables: list[dict[str, list[dict[str, Any]]]] = []
+    queue = _by_cost(tasks)
 
-    def done(row: dict[str, Any]) -> None:
-        rows.append(row)
+    def done(out: TaskOutcome) -> None:
+        name, base, _, cap = queue[out.index]
+        row = out.value if out.ok else {"policy": name, "base_policy": base, "capacity": cap.label,
+                                        "capacity_blocks": cap.num_blocks, "error": out.error}
+        guard_tables.append(pop_guard_tables(row))
+        (rows if out.ok else failed).append(row)
         if jsonl:
             with jsonl.open("a") as f:
                 f.write(json.dumps(row, default=_jsonable) + "\n")
         if on_result:
-            on_result(row, len(rows), len(tasks))
+            on_result(row, len(rows) + len(failed), len(tasks))
 
-    jobs = cfg.jobs or os.cpu_count() or 1
     t0 = time.perf_counter()
-    if jobs > 1 and len(tasks) > 1:
-        with tempfile.TemporaryDirectory(prefix="kvtrace-sim-") as tmp:
-            path = Path(tmp) / "stream.npz"
-            _save_stream(path, stream, next_req)
-            ctx = get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx,
-                                     initializer=_worker_init, initargs=(str(path), fit)) as pool:
-                futs = [pool.submit(_worker_task, t, hbm, cfg.cost) for t in _by_cost(tasks)]
-                for fut in as_completed(futs):
-                    done(fut.result())
-    else:
-        _WORKER.update(stream=stream, next_req=next_req, fit=fit)
-        try:
-            for t in tasks:
-                done(_worker_task(t, hbm, cfg.cost))
-        finally:
-            _WORKER.clear()
+    map_tasks(_worker_task, queue, _shared(stream, next_req, fit, hbm, cfg.cost), done,
+              ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
     order = {(n, c.label): i for i, (n, _, _, c) in enumerate(tasks)}
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])
+    failed.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     summary = {
         "schema": "kvtrace.sim/1", "num_requests": stream.num_requests, "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
@@ -148,12 +157,31 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         "hbm_capacity": asdict(hbm) if hbm else None, "model": cfg.model.name if cfg.model else None,
         "cost_model": asdict(cfg.cost) if cfg.cost else None, "params_path": cfg.params_path,
         "policies": cfg.policies, "lru_curve_elapsed_s": curve.elapsed_s,
-        "elapsed_s": time.perf_counter() - t0,
+        "elapsed_s": time.perf_counter() - t0, "warnings": warnings, "executor": cfg.executor,
+        "num_failed": len(failed),
+        "num_saturated": sum(bool(r.get("saturated")) for r in rows),
+        "failed": failed,
     }
     steps = curve.steps()
     if out_dir:
         _write_artifacts(out_dir, rows, summary, steps)
+        write_guard_tables(out_dir, guard_tables)
     return SweepResult(rows, summary, steps)
+
+
+def policy_warnings(fit: PolicyParams, categories: tuple[str, ...], run_id: str | None) -> list[str]:
+    """What a user should know before trusting FIT on this run: another trace's fit whose categories do
+    not occur here (every category then falls back to the file's `default`)."""
+    out = []
+    known = [c for c in categories if c in fit.categories]
+    other = fit.trace.get("run_id") not in (None, run_id)
+    if not known and fit.categories:
+        out.append(f"none of this run's {len(categories)} categories is in the policy file: every one uses "
+                   "its 'default' parameters" + (" (the file was fitted on another trace)" if other else ""))
+    elif other:
+        out.append(f"the policy file was fitted on another trace; {len(categories) - len(known)} of this run's "
+                   f"{len(categories)} categories are not in it and use its 'default' parameters")
+    return out
 
 
 def _by_cost(tasks: list[Any]) -> list[Any]:
@@ -162,41 +190,46 @@ def _by_cost(tasks: list[Any]) -> list[Any]:
     return sorted(tasks, key=lambda t: (-slow.get(t[1], 0), -t[3].num_blocks))
 
 
-_WORKER: dict[str, Any] = {}
+_STREAM_FIELD = "stream."
+_WORKER_STREAM: dict[str, Stream] = {}  # sweep id -> the stream rebuilt over the shared arrays (per process)
 
 
-def _save_stream(path: Path, s: Stream, next_req: np.ndarray) -> None:
-    np.savez(path, req_off=s.req_off, blk=s.blk, ntok=s.ntok, req_cat=s.req_cat, req_time_s=s.req_time_s,
-             req_tokens=s.req_tokens, req_idx=s.req_idx, next_req=next_req,
-             meta=np.array(json.dumps({"categories": list(s.categories), "num_ids": s.num_ids,
-                                       "block_size": s.block_size})))
+def _shared(stream: Stream, next_req: np.ndarray, fit: PolicyParams | None, hbm: Capacity | None,
+            cost: CostModel | None) -> dict[str, Any]:
+    """What every task reads: the stream's fields (arrays shipped once per sweep) and the sweep's settings."""
+    out = {_STREAM_FIELD + f.name: getattr(stream, f.name) for f in fields(stream)}
+    out.update(next_req=next_req, fit=fit, hbm=hbm, cost=cost, sweep_id=uuid.uuid4().hex)
+    return out
 
 
-def _worker_init(path: str, fit: PolicyParams | None) -> None:
-    z = np.load(path)
-    meta = json.loads(str(z["meta"]))
-    stream = Stream(z["req_off"], z["blk"], z["ntok"], z["req_cat"], z["req_time_s"], z["req_tokens"],
-                    tuple(meta["categories"]), int(meta["num_ids"]), int(meta["block_size"]), z["req_idx"])
-    _WORKER.update(stream=stream, next_req=z["next_req"], fit=fit)
+def _worker_stream(shared: Mapping[str, Any]) -> Stream:
+    sid = shared["sweep_id"]
+    if sid not in _WORKER_STREAM:
+        _WORKER_STREAM.clear()
+        _WORKER_STREAM[sid] = Stream(**{k[len(_STREAM_FIELD):]: v for k, v in shared.items()
+                                        if k.startswith(_STREAM_FIELD)})
+    return _WORKER_STREAM[sid]
 
 
-def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], hbm: Capacity | None,
-                 cost: CostModel | None) -> dict[str, Any]:
+def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One policy x capacity (runs in an executor's worker)."""
     name, base, params, cap = task
-    stream: Stream = _WORKER["stream"]
-    nxt = _WORKER["next_req"] if base == Policy.ORACLE.value else None
-    res = simulate_policy(stream, base, cap.num_blocks, params=params, fit=_WORKER["fit"], next_req=nxt)
-    row = res.summary()
+    hbm: Capacity | None = shared["hbm"]
+    cost: CostModel | None = shared["cost"]
+    stream = _worker_stream(shared)
+    nxt = shared["next_req"] if base == Policy.ORACLE.value else None
+    guarded = simulate_guarded(stream, base, cap.num_blocks, params=params, fit=shared["fit"], next_req=nxt)
+    res = guarded.result
+    row = guarded.summary()
     row.update(policy=name, base_policy=base, capacity=cap.label, refs_per_s=res.refs_per_s)
     if cost is not None:
         loaded = None
         if hbm is not None and hbm.num_blocks < cap.num_blocks:
-            small = simulate_policy(stream, base, hbm.num_blocks, params=params, fit=_WORKER["fit"],
+            small = simulate_policy(stream, base, hbm.num_blocks, params=params, fit=shared["fit"],
                                     next_req=nxt, timing=False)
             loaded = np.maximum(res.req_hit_tokens - small.req_hit_tokens, 0)
             row["hbm_hit_ratio"] = small.hit_ratio
-        q = qttft_s(cost, stream.req_time_s, stream.req_tokens - res.req_hit_tokens, loaded)
-        row.update(summarize_qttft(q))
+        row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - res.req_hit_tokens, loaded))
     return row
 
 
@@ -212,11 +245,11 @@ def _write_artifacts(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
                      steps: dict[str, np.ndarray]) -> None:
     flat = [{k: (json.dumps(v) if k == "params" else v) for k, v in r.items() if k != "per_category"}
             for r in rows]
-    pl.DataFrame(flat).write_parquet(out / "results.parquet")
+    write_parquet_atomic(pl.DataFrame(flat), out / "results.parquet")
     cats = [{"policy": r["policy"], "capacity": r["capacity"], "capacity_blocks": r["capacity_blocks"],
              "category": c, **v} for r in rows for c, v in r["per_category"].items()]
-    pl.DataFrame(cats).write_parquet(out / "per_category.parquet")
-    pl.DataFrame(steps).write_parquet(out / "lru_curve.parquet")
+    write_parquet_atomic(pl.DataFrame(cats), out / "per_category.parquet")
+    write_parquet_atomic(pl.DataFrame(steps), out / "lru_curve.parquet")
     write_json(out / "summary.json", summary)
 
 
@@ -228,7 +261,9 @@ class SimulateOptions:
     capacities: str = "1%,5%,10%,25%,50%,inf"
     params_path: Path | None = None
     engine_block_size: int | None = None
-    model: str = "qwen2-7b"
+    model: str = "qwen2-7b"  # preset name or a Hugging Face config.json path
+    gpu_mem_gib: float | None = None
+    tp: int | None = None
     hbm_capacity: str | None = None
     cost_model: str | None = None  # preset name; default = model
     overhead_s: float | None = None
@@ -242,6 +277,8 @@ class SimulateOptions:
     ablation: bool = False
     sets: tuple[str, ...] = ()  # POLICY.KEY=VALUE
     jobs: int = 0
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict[str, dict[str, str]]:
@@ -262,7 +299,20 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     from tongyi_trace.sim.cost_model import calibrate_from_replay, override, preset_cost
     from tongyi_trace.sim.registry import parse_policies
 
-    names = [p.value for p in parse_policies(opts.policies)] if opts.policies.strip() else []
+    if opts.jobs < 0:
+        raise UsageError(f"--jobs {opts.jobs}: give 0 (one per core) or a positive number")
+    if opts.engine_block_size is not None and opts.engine_block_size <= 0:
+        raise UsageError(f"--engine-block-size must be positive, got {opts.engine_block_size}")
+    names: list[str] = []
+    for item in (opts.policies.split(",") if opts.policies.strip() else []):
+        low = item.strip().lower()
+        if low in (FITTED, *WA_VARIANTS):
+            extra = [low]
+        elif low:
+            extra = [p.value for p in parse_policies(low)]
+        else:
+            continue
+        names += [n for n in extra if n not in names]
     if opts.ablation:
         if "wa" not in names:
             names.append("wa")
@@ -275,15 +325,16 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
         wa["conditional"] = True
     if opts.wa_no_offset:
         wa["use_offset"] = False
-    model = get_preset(opts.model)
-    cost = override(preset_cost(opts.cost_model or opts.model), overhead_s=opts.overhead_s,
+    model = get_preset(opts.model, gpu_mem_gib=opts.gpu_mem_gib, tp=opts.tp)
+    cost = override(preset_cost(opts.cost_model or model), overhead_s=opts.overhead_s,
                     s_per_token=opts.s_per_token, s_per_loaded_token=opts.s_per_loaded_token,
                     arrival_scale=opts.arrival_scale)
     if opts.cost_from is not None:
         cost = calibrate_from_replay(opts.cost_from, cost)
     return SweepConfig(policies=names, capacities=opts.capacities, model=model, policy_params=params,
                        params_path=opts.params_path, engine_block_size=opts.engine_block_size,
-                       hbm_capacity=opts.hbm_capacity, cost=cost, jobs=opts.jobs)
+                       hbm_capacity=opts.hbm_capacity, cost=cost, jobs=opts.jobs, executor=opts.executor,
+                       ray_address=opts.ray_address)
 
 
 def simulate_run(run_dir: Path, opts: SimulateOptions,
@@ -292,7 +343,9 @@ def simulate_run(run_dir: Path, opts: SimulateOptions,
     from tongyi_trace.run import open_run
 
     run = open_run(run_dir)
-    return run_sweep(run, build_config(opts), on_result)
+    cfg = build_config(opts)
+    with run.lock():
+        return run_sweep(run, cfg, on_result)
 
 
 def describe_policies() -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from tongyi_trace.report.model import Section
 from tongyi_trace.report.sections import (
     compare,
     fit,
+    fleet,
     guard,
     hit_ratio,
     kv_size,
@@ -50,6 +51,7 @@ BUILDERS: list[Builder] = [
     fit.build,
     # policies in the embedded simulator (`kvtrace simulate`)
     sim.build,
+    fleet.build,
     guard.build,
     # live replays on vLLM (`kvtrace replay`), one section each
     replay.build,
