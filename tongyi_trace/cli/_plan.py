@@ -22,6 +22,8 @@ def print_recommendation(result: Any) -> None:
     say(("Recommendation", "bold"))
     for line in describe(rec):
         say(("  " + line, "bold red" if line.startswith("WARNING") else ""))
+    if result.summary.get("params_path"):
+        say(f"fitted policy file: {result.summary['params_path']}")
     for c in result.summary.get("capacities") or []:
         if c.get("bytes_per_block"):
             say(f"capacity {c['label']} = {c['num_blocks']:,} blocks at {c['bytes_per_block']:,} KV bytes per block "

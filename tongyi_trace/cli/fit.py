@@ -13,11 +13,13 @@ from tongyi_trace.cli._common import abs_path, console, print_json, progress, ru
 from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
 from tongyi_trace.models import get_preset
+from tongyi_trace.trace.ingest import ensure_run
 
 
 @app.command()
 def fit(
-    run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest'."),
+    run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest', or a raw trace (ingested "
+                                   "first into ./<trace name>.kvtrace)."),
     output: Path | None = typer.Option(None, "-o", "--output",
                                        help="Policy file to write (default: RUN_DIR/fit/policy.json)."),
     train: str | None = typer.Option(None, "--train", metavar="START:END",
@@ -44,11 +46,16 @@ def fit(
     checked on --test), and write the policy file."""
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
-        outcome = run_cli(lambda: fit_policy(
-            run_dir, output if output is not None else run_dir / "fit" / "policy.json", train=train,
-            test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
-            capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
-            jobs=jobs, on_step=lambda msg: bar.update(task, description=msg)))
+
+        def go() -> FitOutcome:
+            run = ensure_run(run_dir).path  # a raw trace is ingested once into ./<trace name>.kvtrace
+            return fit_policy(
+                run, output if output is not None else run / "fit" / "policy.json", train=train,
+                test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
+                capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
+                jobs=jobs, on_step=lambda msg: bar.update(task, description=msg))
+
+        outcome = run_cli(go)
     if json_out:
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),

@@ -9,12 +9,13 @@ import typer
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import abs_path, print_json, run_cli, say
 from tongyi_trace.report import render_report, screenshot
-from tongyi_trace.run import open_run
+from tongyi_trace.trace.ingest import ensure_run
 
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="Run folder (from 'kvtrace ingest' / 'kvtrace analyze')."),
+    run_dir: Path = typer.Argument(..., help="Run folder (from 'kvtrace ingest' / 'kvtrace analyze'), or a raw "
+                                   "trace (ingested first)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Where to write the HTML "
                                     "(default RUN_DIR/report.html)."),
     screenshot_png: Path | None = typer.Option(None, "--screenshot", metavar="PNG",
@@ -25,7 +26,7 @@ def report(
     """Write a self-contained HTML report (works offline) from the run folder's saved artifacts."""
 
     def go() -> dict[str, str | None]:
-        html = render_report(open_run(run_dir), out)
+        html = render_report(ensure_run(run_dir), out)  # a raw trace is ingested once
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
         return {"report": abs_path(html), "screenshot": abs_path(png) if png else None}
 
