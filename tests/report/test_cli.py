@@ -18,7 +18,8 @@ def test_report_writes_into_the_run_folder_and_says_where(bare_run: RunDir) -> N
     res = CliRunner().invoke(app, ["report", str(bare_run.path), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert out == {"report": str(bare_run.path / "report.html"), "screenshot": None}
+    assert out == {"schema": "kvtrace.report-output/1", "report": str(bare_run.path / "report.html"),
+                   "screenshot": None}
     assert Path(out["report"]).read_text().startswith("<!DOCTYPE html>")
 
 

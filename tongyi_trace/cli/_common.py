@@ -83,3 +83,12 @@ def progress(quiet: bool = False) -> Iterator[Progress]:
         transient=True,
     ) as p:
         yield p
+
+
+def run_or_trace(path: Path) -> Any:
+    """The RunDir at PATH, or a raw trace at PATH ingested once into ./<trace name>.kvtrace (a missing path
+    gives the run folder's error, which says how to make one)."""
+    from tongyi_trace.run import open_run
+    from tongyi_trace.trace.ingest import ensure_run
+
+    return ensure_run(path) if path.exists() else open_run(path)

@@ -9,11 +9,10 @@ import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
+from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, run_or_trace, say
 from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
 from tongyi_trace.models import get_preset
-from tongyi_trace.trace.ingest import ensure_run
 
 
 @app.command()
@@ -48,7 +47,7 @@ def fit(
         task = bar.add_task("fit", total=None)
 
         def go() -> FitOutcome:
-            run = ensure_run(run_dir).path  # a raw trace is ingested once into ./<trace name>.kvtrace
+            run = run_or_trace(run_dir).path
             return fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,

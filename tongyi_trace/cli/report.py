@@ -7,9 +7,8 @@ from pathlib import Path
 import typer
 
 from tongyi_trace.cli import app
-from tongyi_trace.cli._common import abs_path, print_json, run_cli, say
+from tongyi_trace.cli._common import abs_path, print_json, run_cli, run_or_trace, say
 from tongyi_trace.report import render_report, screenshot
-from tongyi_trace.trace.ingest import ensure_run
 
 
 @app.command()
@@ -26,7 +25,7 @@ def report(
     """Write a self-contained HTML report (works offline) from the run folder's saved artifacts."""
 
     def go() -> dict[str, str | None]:
-        html = render_report(ensure_run(run_dir), out)  # a raw trace is ingested once
+        html = render_report(run_or_trace(run_dir), out)
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
         return {"report": abs_path(html), "screenshot": abs_path(png) if png else None}
 
