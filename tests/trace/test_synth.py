@@ -86,7 +86,7 @@ def test_redos_and_repeats_are_siblings_with_the_same_blocks() -> None:
     tr = generate("to-c", 6, num_requests=4000)
     parent = tr.parent_chat_id
     kids = np.bincount(parent[parent >= 0], minlength=tr.num_requests)
-    assert 0.02 < np.mean(kids >= 2) < 0.15  # some turns were sent twice (regenerate, edit)
+    assert 0.01 < np.mean(kids >= 2) < 0.15  # some later turns were sent twice (regenerate, edit)
     api = generate("to-b", 6, num_requests=4000)
     first = [tuple(api.hash_ids[api.offsets[i]:api.offsets[i + 1]].tolist()) for i in range(api.num_requests)]
     assert 0.1 < 1 - len(set(first)) / len(first) < 0.3  # repeated sends of the same request

@@ -2,13 +2,16 @@
 
 Mechanisms, each as it exists in real chat traffic (paper-notes: "KVCache Cache in the Wild"):
 
-- users with a skewed activity (lognormal weight: how many conversations they open) and a skewed
-  engagement (lognormal mean length of their conversations past the 2nd turn, correlated with
-  activity: heavy users also hold the long chats) and pace (a lognormal factor on their think times);
+- users with a skewed activity (lognormal weight, capped: how many conversations they open) and a
+  skewed engagement (lognormal mean length of their conversations past the 2nd turn, capped,
+  correlated with activity: heavy users also hold the longer chats) and pace (a lognormal factor on
+  their think times);
 - a conversation has a type (the product: text/image/file/search, or one workload type) and, with a
   per-type probability, one of the type's shared system prompts at its head (Zipf popularity);
 - a 2nd turn with a per-type probability, then further turns with the user's continuation
-  probability: a mixture of geometrics, so a long tail of long conversations;
+  probability: a mixture of geometrics; some conversations are kept open in the background (every
+  think time is a slow return), and a few are long chats of short messages answered quickly
+  (companion / role-play chat: the tail of the turn count);
 - the gap before a turn is the previous answer's generation time (output / decode speed) plus the
   user's think time: a lognormal body (reading and typing) or, with a small probability, a slow
   lognormal tail (the user comes back tens of minutes later);
@@ -181,8 +184,10 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     second = rng.random(num_sessions) < np.array([t.second_turn_prob for t in tp])[s_type]
     c = np.minimum(pop.continuation[s_user], 0.999)
     turns = np.where(second, 1 + rng.geometric(1.0 - c), 1)
-    s_slow = rng.random(num_sessions) < p.slow_session_share
-    turns = np.where(s_slow, 1 + rng.geometric(1.0 / p.slow_session_turns, num_sessions), turns)
+    s_slow = np.zeros(num_sessions, dtype=bool)
+    if p.slow_session_share > 0:
+        s_slow = rng.random(num_sessions) < p.slow_session_share
+        turns = np.where(s_slow, 1 + rng.geometric(1.0 / p.slow_session_turns, num_sessions), turns)
     if lc is not None:
         turns = np.where(s_long, rng.geometric(1.0 - lc.continuation, num_sessions), turns)
     turns = np.minimum(turns, p.max_turns).astype(np.int64)
