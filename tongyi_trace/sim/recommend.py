@@ -32,7 +32,12 @@ FITTED_NAMES = ("fitted", "wa")  # the exported policy: `fitted` when simulated,
 
 def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: dict[str, Any],
               models: Sequence[ModelPreset] = tuple(PRESETS.values())) -> dict[str, Any]:
-    """The recommendation document (schema kvtrace.recommendation/1) of one sweep."""
+    """The recommendation document (schema kvtrace.recommendation/1) of one sweep: sizes for the sweep's own
+    model (summary's model_shape: a config.json, --gpu-mem, --tp) first, then MODELS of other names."""
+    own = summary.get("model_shape")
+    if own:
+        mine = ModelPreset(**own)
+        models = [mine, *(m for m in models if m.name != mine.name)]
     ideal = float(summary["ideal_hit_ratio"])
     block_size = int(summary["block_size"])
     ok = [r for r in rows if "error" not in r and r.get("hit_ratio") is not None]
