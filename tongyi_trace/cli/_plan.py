@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tongyi_trace.cli._common import say
@@ -28,3 +29,13 @@ def print_recommendation(result: Any) -> None:
         if c.get("bytes_per_block"):
             say(f"capacity {c['label']} = {c['num_blocks']:,} blocks at {c['bytes_per_block']:,} KV bytes per block "
                 f"of model {result.summary.get('model')}")
+
+
+def print_sweeps(run_path: Path, name: str | None) -> None:
+    """Name the named sweeps kept in RUN/sim/ and which one RUN/sim/ holds now."""
+    from tongyi_trace.sim.sweep import list_sweeps
+
+    names = list_sweeps(run_path)
+    if names:
+        say(f"named sweeps in {run_path / 'sim'}: {', '.join(names)}; RUN/sim/ holds "
+            f"{'the sweep ' + repr(name) if name else 'this unnamed sweep'}")
