@@ -17,10 +17,10 @@ from tongyi_trace.replay.compare import SIM_POLICIES, Comparison, ReplaySide, co
 def compare(
     replay_a: Path = typer.Argument(..., help="Replay A: RUN_DIR/replay/NAME, or a run folder with one replay."),
     replay_b: Path = typer.Argument(..., help="Replay B (e.g. the same slice with --eviction wa)."),
-    policy: Path | None = typer.Option(None, "--policy",
+    policy: Path | None = typer.Option(None, "--policy-file", "--policy",
                                        help="Policy file for the simulator's WA prediction "
                                             "(default: the one the plugin ran)."),
-    output: Path | None = typer.Option(None, "-o", "--output",
+    output: Path | None = typer.Option(None, "-o", "--out", "--output",
                                        help="Where to write the comparison JSON "
                                             "(default: beside replay A, compare_A_vs_B.json)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),

@@ -47,10 +47,10 @@ def start_cmd(
                                    "(--num-gpu-blocks-override); small values force evictions."),
     block_size: int = typer.Option(32, "--block-size", help="Tokens per KV block (multiple of 32 on CPU)."),
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Longest prompt + output, tokens."),
-    policy: Path | None = typer.Option(None, "--policy", help="Policy JSON from 'kvtrace fit' "
+    policy: Path | None = typer.Option(None, "--policy-file", "--policy", help="Policy JSON from 'kvtrace fit' "
                                        "(sets KVTRACE_POLICY for the engine's WA plugin)."),
     eviction: str | None = typer.Option(None, "--eviction", help="fitted|wa|lru|fifo|s3fifo (sets "
-                                        "KVTRACE_EVICTION); default: vLLM's own LRU, or with --policy the "
+                                        "KVTRACE_EVICTION); default: vLLM's own LRU, or with --policy-file the "
                                         "setting the policy file chose for this cache size (fitted)."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Trace seconds per wall second for the plugin "
                                      "(KVTRACE_TIME_SCALE): the --speedup the replay will use."),

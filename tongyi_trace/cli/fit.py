@@ -19,7 +19,7 @@ from tongyi_trace.models import get_preset
 def fit(
     run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest', or a raw trace (ingested "
                                    "first into ./<trace name>.kvtrace)."),
-    output: Path | None = typer.Option(None, "-o", "--output",
+    output: Path | None = typer.Option(None, "-o", "--out", "--output",
                                        help="Policy file to write (default: RUN_DIR/fit/policy.json)."),
     train: str | None = typer.Option(None, "--train", metavar="START:END",
                                      help="Fit window, seconds from the trace start (default: all)."),
