@@ -94,6 +94,7 @@ def stop_cmd(
 def status_cmd(
     name: str = _NAME,
     json_out: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; the exit code says (0 running, 1 not)."),
 ) -> None:
     """Whether the engine runs, answers /health, and where its log is."""
     s = run_cli(lambda: eng.status(name))
@@ -101,8 +102,11 @@ def status_cmd(
         print_json(asdict(s), "kvtrace.engine-status/1")
         return
     if s.state is None:
-        typer.echo(f"engine {name!r}: not running (installed: {'yes' if s.installed else 'no'})")
+        if not quiet:
+            typer.echo(f"engine {name!r}: not running (installed: {'yes' if s.installed else 'no'})")
         raise typer.Exit(1)
+    if quiet:
+        return
     st = s.state
     typer.echo(f"engine {name!r}: {'healthy' if s.healthy else 'running, not healthy'} at {st.url} "
                f"pid {st.pid}, {st.num_blocks} blocks x {st.block_size} tokens, "
