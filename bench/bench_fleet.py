@@ -6,7 +6,7 @@
    QTTFT by router x instances at a fixed total cache (TOTAL split evenly over the instances; the
    oracle-affinity row is the per-request bound), model qwen2-7b's cost model.
 
-    .venv/bin/python bench/bench_fleet.py [--total 10%] [--skip-speed] [--skip-tables]
+    .venv/bin/python bench/bench_fleet.py [--total 10%] [--skip-speed] [--profiles to-c,to-b]
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--total", default="10%", help="Fixed total cache of the router table (capacity units).")
     ap.add_argument("--skip-speed", action="store_true")
-    ap.add_argument("--skip-tables", action="store_true")
+    ap.add_argument("--profiles", default="to-c,to-b", help="Profiles of the router table (empty: none).")
     args = ap.parse_args()
     if not args.skip_speed:
         wall = speed(ingested_run("to-c"))
         print(f"fleet sweep, to-C default trace, 5 routers x {{2,4,8}} instances x 3 capacities, LRU: "
               f"{wall:.1f} s (target < 90 s on 2 cores) {'OK' if wall < 90 else 'SLOWER THAN TARGET'}")
-    for profile in ([] if args.skip_tables else ["to-c", "to-b"]):
+    for profile in [p for p in args.profiles.split(",") if p]:
         table(profile, args.total)
 
 

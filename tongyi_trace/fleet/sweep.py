@@ -208,8 +208,11 @@ def _jsonable(o: Any) -> Any:
 
 def fleet_simulate_run(run_dir: Path, opts: SimulateOptions, fleet: FleetOptions,
                        on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> FleetSweepResult:
-    """`kvtrace simulate --instances`: open RUN_DIR, resolve OPTS and FLEET, run the sweep, write
-    RUN_DIR/sim/fleet/."""
+    """`kvtrace simulate --instances`: open RUN_DIR (a raw trace is ingested first, as `simulate` does),
+    resolve OPTS and FLEET, run the sweep, write RUN_DIR/sim/fleet/."""
     from tongyi_trace.run import open_run
+    from tongyi_trace.trace.ingest import ensure_run
 
-    return run_fleet_sweep(open_run(run_dir), build_config(opts), fleet, on_result)
+    run = ensure_run(run_dir) if Path(run_dir).exists() else open_run(run_dir)
+    with run.lock():
+        return run_fleet_sweep(run, build_config(opts), fleet, on_result)
