@@ -58,6 +58,7 @@ app = typer.Typer(
     help="KV-cache reuse in LLM serving traces: characterize, fit, simulate, replay on vLLM, report.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain Click help: rendering Rich panels doubles the start-up of `--help`
     pretty_exceptions_enable=False,
 )
 

@@ -11,14 +11,16 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from tongyi_trace.errors import KvtraceError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 console = Console(markup=False, emoji=False)
 err_console = Console(stderr=True, markup=False, emoji=False)
@@ -73,6 +75,8 @@ def abs_path(p: str | Path | None) -> str | None:
 def progress(quiet: bool = False) -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
     (a log would only get the blank line Rich prints in its place)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli
@@ -50,6 +49,8 @@ def ingest(
         return
     if quiet:
         return
+    from rich.table import Table
+
     t = Table(title=f"ingested {trace.name} -> {out}", show_header=False)  # plain text: console markup is off
     for k, v in summary.items():
         if k != "findings":
