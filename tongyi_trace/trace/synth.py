@@ -51,8 +51,9 @@ THINKING = ChatParams(
     prompt_zipf=1.1, max_turns=250, max_context_tokens=131_072,
 )
 CODER = ChatParams(
-    types={"coder": ChatType(1.0, 0.6, (1500, 1.0), (600, 1.2), (300, 0.9), 0.5, 300, (1500, 0.6))},
-    requests_per_user=40.0, user_activity_sigma=1.5, engagement=(0.5, 1.2), engagement_activity_corr=0.5,
+    types={"coder": ChatType(1.0, 0.5, (1700, 1.0), (400, 1.2), (300, 0.9), 0.5, 300, (1500, 0.6))},
+    requests_per_user=40.0, user_activity_sigma=1.5, activity_cap_z=2.33, engagement=(0.4, 1.2),
+    engagement_cap=12.0, engagement_activity_corr=0.5,
     pace_sigma=0.5, think_body_s=(3.0, 1.0), slow_return_prob=0.05, slow_return_s=(600.0, 0.8),
     decode_tokens_per_s=60.0, regenerate_prob=0.02, edit_prob=0.02, redo_think_s=(5.0, 0.8),
     prompt_zipf=1.0, max_turns=250, max_context_tokens=32_768,
