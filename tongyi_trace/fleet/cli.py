@@ -52,14 +52,14 @@ def _needs_instances(option: str) -> None:
 
 
 def _table(result: FleetSweepResult) -> Table:
+    tiers = [c for c in ("dram", "remote") if any(r[f"{c}_hit_ratio"] > 0 for r in result.rows)]
     t = Table(title="fleet simulation (capacity per instance)")
-    cols = ("router", "instances", "policy", "capacity", "hit ratio", "HBM", "DRAM", "remote", "QTTFT mean s",
-            "QTTFT p99 s", "imbalance", "duplication", "requests per instance")
+    cols = ("router", "inst", "policy", "capacity", "hit", *(f"{c} hit" for c in tiers), "QTTFT mean s",
+            "p99 s", "imbal", "dup")
     for c in cols:
-        t.add_column(c, justify="left" if c in ("router", "policy", "capacity", "requests per instance") else "right")
+        t.add_column(c, justify="left" if c in ("router", "policy", "capacity") else "right")
     for r in result.rows:
         t.add_row(r["router"], str(r["num_instances"]), r["policy"], r["capacity"], f"{r['hit_ratio']:.4f}",
-                  f"{r['hbm_hit_ratio']:.4f}", f"{r['dram_hit_ratio']:.4f}", f"{r['remote_hit_ratio']:.4f}",
-                  f"{r['qttft_mean_s']:.3f}", f"{r['qttft_p99_s']:.3f}", f"{r['imbalance']:.2f}",
-                  f"{r['duplication']:.3f}", ",".join(str(v) for v in r["requests_per_instance"]))
+                  *(f"{r[f'{c}_hit_ratio']:.4f}" for c in tiers), f"{r['qttft_mean_s']:.3f}",
+                  f"{r['qttft_p99_s']:.3f}", f"{r['imbalance']:.2f}", f"{r['duplication']:.3f}")
     return t
