@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
 import tempfile
 import time
@@ -218,7 +219,10 @@ def _call_shared(fn: TaskFn, task: Any) -> Any:
 
 
 class RayExecutor:
-    """One Ray task per item (1 CPU each), retried once by Ray, results collected with ray.wait."""
+    """One Ray task per item (1 CPU each), retried once by Ray, results collected with ray.wait.
+
+    The Ray driver runs in a child process that streams outcomes back: Ray ends a driver process outright
+    when it loses its cluster, and this way the command itself survives to say so in one line."""
 
     name = "ray"
 
@@ -228,10 +232,46 @@ class RayExecutor:
 
     def run(self, fn: TaskFn, tasks: Sequence[Any], shared: Mapping[str, Any], on_result: OnResult) -> None:
         """See Executor.run; connects (or starts a local Ray instance) and disconnects at the end."""
+        _import_ray()
+        if self.address:
+            _check_reachable(self.address)
+        ctx = get_context("spawn")
+        with tempfile.TemporaryDirectory(prefix="kvtrace-shared-") as tmp:
+            _save_shared(Path(tmp), shared)
+            q = ctx.Queue()
+            fn_blob = _import_ray().cloudpickle.dumps(fn)  # here, so a script's own functions go by value
+            child = ctx.Process(target=_ray_driver, args=(self, fn_blob, list(tasks), tmp, q), daemon=True)
+            child.start()
+            finished = 0
+            try:
+                while True:
+                    try:
+                        msg = q.get(timeout=1.0)
+                    except queue.Empty:
+                        if child.is_alive():
+                            continue
+                        raise KvtraceError(f"{self._where()}: lost the connection after {finished} of {len(tasks)} "
+                                           "tasks (the Ray driver ended; Ray's logs are in its session folder); "
+                                           "the finished results are written, run again when the cluster is back"
+                                           ) from None
+                    if msg[0] == "outcome":
+                        finished += 1
+                        on_result(msg[1])
+                    elif msg[0] == "error":
+                        raise (UsageError if msg[1] == "UsageError" else KvtraceError)(msg[2])
+                    else:
+                        break
+            finally:
+                if child.is_alive():
+                    child.terminate()
+                child.join()
+
+    def drive(self, fn_blob: bytes, tasks: Sequence[Any], shared: Mapping[str, Any], on_result: OnResult) -> None:
+        """Connect, run the tasks, disconnect: in the Ray driver process."""
         ray = _import_ray()
         self._connect(ray)
         try:
-            self._run(ray, fn, tasks, shared, on_result)
+            self._run(ray, fn_blob, tasks, shared, on_result)
         finally:
             ray.shutdown()
 
@@ -241,7 +281,6 @@ class RayExecutor:
     def _connect(self, ray: Any) -> None:
         kw: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
         if self.address:
-            _check_reachable(self.address)
             kw["address"] = self.address
         else:
             kw.update(address="local", include_dashboard=False, num_cpus=self.jobs or None)
@@ -252,7 +291,7 @@ class RayExecutor:
                              "start one with 'ray start --head', or omit --ray-address (and RAY_ADDRESS) "
                              "to start a local instance") from None
 
-    def _run(self, ray: Any, fn: TaskFn, tasks: Sequence[Any], shared: Mapping[str, Any],
+    def _run(self, ray: Any, fn_blob: bytes, tasks: Sequence[Any], shared: Mapping[str, Any],
              on_result: OnResult) -> None:
         exc = ray.exceptions
         per_task = (exc.RayTaskError, exc.WorkerCrashedError, exc.TaskCancelledError, exc.ObjectLostError,
@@ -261,7 +300,7 @@ class RayExecutor:
         finished = 0
         try:
             ref = ray.put(dict(shared))  # once: every task on a node maps the same buffers
-            pending = {remote.remote(fn, t, ref): i for i, t in enumerate(tasks)}
+            pending = {remote.remote(fn_blob, t, ref): i for i, t in enumerate(tasks)}
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 if len(pending) > 1:  # collect everything else that is already done, cheaply
@@ -283,6 +322,22 @@ class RayExecutor:
                                "cluster is back") from None
 
 
+def _ray_driver(ex: RayExecutor, fn_blob: bytes, tasks: list[Any], folder: str, q: Any) -> None:
+    """The child process of RayExecutor.run: outcomes go back through Q, then ('done',) or ('error', ...)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)  # Ray's own console logging; its log files stay in its session
+    os.dup2(devnull, 2)
+    _load_shared(folder)
+    try:
+        ex.drive(fn_blob, tasks, dict(_SHARED), lambda out: q.put(("outcome", out)))
+        q.put(("done",))
+    except KvtraceError as e:
+        q.put(("error", type(e).__name__, str(e)))
+    except Exception as e:
+        q.put(("error", "KvtraceError", f"{ex._where()}: {error_line(e)}"))
+    q.close()
+    q.join_thread()
+
+
 def _check_reachable(address: str) -> None:
     """Fail fast on a HOST:PORT nobody listens on (ray.init would retry for minutes)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
@@ -298,7 +353,10 @@ def _check_reachable(address: str) -> None:
                          "instance") from None
 
 
-def _call_with(fn: TaskFn, task: Any, shared: Mapping[str, Any]) -> Any:
+def _call_with(fn_blob: bytes, task: Any, shared: Mapping[str, Any]) -> Any:
+    from ray import cloudpickle
+
+    fn: TaskFn = cloudpickle.loads(fn_blob)
     return fn(task, shared)
 
 

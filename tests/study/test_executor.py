@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,37 @@ def test_summary_names_executor_and_failures(tiny_run: Path) -> None:
     summary = json.loads((tiny_run / "sim" / "summary.json").read_text())
     assert summary["num_failed"] == 0 and summary["failed"] == [] and summary["executor"] == "local"
     assert [r["capacity"] for r in res.rows] == ["1%", "10%"]
+
+
+def _slow(task: int, shared: Any) -> int:
+    import time
+
+    time.sleep(1.0)
+    return task
+
+
+@pytest.mark.slow
+def test_lost_cluster_stops_with_one_line(make_ray_head: Callable[..., Any]) -> None:
+    # a cluster of its own, killed after the second result: the command says so in one line (Ray takes
+    # about a minute to give up on its head node) and every result reported before is kept
+    import os
+    import signal
+    import sys
+
+    import ray
+
+    from tongyi_trace.errors import KvtraceError
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    seen: list[TaskOutcome] = []
+    with make_ray_head(num_cpus=1) as (address, pgid):
+
+        def on_result(out: TaskOutcome) -> None:
+            seen.append(out)
+            if len(seen) == 2:
+                os.killpg(pgid, signal.SIGKILL)
+
+        with pytest.raises(KvtraceError, match=r"lost the connection after \d+ of 12 tasks") as e:
+            map_tasks(_slow, list(range(12)), {}, on_result, ExecutorOptions("ray", address))
+    assert "\n" not in str(e.value)
+    assert [o.value for o in seen[:2]] == [0, 1] and all(o.ok for o in seen[:2])
