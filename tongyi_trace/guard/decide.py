@@ -34,14 +34,29 @@ Z_CRIT_BACK = 2.0  # and the policy's lead to switch back (the same bar)
 
 @dataclass(frozen=True)
 class GuardSettings:
-    """The guard's and the refit's parameters, as WA's (tongyi_trace.sim.policies.wa.WaParams) name them."""
+    """The guard's and the refit's parameters, as WA's (tongyi_trace.sim.policies.wa.WaParams) name them,
+    with their defaults; `check()` is their one validation (WaParams and the vLLM plugin call it)."""
 
-    guard: bool
-    guard_margin: float
-    guard_window_s: float
-    refit_s: float
-    window_s: float
-    sample_rate: float
+    guard: bool = False
+    guard_margin: float = 0.2
+    guard_window_s: float = 120.0
+    refit_s: float = 0.0
+    window_s: float = 600.0
+    sample_rate: float = 1 / 32
+
+    def check(self) -> None:
+        """Raise UsageError naming the first parameter out of range."""
+        from tongyi_trace.errors import UsageError
+
+        for name in ("guard_margin", "guard_window_s", "refit_s", "window_s"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and v < float("inf")):
+                raise UsageError(f"policy wa: parameter {name} must be a finite number >= 0, got {v}")
+        if self.guard_window_s <= 0.0 or self.window_s <= 0.0:
+            raise UsageError("policy wa: parameters guard_window_s and window_s must be > 0 seconds, got "
+                             f"{self.guard_window_s} and {self.window_s}")
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise UsageError(f"policy wa: parameter sample_rate must be in (0, 1], got {self.sample_rate}")
 
     @property
     def active(self) -> bool:

@@ -44,9 +44,9 @@ GUARD_ENV = {"KVTRACE_GUARD": "guard", "KVTRACE_GUARD_MARGIN": "guard_margin",
 
 
 def guard_settings(env: Mapping[str, str]) -> GuardSettings:
-    """The guard's and the refit's settings from ENV (GUARD_ENV), WA's defaults and validation."""
+    """The guard's and the refit's settings from ENV (GUARD_ENV), WA's defaults and validation (the
+    simulator's WaParams uses the same GuardSettings; importing it here would load numba into vLLM)."""
     from tongyi_trace.errors import UsageError
-    from tongyi_trace.sim.policies.wa import WaParams
 
     values: dict[str, object] = {}
     for var, name in GUARD_ENV.items():
@@ -60,11 +60,12 @@ def guard_settings(env: Mapping[str, str]) -> GuardSettings:
             values[name] = float(raw)
         except ValueError as e:
             raise PluginConfigError(f"{var}={raw!r} is not a number") from e
+    settings = GuardSettings(**values)  # type: ignore[arg-type]
     try:
-        wa = WaParams(**values)  # type: ignore[arg-type]
+        settings.check()
     except UsageError as e:
         raise PluginConfigError(f"{e} (from the KVTRACE_GUARD* / KVTRACE_REFIT* variables)") from e
-    return GuardSettings(wa.guard, wa.guard_margin, wa.guard_window_s, wa.refit_s, wa.window_s, wa.sample_rate)
+    return settings
 
 
 def load_config(env: Mapping[str, str]) -> PluginConfig:

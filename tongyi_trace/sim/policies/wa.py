@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace import wa_priority
+from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.sim.policy_base import PolicySpec
 from tongyi_trace.sim.structs import (
     AUX,
@@ -63,6 +64,9 @@ NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
 IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER = 0, 1, 2, 3, 4
 
 
+_GUARD = GuardSettings()
+
+
 @dataclass(frozen=True)
 class WaParams:
     """WA's switches (the fitted per-category parameters come from the policy file)."""
@@ -74,16 +78,19 @@ class WaParams:
         "help": "life window for every category, s (0 = each category's fitted life_s)"})
     use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
     use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
-    # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them)
-    guard: bool = field(default=False, metadata={
+    # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them);
+    # defaults and validation: tongyi_trace.guard.decide.GuardSettings
+    guard: bool = field(default=_GUARD.guard, metadata={
         "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
-    guard_margin: float = field(default=0.2, metadata={
+    guard_margin: float = field(default=_GUARD.guard_margin, metadata={
         "help": "guard: switch when WA's sampled hit ratio trails LRU's by more than this, in points"})
-    guard_window_s: float = field(default=120.0, metadata={
+    guard_window_s: float = field(default=_GUARD.guard_window_s, metadata={
         "help": "guard: the trace seconds over which both sampled hit ratios are compared"})
-    refit_s: float = field(default=0.0, metadata={"help": "online refit every this many trace seconds (0 = off)"})
-    window_s: float = field(default=600.0, metadata={"help": "online refit: the sliding window of reuse samples, s"})
-    sample_rate: float = field(default=1 / 32, metadata={
+    refit_s: float = field(default=_GUARD.refit_s, metadata={
+        "help": "online refit every this many trace seconds (0 = off)"})
+    window_s: float = field(default=_GUARD.window_s, metadata={
+        "help": "online refit: the sliding window of reuse samples, s"})
+    sample_rate: float = field(default=_GUARD.sample_rate, metadata={
         "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]"})
 
     @property
@@ -99,15 +106,12 @@ class WaParams:
                              f"got {self.model!r}")
         if not (self.life_s >= 0.0 and self.life_s < float("inf")):
             raise UsageError(f"policy wa: parameter life_s must be a finite number >= 0, got {self.life_s}")
-        for name in ("guard_margin", "guard_window_s", "refit_s", "window_s"):
-            v = getattr(self, name)
-            if not (v >= 0.0 and v < float("inf")):
-                raise UsageError(f"policy wa: parameter {name} must be a finite number >= 0, got {v}")
-        if self.guard_window_s <= 0.0 or self.window_s <= 0.0:
-            raise UsageError("policy wa: parameters guard_window_s and window_s must be > 0 seconds, got "
-                             f"{self.guard_window_s} and {self.window_s}")
-        if not 0.0 < self.sample_rate <= 1.0:
-            raise UsageError(f"policy wa: parameter sample_rate must be in (0, 1], got {self.sample_rate}")
+        self.guard_settings().check()
+
+    def guard_settings(self) -> GuardSettings:
+        """The guard's and the refit's parameters."""
+        return GuardSettings(self.guard, self.guard_margin, self.guard_window_s, self.refit_s, self.window_s,
+                             self.sample_rate)
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
