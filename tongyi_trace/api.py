@@ -80,22 +80,20 @@ class Run:
     def simulate(self, policies: Sequence[str] | str = ("lru", "fifo", "lfu", "s3fifo", "gdsf", "oracle"),
                  capacities: Sequence[str] | str = "1%,5%,10%,25%,50%,inf", *, model: str = "qwen2-7b",
                  params: str | Path | None = None, gpu_mem_gib: float | None = None, tp: int | None = None,
-                 jobs: int = 0) -> pl.DataFrame:
+                 name: str | None = None, jobs: int = 0) -> pl.DataFrame:
         """Simulate POLICIES x CAPACITIES (as `kvtrace simulate -p/-c`: blocks, 5%, 0.5x, 2L, 40GiB, inf) and
-        write RUN/sim/; return one row per policy x capacity (hit ratios, evictions, QTTFT, utilization).
-        `wa` and `fitted` need PARAMS (a policy file from `fit`; default RUN/fit/policy.json when present)."""
+        write RUN/sim/ (and RUN/sim/NAME/ when NAME is given); return one row per policy x capacity (hit
+        ratios, evictions, QTTFT, utilization). `wa` and `fitted` use PARAMS, a policy file from `fit`
+        (default RUN/fit/policy.json)."""
         import polars as pl
 
         from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
 
         pols = policies if isinstance(policies, str) else ",".join(policies)
         caps = capacities if isinstance(capacities, str) else ",".join(capacities)
-        default_params = self.path / "fit" / "policy.json"
-        if params is None and default_params.is_file():
-            params = default_params
         res = simulate_run(self.path, SimulateOptions(
             policies=pols, capacities=caps, model=model, gpu_mem_gib=gpu_mem_gib, tp=tp,
-            params_path=Path(params) if params is not None else None, jobs=jobs))
+            params_path=Path(params) if params is not None else None, name=name, jobs=jobs))
         return pl.DataFrame([{k: v for k, v in r.items() if k not in ("per_category", "params")} for r in res.rows])
 
     def lru_curve(self) -> pl.DataFrame:
