@@ -130,3 +130,14 @@ def test_router_specs_and_errors() -> None:
             get_router(spec)
     with pytest.raises(UsageError, match="at least 1"):
         simulate_fleet(_stream(3, 5), "rr", 0, "lru", 4, cost=COST)
+
+
+def test_memory_check_names_what_to_do() -> None:
+    from tongyi_trace.fleet.sweep import check_memory
+    from tongyi_trace.sim.capacity import Capacity
+
+    task = ("lru", "lru", {}, "rr", 4, Capacity("5%", 100))
+    check_memory([task], 1000, Tiers(), 1)  # 4 tables of 1,001 ids: nothing to refuse
+    msg = r"4 caches of 10,000,000,000,000 distinct blocks x 1 workers.*fewer --instances"
+    with pytest.raises(UsageError, match=msg):
+        check_memory([task], 10**13, Tiers(), 1)

@@ -10,6 +10,7 @@ Artifacts in RUN_DIR/sim/fleet/ (docs/fleet.md):
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.params import PolicyParams, load_policy
-from tongyi_trace.fleet.routers import parse_routers
+from tongyi_trace.fleet.routers import get_router, parse_routers
 from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
 from tongyi_trace.run import RunDir, write_json
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
@@ -40,6 +41,7 @@ from tongyi_trace.sim.sweep import (
 )
 
 SCHEMA = "kvtrace.fleet/1"
+TABLE_BYTES_PER_ID = 144  # a Cache's block table (structs.make_state): 16 int64 fields + 2 links per block id
 DEFAULT_ROUTERS = "rr,least-loaded,session,prefix,kv-aware"
 
 
@@ -78,6 +80,37 @@ def parse_instances(text: str) -> list[int]:
     if not out:
         raise UsageError("--instances is empty; give e.g. 1,2,4,8")
     return out
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (free pages where it is absent)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def check_memory(tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]], num_ids: int, tiers: Tiers,
+                 jobs: int) -> None:
+    """Refuse a local sweep whose block tables (one per cache, sized by the distinct blocks) cannot fit in
+    the memory available now, with what to do."""
+    def caches(task: tuple[str, str, dict[str, Any], str, int, Capacity]) -> int:
+        _, pol, _, rt, n, cap = task
+        per = 1 + int(tiers.hbm_blocks is not None and tiers.hbm_blocks < cap.num_blocks)
+        per += int(get_router(rt).uses_index and pol != "lru")
+        return n * per + int(bool(tiers.remote_blocks))
+
+    biggest = max(caches(t) for t in tasks)
+    workers = min(jobs or os.cpu_count() or 1, len(tasks))
+    need = biggest * workers * (num_ids + 1) * TABLE_BYTES_PER_ID
+    avail = available_memory_bytes()
+    if need > avail:
+        raise UsageError(f"the fleet sweep needs about {need / 2**30:.1f} GiB of block tables ({biggest} caches of "
+                         f"{num_ids:,} distinct blocks x {workers} workers) and {avail / 2**30:.1f} GiB is "
+                         "available: give fewer --instances or --jobs 1")
 
 
 def run_sessions(run: RunDir, stream: Stream) -> tuple[np.ndarray | None, str]:
@@ -133,6 +166,9 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
                 pol, chosen, _ = resolve_fitted(fit, cap.num_blocks, stream.block_size)
                 params = {**chosen, **params}
             tasks += [(name, pol, params, rt, n, cap) for rt in routers for n in counts]
+    tiers = Tiers(hbm.num_blocks if hbm else None, remote.num_blocks if remote else None, remote_cost)
+    if cfg.executor == "local":
+        check_memory(tasks, stream.num_ids, tiers, cfg.jobs)
     out_dir = run.subdir("sim") / "fleet" if cfg.write else None
     jsonl = None
     if out_dir:
@@ -158,7 +194,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     t0 = time.perf_counter()
     shared = _shared(stream, next_req, fit, hbm, cfg.cost)
     shared.update(session=session if session is not None else np.zeros(0, np.int64),
-                  tiers=Tiers(hbm.num_blocks if hbm else None, remote.num_blocks if remote else None, remote_cost))
+                  tiers=tiers)
     map_tasks(_worker_task, queue, shared, done, ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
     order = {(t[0], t[3], t[4], t[5].label): i for i, t in enumerate(tasks)}
     for lst in (rows, failed):
