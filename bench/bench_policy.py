@@ -31,7 +31,7 @@ def fit(run: Path, capacities: str, out: Path) -> float:
 def simulate(run: Path, policy: Path) -> list[dict]:
     """Every baseline, the oracle and the exported choice at CAPACITIES over RUN."""
     res = subprocess.run([*KVTRACE, "simulate", str(run), "-p", ",".join([*BASELINES, "oracle", "fitted"]),
-                          "-c", CAPACITIES, "--params", str(policy), "--json"], check=True,
+                          "-c", CAPACITIES, "--policy-file", str(policy), "--json"], check=True,
                          capture_output=True, text=True)
     return json.loads(res.stdout)["rows"]
 

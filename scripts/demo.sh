@@ -24,7 +24,7 @@ step "4/9 fit: per-category reuse models, hour 1 -> hour 2, and the setting to r
 $K fit "$OUT/run" --train 0:3600 --test 3600: --capacity "0.125L,0.25L,0.5L,1L,2L,4L,$ENGINE_CAP" \
     -o "$OUT/policy.json"
 step "5/9 simulate: every policy, the fitted choice and the oracle over capacities (x the oracle's peak live set)"
-$K simulate "$OUT/run" --policy all,fitted --capacity 0.125L,0.25L,0.5L,1L,2L,4L --params "$OUT/policy.json" \
+$K simulate "$OUT/run" --policies all,fitted --capacity 0.125L,0.25L,0.5L,1L,2L,4L --policy-file "$OUT/policy.json" \
     --ablation
 step "6/9 replay on the CPU vLLM engine with its own LRU ($REPLAY_REQUESTS requests)"
 URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-lru --quiet)
@@ -32,13 +32,13 @@ $K replay "$OUT/run" --server "$URL" --name lru --max-requests "$REPLAY_REQUESTS
     --max-output 4 --speedup "$SPEEDUP" --overwrite
 $K engine stop --name demo-lru
 step "7/9 replay the same slice with the fitted policy inside vLLM (kvtrace plugin: the file's choice for this cache)"
-URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-wa --policy "$OUT/policy.json" \
+URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-wa --policy-file "$OUT/policy.json" \
     --time-scale "$SPEEDUP" --quiet)
 $K replay "$OUT/run" --server "$URL" --name fitted --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
     --max-output 4 --speedup "$SPEEDUP" --overwrite
 $K engine stop --name demo-wa
 step "8/9 compare: engine vs simulator, LRU vs the fitted policy"
-$K compare "$OUT/run/replay/lru" "$OUT/run/replay/fitted" --policy "$OUT/policy.json"
+$K compare "$OUT/run/replay/lru" "$OUT/run/replay/fitted" --policy-file "$OUT/policy.json"
 step "9/9 report: one self-contained HTML file, and a screenshot from headless Chromium"
 $K report "$OUT/run" --screenshot "$OUT/report.png"
 printf '\nreport: %s\nscreenshot: %s\n' "$(realpath "$OUT/run/report.html")" "$(realpath "$OUT/report.png")"

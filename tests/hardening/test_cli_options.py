@@ -80,9 +80,10 @@ def test_analyze_model_options(run_dir: Path, flag: str, value: str) -> None:
     _one_line(["analyze", str(run_dir), flag, value, "-q"], flag if flag != "--params-b" else "num_params")
 
 
-def test_report_and_fit_style_paths(run_dir: Path, tmp_path: Path, tiny_bailian_path: Path) -> None:
+def test_report_and_fit_style_paths(run_dir: Path, tmp_path: Path, tiny_bailian_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a trace given where a run is expected is ingested beside the working folder
     _one_line(["report", str(run_dir), "-o", str(tmp_path)], "is a folder")
-    _one_line(["report", str(tiny_bailian_path)], "is a file, not a kvtrace run folder")
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
     _one_line(["analyze", str(tiny_bailian_path), "-o", str(copy / "requests.parquet"), "-q"],

@@ -241,7 +241,7 @@ def test_markup_in_user_text_is_printed_verbatim(tmp_path: Path) -> None:
     out = tmp_path / "t[/x]"
     r = runner.invoke(app, ["ingest", str(path), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert "t[/x" in r.output
+    assert "t[/x" in "".join(r.output.split())  # table titles wrap where the temp folder's name says
     r = runner.invoke(app, ["analyze", str(out), "--only", "request_mix"])
     assert r.exit_code == 0, r.output
-    assert "t[/x" in r.output
+    assert "t[/x" in "".join(r.output.split())

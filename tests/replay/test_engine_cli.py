@@ -44,7 +44,8 @@ def test_start_refuses_with_one_line(tmp_path: Path, args: list[str], message: s
 
 def test_stop_and_status_of_an_engine_that_does_not_run(tmp_path: Path) -> None:
     proc = _run(tmp_path, "engine", "stop", "--name", "none", "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout) == {"stopped": False, "pid": None, "url": None}
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"schema": "kvtrace.engine-stop/1", "stopped": False,
+                                                          "pid": None, "url": None}
     proc = _run(tmp_path, "engine", "status", "--name", "none")
     assert proc.returncode == 1 and "not running (installed: no)" in proc.stdout
 

@@ -136,7 +136,7 @@ def test_wa_km_model_golden() -> None:
 def test_wa_without_params_is_a_usage_error() -> None:
     from tongyi_trace.errors import UsageError
 
-    with pytest.raises(UsageError, match="--params"):
+    with pytest.raises(UsageError, match="--policy-file"):
         simulate_policy(stream_from_lists([[1]]), "wa", 1)
 
 

@@ -3,29 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
-from tongyi_trace.cli._plan import print_recommendation, recommendation_json
+from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommendation_json
 from tongyi_trace.errors import UsageError
-from tongyi_trace.guard.simulate import guard_cell
-from tongyi_trace.sim.sweep import SimulateOptions, SweepResult, describe_policies, simulate_run
+
+if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not for --help
+    from tongyi_trace.sim.sweep import SweepResult
 
 
 @app.command()
 def simulate(
-    run_dir: Path | None = typer.Argument(None, help="Run folder written by 'kvtrace ingest'."),
-    policy: str = typer.Option("lru,fifo,lfu,s3fifo,gdsf,oracle", "--policy", "-p",
+    run_dir: Path | None = typer.Argument(None, help="Run folder written by 'kvtrace ingest', or a raw trace "
+                                        "(ingested first into ./<trace name>.kvtrace)."),
+    policy: str = typer.Option("lru,fifo,lfu,s3fifo,gdsf,oracle", "--policies", "--policy", "-p",
                                help="Comma-separated: lru,fifo,lfu,s3fifo,gdsf,wa,oracle (or all)."),
     capacity: str = typer.Option("1%,5%,10%,25%,50%,inf", "--capacity", "-c",
                                  help="Comma-separated: blocks (4096), % of distinct blocks (5%), x HBM of "
                                       "--model (0.5x), x the oracle's peak live set (2L), bytes of KV with "
                                       "--model's bytes per block (40GiB, 200GB), inf."),
-    params: Path | None = typer.Option(None, "--params", help="Policy file from 'kvtrace fit' (WA needs it)."),
+    params: Path | None = typer.Option(None, "--policy-file", "--params",
+                                       help="Policy file from 'kvtrace fit' for wa/fitted (default: "
+                                            "RUN_DIR/fit/policy.json)."),
     engine_block_size: int | None = typer.Option(None, "--engine-block-size",
                                                  help="Regroup trace blocks to this many tokens a block."),
     model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path (x HBM "
@@ -63,6 +67,8 @@ def simulate(
     remote_capacity: str | None = typer.Option(None, "--remote-capacity", help="Fleet: one shared remote KV pool."),
     remote_load_s_per_token: float | None = typer.Option(None, "--remote-load-s-per-token",
                                                          help="Fleet: s per token loaded from the remote pool."),
+    name: str | None = typer.Option(None, "--name", help="Keep this sweep in RUN_DIR/sim/NAME/ (replacing a sweep "
+                                    "of that name); the latest sweep is also RUN_DIR/sim/, which the report reads."),
     list_policies: bool = typer.Option(False, "--list-policies", help="Print the policies and parameters."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
@@ -74,12 +80,14 @@ def simulate(
     if run_dir is None:
         run_cli(_missing_run)
         return
+    from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
+
     opts = SimulateOptions(
         policies=policy, capacities=capacity, params_path=params, engine_block_size=engine_block_size,
         model=model, gpu_mem_gib=gpu_mem_gib, tp=tp, hbm_capacity=hbm_capacity, overhead_s=prefill_overhead_s,
         s_per_token=prefill_s_per_token, s_per_loaded_token=load_s_per_token, arrival_scale=arrival_scale,
         cost_from=cost_from, wa_no_life=wa_no_life, wa_conditional=wa_conditional, wa_no_offset=wa_no_offset,
-        ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address)
+        ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address, name=name)
     if instances is not None or router is not None or remote_capacity is not None \
             or remote_load_s_per_token is not None:
         from tongyi_trace.fleet.cli import simulate_fleet_cli
@@ -105,7 +113,8 @@ def simulate(
             say(("warning:", "yellow"), f" {w}", err=True)
         s = result.summary
         console.print(f"ideal hit ratio {s['ideal_hit_ratio']:.4f}; oracle's peak live set "
-                      f"{s['peak_live_blocks']:,} blocks; results in {run_dir / 'sim'}")
+                      f"{s['peak_live_blocks']:,} blocks; results in {Path(s.get('run_dir', run_dir)) / 'sim'}")
+        print_sweeps(Path(s.get("run_dir", run_dir)), name)
     if result.summary["num_failed"]:
         _report_failed(result)
 
@@ -124,6 +133,8 @@ def _missing_run() -> None:
 
 
 def _table(result: SweepResult) -> Table:
+    from tongyi_trace.guard.simulate import guard_cell
+
     t = Table(title="prefix-cache simulation")
     cols = ("policy", "capacity", "blocks", "hit ratio", "token hit", "evictions", "ns/evict",
             "QTTFT mean s", "QTTFT p99 s", "M refs/s", "guard")
@@ -138,6 +149,8 @@ def _table(result: SweepResult) -> Table:
 
 
 def _print_policies(json_out: bool) -> None:
+    from tongyi_trace.sim.sweep import describe_policies
+
     rows = describe_policies()
     if json_out:
         print_json({"policies": rows}, "kvtrace.policies/1")

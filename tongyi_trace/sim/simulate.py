@@ -148,14 +148,14 @@ class Cache:
                  timing: bool = True) -> None:
         if str(policy) == FITTED:
             if fit is None:
-                raise UsageError("policy fitted needs fitted parameters: pass --params policy.json "
+                raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
                                  "(from 'kvtrace fit')")
             policy, chosen, _ = resolve_fitted(fit, capacity_blocks, stream.block_size)
             params = {**chosen, **(params or {})}
         spec = get_policy(policy)
         typed, self.leaf_only = spec.make_params(params)
         if spec.needs_fit and fit is None:
-            raise UsageError(f"policy {spec.name} needs fitted parameters: pass --params policy.json "
+            raise UsageError(f"policy {spec.name} needs fitted parameters: pass --policy-file policy.json "
                              "(from 'kvtrace fit')")
         if capacity_blocks < 0:
             raise UsageError(f"capacity must be >= 0 blocks, got {capacity_blocks}")

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ class SweepConfig:
     write: bool = True
     executor: str = "local"  # local | ray (tongyi_trace/executor.py)
     ray_address: str | None = None  # default $RAY_ADDRESS, else a local Ray instance
+    name: str | None = None  # RUN/sim/NAME/, then copied to RUN/sim/ (the latest, which the report reads)
 
 
 @dataclass
@@ -101,8 +102,8 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
     needy = [base for base, _ in variants if base in ("wa", FITTED)]
     if fit is None and needy:
-        raise UsageError(f"policy {needy[0]} needs fitted parameters: pass --params policy.json "
-                         "(from 'kvtrace fit')")
+        raise UsageError(f"policy {needy[0]} needs fitted parameters: run 'kvtrace fit {run.path}' first "
+                         "(simulate then uses its fit/policy.json) or pass --policy-file FILE")
     for base, _ in variants:  # validate parameters before any work
         if base == FITTED:
             continue
@@ -120,7 +121,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         hbm = parse_capacities(cfg.hbm_capacity, num_distinct=stream.num_ids,
                                block_size_tokens=stream.block_size, model=cfg.model, peak_live=peak_live)[0]
     curve = lru_curve(stream)
-    out_dir = run.subdir("sim") if cfg.write else None
+    out_dir = sweep_dir(run, cfg.name) if cfg.write else None
     jsonl = out_dir / "results.jsonl" if out_dir else None
     if jsonl:
         atomic_write_text(jsonl, "")
@@ -150,11 +151,13 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     failed.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     summary = {
-        "schema": "kvtrace.sim/1", "num_requests": stream.num_requests, "num_refs": stream.num_refs,
+        "schema": "kvtrace.sim/1", "run_dir": str(run.path.resolve()), "num_requests": stream.num_requests,
+        "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
         "peak_live_blocks": peak_live, "capacities": [asdict(c) for c in caps],
         "hbm_capacity": asdict(hbm) if hbm else None, "model": cfg.model.name if cfg.model else None,
+        "model_shape": asdict(cfg.model) if cfg.model else None,
         "cost_model": asdict(cfg.cost) if cfg.cost else None, "params_path": cfg.params_path,
         "policies": cfg.policies, "lru_curve_elapsed_s": curve.elapsed_s,
         "elapsed_s": time.perf_counter() - t0, "warnings": warnings, "executor": cfg.executor,
@@ -166,6 +169,8 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     if out_dir:
         _write_artifacts(out_dir, rows, summary, steps)
         write_guard_tables(out_dir, guard_tables)
+        if cfg.name:
+            publish_latest(out_dir, run.subdir("sim"))
     return SweepResult(rows, summary, steps)
 
 
@@ -241,6 +246,46 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(type(o).__name__)
 
 
+RESERVED_SWEEP_NAMES = frozenset({"fleet", "guard"})  # RUN/sim/ subfolders of other steps
+
+
+def sweep_dir(run: RunDir, name: str | None) -> Path:
+    """RUN/sim/ for an unnamed sweep, RUN/sim/NAME/ (created, emptied of an earlier sweep's files) for a named one."""
+    root = run.subdir("sim")
+    if not name:
+        return root
+    if name in RESERVED_SWEEP_NAMES or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
+            or name.startswith("."):
+        raise UsageError(f"--name {name!r}: use letters, digits, '-', '_' or '.', not {sorted(RESERVED_SWEEP_NAMES)}")
+    d = root / name
+    d.mkdir(exist_ok=True)
+    for f in d.iterdir():
+        if f.is_file():
+            f.unlink()
+    return d
+
+
+def publish_latest(named: Path, root: Path) -> None:
+    """Copy the files of the named sweep NAMED into RUN/sim/ ROOT: the latest sweep is the default."""
+    import shutil
+
+    for f in root.iterdir():
+        if f.is_file():
+            f.unlink()
+    for f in named.iterdir():
+        if f.is_file():
+            shutil.copy2(f, root / f.name)
+
+
+def list_sweeps(run_path: Path) -> list[str]:
+    """Names of the named sweeps in RUN/sim/ (folders holding a summary.json), sorted."""
+    root = Path(run_path) / "sim"
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir()
+                  if d.name not in RESERVED_SWEEP_NAMES and (d / "summary.json").is_file())
+
+
 def _write_artifacts(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any],
                      steps: dict[str, np.ndarray]) -> None:
     flat = [{k: (json.dumps(v) if k == "params" else v) for k, v in r.items() if k != "per_category"}
@@ -279,6 +324,7 @@ class SimulateOptions:
     jobs: int = 0
     executor: str = "local"
     ray_address: str | None = None
+    name: str | None = None
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict[str, dict[str, str]]:
@@ -334,16 +380,24 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     return SweepConfig(policies=names, capacities=opts.capacities, model=model, policy_params=params,
                        params_path=opts.params_path, engine_block_size=opts.engine_block_size,
                        hbm_capacity=opts.hbm_capacity, cost=cost, jobs=opts.jobs, executor=opts.executor,
-                       ray_address=opts.ray_address)
+                       ray_address=opts.ray_address, name=opts.name)
 
 
 def simulate_run(run_dir: Path, opts: SimulateOptions,
                  on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
     """`kvtrace simulate`: open RUN_DIR, resolve OPTS, run the sweep, write RUN_DIR/sim/."""
     from tongyi_trace.run import open_run
+    from tongyi_trace.trace.ingest import ensure_run
 
-    run = open_run(run_dir)
+    # a raw trace is ingested once into ./<trace name>.kvtrace; a missing path says how to make a run
+    run = ensure_run(run_dir) if Path(run_dir).exists() else open_run(run_dir)
     cfg = build_config(opts)
+    fitted_file = run.path.resolve() / "fit" / "policy.json"  # the run's own `kvtrace fit` output is the default
+    if cfg.params_path is None and fitted_file.is_file() and any(
+            policy_variant(p)[0] in ("wa", FITTED) for p in cfg.policies):
+        cfg = replace(cfg, params_path=fitted_file)
+    elif cfg.params_path is not None:
+        cfg = replace(cfg, params_path=Path(cfg.params_path).resolve())
     with run.lock():
         return run_sweep(run, cfg, on_result)
 
