@@ -43,6 +43,34 @@ class LazyGroup(TyperGroup):
             self.add_command(_load(cmd_name), cmd_name)
         return self.commands[cmd_name]
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Click's main, with a mistyped option or value reported as one line (exit 2), not a usage block."""
+        import sys
+
+        from typer.core import _click  # the Click that Typer runs (vendored in Typer 0.29)
+
+        exc = _click.exceptions
+        try:
+            standalone_mode = kwargs.pop("standalone_mode", True)
+            kwargs["standalone_mode"] = False
+            rv = super().main(*args, **kwargs)
+        except exc.NoArgsIsHelpError as e:  # `kvtrace` alone: the help, as before
+            e.show()
+            sys.exit(e.exit_code)
+        except exc.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "kvtrace"
+            typer.echo(f"error: {e.format_message().rstrip('.')}; see '{where} --help'", err=True)
+            sys.exit(e.exit_code)
+        except exc.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        if standalone_mode and isinstance(rv, int):  # typer.Exit(code) in non-standalone mode returns its code
+            sys.exit(rv)
+        return rv
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         """The group's help, listing the commands from their source."""
         self._listing = True

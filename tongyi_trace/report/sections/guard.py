@@ -67,8 +67,8 @@ def build(run: RunDir) -> list[Section]:
                    fmt.num(r["old_reuse_prob"]), fmt.num(r["new_reuse_prob"])]
                   for r in changed.iter_rows(named=True)],
             caption="Categories refitted (their window's KS distance to the running model was too large).")
-        in_lru = float((part["guard_mode"] == "lru").mean() or 0.0)
-        s.values = {"switches": fmt.count(sw.height), "refits": fmt.count(part["refit"].sum()),
+        in_lru = float((part["guard_mode"] == "lru").cast(pl.Float64).mean() or 0.0)  # type: ignore[arg-type]
+        s.values = {"switches": fmt.count(sw.height), "refits": fmt.count(int(part["refit"].cast(pl.Int64).sum())),
                     "lru_share": fmt.pct(in_lru), "num_refitted": fmt.count(changed.height)}
         s.headline = [Headline(f"guard switches ({policy} @ {capacity})", s.values["switches"])]
         out.append(s)
