@@ -1,9 +1,12 @@
 """Capacity-aware fitting (`kvtrace fit --capacity`): which policy setting to run at each cache size.
 
 For each capacity, every candidate is simulated on the train window (a cold cache at the window start,
-the run's requests in arrival order) and the one with the most block hits is chosen; ties go to the
-candidate listed first, and the plugin-runnable baselines (LRU, FIFO, S3-FIFO) are listed first, so the
-choice never loses to them on the data it was chosen on. The choice, LRU and the other baselines are
+the run's requests in arrival order). The best baseline is the plugin-runnable baseline (LRU, FIFO,
+S3-FIFO) with the most block hits (ties: in that order). The best WA setting replaces it only when its
+gain is significant: at least SIGNIFICANCE standard errors, the error estimated from the gain's spread
+over NUM_SLICES consecutive slices of the train window (a setting that wins by noise on one hour loses
+by noise on the next). So the choice never loses to a baseline on the data it was chosen on, and a WA
+choice has beaten the best baseline by more than its own noise there. The choice, LRU and the other baselines are
 then simulated on the test window, and the file records both gains over LRU: the honest figure is the
 test one.
 
@@ -41,6 +44,8 @@ from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
 DEFAULT_CAPACITIES = "1L"
+NUM_SLICES = 10
+SIGNIFICANCE = 2.0
 LIFE_FACTORS = (0.05, 0.25, 1.0)
 BASELINE_CANDIDATES = ("lru", "fifo", "s3fifo")
 
@@ -105,6 +110,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     choices: list[PolicyChoice] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
 
+        hits_of: dict[str, np.ndarray] = {}  # candidate label -> hit blocks per request (train window)
+
         def run_all(stream: Stream, cands: list[Candidate], label: str, blocks: int,
                     window: str) -> list[dict[str, Any]]:
             futs = [pool.submit(simulate_policy, stream, c.policy, blocks, params=dict(c.params), fit=policy,
@@ -112,6 +119,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
             out = []
             for c, f in zip(cands, futs, strict=True):
                 r = f.result()
+                if window == "train":
+                    hits_of[c.label] = r.req_hit_blocks
                 out.append({"capacity": label, "capacity_blocks": blocks, "window": window,
                             "candidate": c.label, "policy": c.policy, "params": dict(c.params),
                             "hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
@@ -129,13 +138,17 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
             more = second_round(cands[best_wa], age_s)
             cands += more
             train_rows += run_all(train_s, more, cap.label, cap.num_blocks, "train")
-            best = max(range(len(cands)), key=lambda k: (train_rows[k]["num_hits"], -k))
-            chosen = cands[best]
+            nb = len(BASELINE_CANDIDATES)
+            base = max(range(nb), key=lambda k: (train_rows[k]["num_hits"], -k))
+            best_wa = max(range(nb, len(cands)), key=lambda k: (train_rows[k]["num_hits"], -k))
+            z = significance(hits_of[cands[best_wa].label], hits_of[cands[base].label])
+            chosen = cands[best_wa] if z >= SIGNIFICANCE else cands[base]
+            hits_of.clear()
             for r in train_rows:
                 r["chosen"] = r["candidate"] == chosen.label
                 r["lru_eviction_age_s"] = age_s
             rows += train_rows
-            tr = _figures(train_rows, chosen)
+            tr = _figures(train_rows, chosen) | {"best_wa": cands[best_wa].label, "best_wa_z": z}
             te: dict[str, Any] = {}
             if test_s is not None:
                 step(f"tuning at {cap.label} ({i + 1}/{len(caps)}): test window")
@@ -151,6 +164,19 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
                                                                     else {})},
                                         train=tr, test=te))
     return choices, rows
+
+
+def significance(hits_a: np.ndarray, hits_b: np.ndarray, num_slices: int = NUM_SLICES) -> float:
+    """How many standard errors A's extra hits over B's are: the per-request differences summed over
+    NUM_SLICES consecutive slices of the requests, total over (sqrt(slices) x the slices' std). +inf when A
+    gains in every slice alike (no spread), 0 when it gains nothing."""
+    d = np.asarray(hits_a, np.float64) - np.asarray(hits_b, np.float64)
+    total = float(d.sum())
+    if total <= 0 or d.size < num_slices:
+        return 0.0 if total <= 0 else math.inf
+    per = np.array([s.sum() for s in np.array_split(d, num_slices)])
+    spread = float(per.std(ddof=1)) * math.sqrt(num_slices)
+    return total / spread if spread > 0 else math.inf
 
 
 def _figures(rows: list[dict[str, Any]], chosen: Candidate) -> dict[str, Any]:
