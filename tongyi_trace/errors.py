@@ -32,3 +32,9 @@ def located(path: object, line: int | None, field: str | None, what: str, fix: s
     where = f"{path}:{line}" if line is not None else f"{path}"
     fld = f" field '{field}'" if field else ""
     return InputError(f"{where}:{fld} {what}; {fix}".replace(": ;", ":"))
+
+
+class ClusterError(KvtraceError):
+    """The Ray cluster could not be reached or was lost (finished results are kept on disk)."""
+
+    exit_code = 4

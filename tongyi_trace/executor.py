@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tongyi_trace.errors import KvtraceError, UsageError
+from tongyi_trace.errors import ClusterError, KvtraceError, UsageError
 
 EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 2  # a failed task is retried once
@@ -250,7 +250,7 @@ class RayExecutor:
                     except queue.Empty:
                         if child.is_alive():
                             continue
-                        raise KvtraceError(f"{self._where()}: lost the connection after {finished} of {len(tasks)} "
+                        raise ClusterError(f"{self._where()}: lost the connection after {finished} of {len(tasks)} "
                                            "tasks (the Ray driver ended; Ray's logs are in its session folder); "
                                            "the finished results are written, run again when the cluster is back"
                                            ) from None
@@ -258,7 +258,8 @@ class RayExecutor:
                         finished += 1
                         on_result(msg[1])
                     elif msg[0] == "error":
-                        raise (UsageError if msg[1] == "UsageError" else KvtraceError)(msg[2])
+                        kinds = {"UsageError": UsageError, "ClusterError": ClusterError}
+                        raise kinds.get(msg[1], KvtraceError)(msg[2])
                     else:
                         break
             finally:
@@ -317,7 +318,7 @@ class RayExecutor:
                     finished += 1
                     on_result(out)
         except (exc.RayError, ConnectionError) as e:
-            raise KvtraceError(f"{self._where()}: lost the connection after {finished} of {len(tasks)} tasks "
+            raise ClusterError(f"{self._where()}: lost the connection after {finished} of {len(tasks)} tasks "
                                f"({error_line(e)}); the finished results are written, run again when the "
                                "cluster is back") from None
 
