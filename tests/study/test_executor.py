@@ -134,3 +134,23 @@ def test_lost_cluster_stops_with_one_line(make_ray_head: Callable[..., Any]) -> 
             map_tasks(_slow, list(range(12)), {}, on_result, ExecutorOptions("ray", address))
     assert "\n" not in str(e.value)
     assert [o.value for o in seen[:2]] == [0, 1] and all(o.ok for o in seen[:2])
+
+
+def test_capacity_aware_fit_on_ray_matches_local(tiny_run: Path, ray_address: str, tmp_path: Path) -> None:
+    """`kvtrace fit --capacity` fans its simulations out through the same executor: the choices and every
+    tuning row are the same on Ray as in this process and on the local pool."""
+
+    import polars as pl
+
+    from tongyi_trace.fit.policy_fit import fit_policy
+
+    docs, tables = [], []
+    for name, kw in (("inline", {"jobs": 1}), ("pool", {"jobs": 2}),
+                     ("ray", {"executor": "ray", "ray_address": ray_address})):
+        out = tmp_path / f"{name}.json"
+        fit_policy(tiny_run, out, train="0:200", test="200:", capacities="20%,50%", min_samples=10,
+                   **kw)  # type: ignore[arg-type]
+        docs.append(json.loads(out.read_text())["choices"])
+        tables.append(pl.read_parquet(tiny_run / "fit" / "tuning.parquet").sort(["capacity", "window", "candidate"]))
+    assert docs[0] == docs[1] == docs[2] and len(docs[0]) == 2
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2]) and tables[0].height >= 20

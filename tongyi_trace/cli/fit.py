@@ -36,7 +36,11 @@ def fit(
                                       "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
     model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path "
                               "(x HBM and byte capacities)."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = 2)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = one per core)."),
+    executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster) for the "
+                                 "simulations of the capacity-aware choice."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (--executor ray; "
+                                           "default $RAY_ADDRESS, else a local Ray instance)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
@@ -52,7 +56,8 @@ def fit(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
-                jobs=jobs, on_step=lambda msg: bar.update(task, description=msg))
+                jobs=jobs, executor=executor, ray_address=ray_address,
+                on_step=lambda msg: bar.update(task, description=msg))
 
         outcome = run_cli(go)
     if json_out:

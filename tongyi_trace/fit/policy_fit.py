@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
@@ -94,12 +95,12 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                test: str | None = None, min_samples: int = DEFAULT_MIN_SAMPLES,
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
+               executor: str = "local", ray_address: str | None = None,
                on_step: Callable[[str], None] | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
     TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace)."""
-    if jobs < 0:
-        raise UsageError(f"--jobs {jobs}: must be 0 (automatic) or a positive number")
+    check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
     if not 0.0 <= life_quantile <= 1.0:
@@ -136,7 +137,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         )
         fit_dir = run.subdir("fit")
         if capacities:
-            choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, jobs=jobs, on_step=step)
+            choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
+                                      executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
             write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
                                  fit_dir / "tuning.parquet")

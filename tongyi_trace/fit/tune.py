@@ -26,15 +26,17 @@ number of blocks in the policy file and in a simulation of the run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tongyi_trace.errors import UsageError
+from tongyi_trace.errors import KvtraceError, UsageError
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.events import Window
 from tongyi_trace.fit.params import PolicyChoice, PolicyParams
 from tongyi_trace.models import ModelPreset
@@ -45,6 +47,7 @@ from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
 DEFAULT_CAPACITIES = "1L"
 NUM_SLICES = 10
+INLINE_BELOW_REFS = 1_000_000  # train windows smaller than this are simulated in this process by default
 SIGNIFICANCE = 2.0
 LIFE_FACTORS = (0.05, 0.25, 1.0)
 BASELINE_CANDIDATES = ("lru", "fifo", "s3fifo")
@@ -91,10 +94,28 @@ def window_stream(run: RunDir, w: Window) -> Stream:
     return load_stream(run, np.sort(idx).astype(np.int64))
 
 
+_STREAMS: dict[str, Stream] = {}  # "<tune id>.<window>" -> the stream rebuilt over the shared arrays
+
+
+def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One candidate at one capacity on one window (runs in an executor's worker)."""
+    window, pol, params, blocks = task
+    key = f"{shared['tune_id']}.{window}"
+    if key not in _STREAMS:
+        for old in [k for k in _STREAMS if not k.startswith(f"{shared['tune_id']}.")]:
+            del _STREAMS[old]
+        _STREAMS[key] = Stream(**{k.split(".", 1)[1]: v for k, v in shared.items() if k.startswith(f"{window}.")})
+    r = simulate_policy(_STREAMS[key], pol, blocks, params=dict(params), fit=shared["fit"], timing=False)
+    return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
+            "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs,
+            "req_hit_blocks": r.req_hit_blocks if window == "train" else None}
+
+
 def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
-         model: ModelPreset | None = None, jobs: int = 0,
+         model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
          on_step: Callable[[str], None] | None = None) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
-    """Choose a setting per capacity on TRAIN, check it on TEST; returns (choices, every evaluated row)."""
+    """Choose a setting per capacity on TRAIN, check it on TEST; returns (choices, every evaluated row).
+    The simulations of each round run on EXECUTOR (tongyi_trace.executor: the local pool or Ray)."""
     step = on_step or (lambda _msg: None)
     full = load_stream(run)
     if full.num_refs == 0:
@@ -103,66 +124,87 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
                             model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
     del full, nxt
-    train_s = window_stream(run, train)
-    test_s = window_stream(run, test) if test is not None else None
-    workers = jobs if jobs > 0 else 2
+    windows = {"train": window_stream(run, train)}
+    if test is not None:
+        windows["test"] = window_stream(run, test)
+    shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
+                              for f in dataclasses.fields(st)}
+    shared.update(fit=policy, tune_id=uuid.uuid4().hex)
+    opts = executor or ExecutorOptions()
+    if opts.kind == "local" and opts.jobs == 0 and windows["train"].num_refs < INLINE_BELOW_REFS:
+        opts = ExecutorOptions("local", None, 1)  # a small window: starting worker processes costs more
+
+    def run_round(items: list[tuple[int, str, Candidate]], what: str) -> list[dict[str, Any]]:
+        """Simulate each (capacity index, window, candidate); rows in ITEMS order."""
+        step(f"capacity-aware fit: {what} ({len(items)} simulations)")
+        values: list[Any] = [None] * len(items)
+        errors: list[str] = []
+
+        def done(out: TaskOutcome) -> None:
+            if out.ok:
+                values[out.index] = out.value
+            else:
+                errors.append(str(out.error))
+
+        map_tasks(_simulate_task, [(w, c.policy, c.params, caps[i].num_blocks) for i, w, c in items], shared,
+                  done, opts)
+        if errors:
+            raise KvtraceError(f"capacity-aware fit: {len(errors)} simulation(s) failed; first: {errors[0]}")
+        return [{"capacity": caps[i].label, "capacity_blocks": caps[i].num_blocks, "window": w,
+                 "candidate": c.label, "policy": c.policy, "params": dict(c.params), **v}
+                for (i, w, c), v in zip(items, values, strict=True)]
+
+    lru = Candidate("lru", {})
+    lru_rows = run_round([(i, "train", lru) for i in range(len(caps))], "LRU on the train window")
+    ages = [r["mean_eviction_age_s"] or max(train.end_s - train.start_s, 1.0) for r in lru_rows]
+    first = [first_round(a)[1:] for a in ages]  # LRU is done
+    items1 = [(i, "train", c) for i in range(len(caps)) for c in first[i]]
+    per_cap: list[list[dict[str, Any]]] = [[lru_rows[i]] for i in range(len(caps))]
+    cands: list[list[Candidate]] = [[lru, *first[i]] for i in range(len(caps))]
+    for (i, _, _), r in zip(items1, run_round(items1, "round 1"), strict=True):
+        per_cap[i].append(r)
+    second: list[list[Candidate]] = []
+    for i in range(len(caps)):
+        k = max((k for k in range(len(cands[i])) if cands[i][k].policy == "wa"),
+                key=lambda k: (per_cap[i][k]["num_hits"], -k))
+        second.append(second_round(cands[i][k], ages[i]))
+    items2 = [(i, "train", c) for i in range(len(caps)) for c in second[i]]
+    for (i, _, c), r in zip(items2, run_round(items2, "round 2"), strict=True):
+        per_cap[i].append(r)
+        cands[i].append(c)
+
     rows: list[dict[str, Any]] = []
-    choices: list[PolicyChoice] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-
-        hits_of: dict[str, np.ndarray] = {}  # candidate label -> hit blocks per request (train window)
-
-        def run_all(stream: Stream, cands: list[Candidate], label: str, blocks: int,
-                    window: str) -> list[dict[str, Any]]:
-            futs = [pool.submit(simulate_policy, stream, c.policy, blocks, params=dict(c.params), fit=policy,
-                                timing=False) for c in cands]
-            out = []
-            for c, f in zip(cands, futs, strict=True):
-                r = f.result()
-                if window == "train":
-                    hits_of[c.label] = r.req_hit_blocks
-                out.append({"capacity": label, "capacity_blocks": blocks, "window": window,
-                            "candidate": c.label, "policy": c.policy, "params": dict(c.params),
-                            "hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
-                            "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs})
-            return out
-
-        for i, cap in enumerate(caps):
-            step(f"tuning at {cap.label} ({i + 1}/{len(caps)}): train window")
-            lru_row = run_all(train_s, [Candidate("lru", {})], cap.label, cap.num_blocks, "train")[0]
-            age_s = lru_row["mean_eviction_age_s"] or max(train.end_s - train.start_s, 1.0)
-            cands = first_round(age_s)
-            train_rows = [lru_row, *run_all(train_s, cands[1:], cap.label, cap.num_blocks, "train")]
-            best_wa = max((k for k in range(len(cands)) if cands[k].policy == "wa"),
-                          key=lambda k: (train_rows[k]["num_hits"], -k))
-            more = second_round(cands[best_wa], age_s)
-            cands += more
-            train_rows += run_all(train_s, more, cap.label, cap.num_blocks, "train")
-            nb = len(BASELINE_CANDIDATES)
-            base = max(range(nb), key=lambda k: (train_rows[k]["num_hits"], -k))
-            best_wa = max(range(nb, len(cands)), key=lambda k: (train_rows[k]["num_hits"], -k))
-            z = significance(hits_of[cands[best_wa].label], hits_of[cands[base].label])
-            chosen = cands[best_wa] if z >= SIGNIFICANCE else cands[base]
-            hits_of.clear()
-            for r in train_rows:
-                r["chosen"] = r["candidate"] == chosen.label
-                r["lru_eviction_age_s"] = age_s
-            rows += train_rows
-            tr = _figures(train_rows, chosen) | {"best_wa": cands[best_wa].label, "best_wa_z": z}
-            te: dict[str, Any] = {}
-            if test_s is not None:
-                step(f"tuning at {cap.label} ({i + 1}/{len(caps)}): test window")
-                check = cands[:len(BASELINE_CANDIDATES)] + ([chosen] if chosen.policy == "wa" else [])
-                test_rows = run_all(test_s, check, cap.label, cap.num_blocks, "test")
-                for r in test_rows:
-                    r["chosen"] = r["candidate"] == chosen.label
-                    r["lru_eviction_age_s"] = age_s
-                rows += test_rows
-                te = _figures(test_rows, chosen)
-            choices.append(PolicyChoice(capacity=cap.label, capacity_blocks=cap.num_blocks, policy=chosen.policy,
-                                        params={**chosen.params, **({"leaf_only": True} if chosen.policy == "wa"
-                                                                    else {})},
-                                        train=tr, test=te))
+    chosen: list[Candidate] = []
+    figures: list[dict[str, Any]] = []
+    nb = len(BASELINE_CANDIDATES)
+    for i in range(len(caps)):
+        train_rows = per_cap[i]
+        base = max(range(nb), key=lambda k: (train_rows[k]["num_hits"], -k))
+        best_wa = max(range(nb, len(cands[i])), key=lambda k: (train_rows[k]["num_hits"], -k))
+        z = significance(train_rows[best_wa]["req_hit_blocks"], train_rows[base]["req_hit_blocks"])
+        pick = cands[i][best_wa] if z >= SIGNIFICANCE else cands[i][base]
+        chosen.append(pick)
+        for r in train_rows:
+            r.update(chosen=r["candidate"] == pick.label, lru_eviction_age_s=ages[i])
+        figures.append(_figures(train_rows, pick) | {"best_wa": cands[i][best_wa].label, "best_wa_z": z})
+        rows += train_rows
+    tests: list[dict[str, Any]] = [{} for _ in caps]
+    if test is not None:
+        items = [(i, "test", c) for i in range(len(caps))
+                 for c in cands[i][:nb] + ([chosen[i]] if chosen[i].policy == "wa" else [])]
+        test_rows = run_round(items, "the test window")
+        for i in range(len(caps)):
+            mine = [r for (j, _, _), r in zip(items, test_rows, strict=True) if j == i]
+            for r in mine:
+                r.update(chosen=r["candidate"] == chosen[i].label, lru_eviction_age_s=ages[i])
+            tests[i] = _figures(mine, chosen[i])
+            rows += mine
+    for r in rows:
+        r.pop("req_hit_blocks", None)
+    choices = [PolicyChoice(capacity=cap.label, capacity_blocks=cap.num_blocks, policy=c.policy,
+                            params={**c.params, **({"leaf_only": True} if c.policy == "wa" else {})},
+                            train=tr, test=te)
+               for cap, c, tr, te in zip(caps, chosen, figures, tests, strict=True)]
     return choices, rows
 
 
