@@ -15,9 +15,11 @@ blocks after them); extra[r] slots are held by r while it runs and free afterwar
 Prefix closure (`leaf_only`): the parent of a block is the previous block of its request (parent[x],
 from the stream). The kernel counts each cached block's cached children (NCHILD). With leaf_only, a
 victim the policy chooses while it still has cached children is held back (PARK = 1: cached, out of
-the policy's order) and the policy is asked again; when its last cached child goes it is evicted
-before anything else (PARK = 2, FIFO among such blocks); a hit on a held-back block hands it back to
-the policy like any accessed block. So no block is evicted before its descendants, and no cached
+the policy's order, in the held list) and the policy is asked again; when its last cached child goes it
+is evicted before anything else (PARK = 2, FIFO among such blocks); a hit on a held-back block hands it
+back to the policy like any accessed block. Only when the policy has nothing left to offer is the
+longest-held block evicted although it has children (an engine must find room for the running request;
+vLLM's plugin does the same). So no block is evicted before its descendants, and no cached
 block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
 parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
 """
@@ -79,7 +81,8 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     cat_stats = np.zeros((num_cats, 4), np.int64)
     present = bk[:, PRESENT]
     pinned = bk[:, PINNED]
-    # blocks held back by leaf_only that became leaves: a FIFO as a linked list (sentinel = d)
+    # blocks held back by leaf_only: two FIFOs as linked lists over the same links, the held blocks that
+    # became leaves (sentinel d) and those that still have cached children (sentinel d + 1)
     d = parent.shape[0]
     rnext = rl[0]
     rprev = rl[1]
@@ -137,8 +140,12 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                         v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
                         while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
                             bk[v, PARK] = 1
+                            _append(rnext, rprev, d + 1, v)
                             stats[S_PARKED] += 1
                             v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                        if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
+                            v = rnext[d + 1]
+                            _unpark(bk, rnext, rprev, d, v)
                     if v < 0:
                         break
                     present[v] = 0
@@ -151,12 +158,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
                         bk[p, NCHILD] -= 1
                         if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                            _unlink(rnext, rprev, p)
                             bk[p, PARK] = 2
-                            last = rprev[d]
-                            rnext[last] = p
-                            rprev[p] = last
-                            rnext[p] = d
-                            rprev[d] = p
+                            _append(rnext, rprev, d, p)
                     bk[v, PGEN] = 0
                 if timing:
                     stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
@@ -209,13 +213,27 @@ def cached_prefix_len(req_off: np.ndarray, blk: np.ndarray, bk: np.ndarray, r: i
 
 
 @njit(cache=True, inline="always")
+def _append(rnext: np.ndarray, rprev: np.ndarray, sentinel: int, x: int) -> None:
+    last = rprev[sentinel]
+    rnext[last] = x
+    rprev[x] = last
+    rnext[x] = sentinel
+    rprev[sentinel] = x
+
+
+@njit(cache=True, inline="always")
+def _unlink(rnext: np.ndarray, rprev: np.ndarray, x: int) -> None:
+    p = rprev[x]
+    n = rnext[x]
+    rnext[p] = n
+    rprev[n] = p
+
+
+@njit(cache=True, inline="always")
 def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, d: int, x: int) -> None:
-    """X leaves the held-back state (it is accessed again, or evicted from the ready list)."""
-    if bk[x, PARK] == 2:
-        p = rprev[x]
-        n = rnext[x]
-        rnext[p] = n
-        rprev[n] = p
+    """X leaves the held-back state (it is accessed again, or evicted)."""
+    if bk[x, PARK] != 0:
+        _unlink(rnext, rprev, x)
     bk[x, PARK] = 0
 
 

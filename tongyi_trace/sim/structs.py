@@ -26,7 +26,8 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
     hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
     g   int64[8 + 2 NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
     qs  int64[NQ]                queue sizes
-    rl  int64[2, D + 1]          the kernel's FIFO of held-back blocks that became leaves (kernel.py)
+    rl  int64[2, D + 2]          the kernel's two FIFOs of held-back blocks (kernel.py): next and previous
+                                 links, sentinel D (became leaves) and D + 1 (still with children)
 
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
@@ -68,8 +69,8 @@ GF_QCACHE = 4
 
 def make_state(num_ids: int, num_queues: int, heap_size: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(bk, hp, g, gf, qs, rl) for NUM_IDS blocks; rl = the kernel's list of held-back blocks that
-    became leaves (next and previous links, sentinel NUM_IDS)."""
+    """(bk, hp, g, gf, qs, rl) for NUM_IDS blocks; rl = the links of the kernel's lists of held-back
+    blocks (sentinels NUM_IDS and NUM_IDS + 1)."""
     d = num_ids
     nq = max(num_queues, 1)
     bk = np.zeros((d + nq, NUM_ROWS), np.int64)
@@ -82,7 +83,8 @@ def make_state(num_ids: int, num_queues: int, heap_size: int
     g[G_QCACHE:] = -1
     gf = np.zeros(GF_QCACHE + nq, np.float64)
     gf[GF_NOW] = np.nan
-    rl = np.full((2, d + 1), d, np.int64)
+    rl = np.full((2, d + 2), d, np.int64)
+    rl[:, d + 1] = d + 1
     return bk, np.zeros((max(heap_size, 1), 4), np.int64), g, gf, np.zeros(nq, np.int64), rl
 
 
