@@ -201,13 +201,12 @@ SIM_SPEEDUP = 20.0
 def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
     (255 blocks of 32 tokens = 510 trace blocks): (run folder, policy file)."""
-    from tongyi_trace.fit.policy_fit import fit_policy
-    from tongyi_trace.trace.ingest import ingest_trace
-    from tongyi_trace.trace.synth import synth_to_file
-
     from dataclasses import replace
 
     from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
+    from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.trace.ingest import ingest_trace
+    from tongyi_trace.trace.synth import synth_to_file
 
     d = tmp_path_factory.mktemp("toc_slice")
     synth_to_file("to-c", 3, d / "toc.jsonl", num_requests=160, duration_s=400.0)
