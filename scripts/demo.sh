@@ -4,7 +4,7 @@
 set -euo pipefail
 OUT=${1:-demo-run}
 K=${KVTRACE:-.venv/bin/kvtrace}
-REPLAY_REQUESTS=${REPLAY_REQUESTS:-800}
+REPLAY_REQUESTS=${REPLAY_REQUESTS:-1600}
 ENGINE_BLOCKS=${ENGINE_BLOCKS:-4096}  # x 32 tokens: evictions bind on the replayed slice, and the fitted choice wins there in simulation
 ENGINE_CAP=$(( (ENGINE_BLOCKS - 1) * 2 ))  # the engine's cache in 16-token trace blocks (one is vLLM's null block)
 SPEEDUP=${SPEEDUP:-2}  # twice real time: the tiny CPU engine keeps up one request at a time
