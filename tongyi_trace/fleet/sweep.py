@@ -33,6 +33,7 @@ from tongyi_trace.sim.stream import Stream, next_request_of_refs
 from tongyi_trace.sim.sweep import (
     SimulateOptions,
     SweepConfig,
+    _jsonable,
     _shared,
     _worker_stream,
     build_config,
@@ -232,14 +233,6 @@ def _worker_task(task: tuple[str, str, dict[str, Any], str, int, Capacity], shar
     row.update(policy=name, base_policy=pol, router=rt, capacity=cap.label,
                total_capacity_blocks=cap.num_blocks * n)
     return row
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(type(o).__name__)
 
 
 def fleet_simulate_run(run_dir: Path, opts: SimulateOptions, fleet: FleetOptions,

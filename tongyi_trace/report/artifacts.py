@@ -50,3 +50,31 @@ def require(obj: dict[str, Any], key: str, path: Path, remedy: str) -> Any:
         return obj[key]
     except KeyError:
         raise InputError(f"{path}: field '{key}' missing; {remedy}") from None
+
+
+def read_results(d: Path, required: list[str], optional: list[str], what: str, remedy: str) -> pl.DataFrame | None:
+    """A sweep's results: D/results.parquet, or the rows D/results.jsonl holds so far (a sweep still running
+    or interrupted; failed rows, which carry `error`, left out), with the REQUIRED columns and whichever
+    OPTIONAL ones exist; None when there are none yet. WHAT names the sweep in errors."""
+    df = read_parquet(d / "results.parquet", remedy)
+    if df is None:
+        path = d / "results.jsonl"
+        if not path.is_file():
+            return None
+        keep = set(required) | set(optional)
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}:{i}: not a JSON result ({e.msg}); {remedy}") from e
+                if "error" not in row:
+                    rows.append({k: v for k, v in row.items() if k in keep})
+        if not rows:
+            return None
+        df = pl.DataFrame(rows, infer_schema_length=None)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise InputError(f"{d}: {what} results lack field(s) {', '.join(missing)}; {remedy}")
+    return df.select(required + [c for c in optional if c in df.columns])

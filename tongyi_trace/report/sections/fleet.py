@@ -5,14 +5,12 @@ see docs/fleet.md."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 
-from tongyi_trace.errors import InputError
 from tongyi_trace.report import fmt
-from tongyi_trace.report.artifacts import read_parquet, read_versioned
+from tongyi_trace.report.artifacts import read_results, read_versioned
 from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
@@ -82,25 +80,7 @@ def _figure(res: pl.DataFrame, col: str, title: str, *, log: bool) -> Fig:
 
 
 def _results(d: Path) -> pl.DataFrame | None:
-    """results.parquet, or the rows results.jsonl holds so far (a sweep still running or interrupted)."""
-    df = read_parquet(d / "results.parquet", REMEDY)
-    if df is None:
-        path = d / "results.jsonl"
-        if not path.is_file():
-            return None
-        rows = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{i}: not a JSON result ({e.msg}); {REMEDY}") from e
-                if "error" not in row:
-                    rows.append({k: v for k, v in row.items() if k in COLUMNS})
-        if not rows:
-            return None
-        df = pl.DataFrame(rows, infer_schema_length=None)
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise InputError(f"{d}: fleet results lack field(s) {', '.join(missing)}; {REMEDY}")
-    return df.select(COLUMNS)
+    """The fleet sweep's rows so far (report.artifacts.read_results)."""
+    return read_results(d, COLUMNS, [], "fleet", REMEDY)
+
+
