@@ -17,6 +17,8 @@ from pathlib import Path
 
 from _common import BENCH_DIR, KVTRACE, ingested_run
 
+from tongyi_trace.fit.tune import lru_gap_closed
+
 CAPACITIES = "0.125L,0.25L,0.5L,1L,2L,4L"
 BASELINES = ("lru", "fifo", "lfu", "s3fifo", "gdsf")
 
@@ -60,8 +62,7 @@ def main() -> None:
             best = max((by[(b, cap)] for b in BASELINES), key=lambda r: r["hit_ratio"])
             d_best = 100 * (exp["hit_ratio"] - best["hit_ratio"])
             d_lru = 100 * (exp["hit_ratio"] - lru["hit_ratio"])
-            gap = orc["hit_ratio"] - lru["hit_ratio"]
-            closed = (exp["hit_ratio"] - lru["hit_ratio"]) / gap if gap > 0 else float("nan")
+            closed = lru_gap_closed(exp["hit_ratio"], lru["hit_ratio"], orc["hit_ratio"])
             q = exp["qttft_mean_s"] / lru["qttft_mean_s"] - 1 if lru["qttft_mean_s"] > 0 else float("nan")
             worst[cap] = min(worst.get(cap, float("inf")), d_best)
             print(f"{cap:>9} {exp['hit_ratio']:9.4f} {lru['hit_ratio']:7.4f} "

@@ -31,9 +31,9 @@ from tongyi_trace.sim.registry import Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted
 from tongyi_trace.sim.stream import Stream, next_request_of_refs
 from tongyi_trace.sim.sweep import (
+    RowSink,
     SimulateOptions,
     SweepConfig,
-    _jsonable,
     _shared,
     _worker_stream,
     build_config,
@@ -171,26 +171,18 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     if cfg.executor == "local":
         check_memory(tasks, stream.num_ids, tiers, cfg.jobs)
     out_dir = run.subdir("sim") / "fleet" if cfg.write else None
-    jsonl = None
     if out_dir:
         out_dir.mkdir(exist_ok=True)
-        jsonl = out_dir / "results.jsonl"
-        jsonl.write_text("")
+    sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
+    rows, failed = sink.rows, sink.failed
     queue = sorted(tasks, key=lambda t: (-t[4], -t[5].num_blocks))  # biggest fleets first: the pool ends evenly
-    rows: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
 
     def done(out: TaskOutcome) -> None:
         name, pol, _, rt, n, cap = queue[out.index]
         row = out.value if out.ok else {"policy": name, "base_policy": pol, "router": rt, "num_instances": n,
                                         "capacity": cap.label, "capacity_blocks": cap.num_blocks,
                                         "error": out.error}
-        (rows if out.ok else failed).append(row)
-        if jsonl:
-            with jsonl.open("a") as f:
-                f.write(json.dumps(row, default=_jsonable) + "\n")
-        if on_result:
-            on_result(row, len(rows) + len(failed), len(tasks))
+        sink.add(row, out.ok, len(tasks))
 
     t0 = time.perf_counter()
     shared = _shared(stream, next_req, fit, hbm, cfg.cost)

@@ -103,7 +103,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 break
             pinned[x] = 1
             if bk[x, PARK] != 0:
-                _unpark(bk, rnext, rprev, d, x)
+                _unpark(bk, rnext, rprev, x)
             access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
             h += 1
         hits = min(h, nstat)
@@ -120,7 +120,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 if pinned[x] == 0:
                     pinned[x] = 1
                     if bk[x, PARK] != 0:
-                        _unpark(bk, rnext, rprev, d, x)
+                        _unpark(bk, rnext, rprev, x)
                     access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
                     if k < nstat:
                         stats[S_TOUCHED] += 1
@@ -135,7 +135,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 while g[G_SIZE] >= cap:
                     v = rnext[d]  # a held-back block that became a leaf goes first
                     if v < d:
-                        _unpark(bk, rnext, rprev, d, v)
+                        _unpark(bk, rnext, rprev, v)
                     else:
                         v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
                         while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
@@ -145,7 +145,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                             v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
                         if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
                             v = rnext[d + 1]
-                            _unpark(bk, rnext, rprev, d, v)
+                            _unpark(bk, rnext, rprev, v)
                     if v < 0:
                         break
                     present[v] = 0
@@ -230,7 +230,7 @@ def _unlink(rnext: np.ndarray, rprev: np.ndarray, x: int) -> None:
 
 
 @njit(cache=True, inline="always")
-def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, d: int, x: int) -> None:
+def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, x: int) -> None:
     """X leaves the held-back state (it is accessed again, or evicted)."""
     if bk[x, PARK] != 0:
         _unlink(rnext, rprev, x)

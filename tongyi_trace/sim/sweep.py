@@ -95,6 +95,28 @@ def prepare_stream(run: RunDir, engine_block_size: int | None) -> Stream:
     return regroup(stream, engine_block_size) if engine_block_size else stream
 
 
+class RowSink:
+    """The rows of a sweep as they finish: kept (finished and failed apart), appended to results.jsonl
+    when there is one (created empty here), and passed to ON_RESULT(row, done, total)."""
+
+    def __init__(self, jsonl: Path | None,
+                 on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> None:
+        self.jsonl, self.on_result = jsonl, on_result
+        self.rows: list[dict[str, Any]] = []
+        self.failed: list[dict[str, Any]] = []
+        if jsonl is not None:
+            atomic_write_text(jsonl, "")
+
+    def add(self, row: dict[str, Any], ok: bool, total: int) -> None:
+        """Keep ROW (a finished configuration, or a failed one with `error`) and write it out."""
+        (self.rows if ok else self.failed).append(row)
+        if self.jsonl is not None:
+            with self.jsonl.open("a") as f:
+                f.write(json.dumps(row, default=_jsonable) + "\n")
+        if self.on_result:
+            self.on_result(row, len(self.rows) + len(self.failed), total)
+
+
 def run_sweep(run: RunDir, cfg: SweepConfig,
               on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
     """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
@@ -122,13 +144,10 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
                                block_size_tokens=stream.block_size, model=cfg.model, peak_live=peak_live)[0]
     curve = lru_curve(stream)
     out_dir = sweep_dir(run, cfg.name) if cfg.write else None
-    jsonl = out_dir / "results.jsonl" if out_dir else None
-    if jsonl:
-        atomic_write_text(jsonl, "")
+    sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
     tasks = [_resolve_task(name, base, {**cfg.policy_params.get(base, {}), **over}, cap, fit, stream.block_size)
              for name, (base, over) in zip(cfg.policies, variants, strict=True) for cap in caps]
-    rows: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
+    rows, failed = sink.rows, sink.failed
     guard_tables: list[dict[str, list[dict[str, Any]]]] = []
     queue = _by_cost(tasks)
 
@@ -137,12 +156,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         row = out.value if out.ok else {"policy": name, "base_policy": base, "capacity": cap.label,
                                         "capacity_blocks": cap.num_blocks, "error": out.error}
         guard_tables.append(pop_guard_tables(row))
-        (rows if out.ok else failed).append(row)
-        if jsonl:
-            with jsonl.open("a") as f:
-                f.write(json.dumps(row, default=_jsonable) + "\n")
-        if on_result:
-            on_result(row, len(rows) + len(failed), len(tasks))
+        sink.add(row, out.ok, len(tasks))
 
     t0 = time.perf_counter()
     map_tasks(_worker_task, queue, _shared(stream, next_req, fit, hbm, cfg.cost), done,
