@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from tongyi_trace.replay import engine as eng
+from tongyi_trace import engine as eng
 from tongyi_trace.replay.runner import ReplayOptions, run_replay
 from tongyi_trace.replay.schedule import ScheduleOptions
 from tongyi_trace.trace.ingest import ingest_trace

@@ -64,7 +64,7 @@ def cpu_engine() -> Iterator[dict[str, Any]]:
     import subprocess
     import sys
 
-    from tongyi_trace.replay.engine import is_installed
+    from tongyi_trace.engine.install import is_installed
 
     if not is_installed():
         pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")

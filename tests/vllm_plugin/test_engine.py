@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tongyi_trace.replay import engine
+from tongyi_trace import engine
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine

