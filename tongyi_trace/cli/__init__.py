@@ -23,7 +23,19 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(TyperGroup):
+class QuickGroup(TyperGroup):
+    """A Typer group whose unused --help flag is False, not None: Typer builds a pydantic adapter (~80 ms of
+    imports) to coerce a None, so `kvtrace CMD --help` would pay pydantic for the group's own flag."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        """The group's --help option, defaulting to False."""
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            opt.default = False
+        return opt
+
+
+class LazyGroup(QuickGroup):
     """A Typer group whose commands are imported on first use; its help lists them without importing."""
 
     _listing = False

