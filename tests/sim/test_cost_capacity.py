@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.errors import UsageError
 from tongyi_trace.models import get_preset
 from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
-from tongyi_trace.sim.cost_model import CostModel, calibrate_from_replay, preset_cost, qttft_s, summarize_qttft
+from tongyi_trace.sim.cost_model import CostModel, preset_cost, qttft_s, summarize_qttft
 from tongyi_trace.sim.stream import next_request_of_refs, stream_from_lists
 
 
@@ -31,25 +28,6 @@ def test_preset_cost_from_flops() -> None:
     m = preset_cost("qwen2-7b")
     assert m.s_per_token == pytest.approx(2 * 7.6e9 / (312e12 * 0.5))
     assert m.s_per_loaded_token == pytest.approx(57344 / 25e9)
-
-
-def test_calibrate_from_replay(tmp_path: Path) -> None:
-    d = tmp_path / "replay" / "lru"
-    d.mkdir(parents=True)
-    recs = [{"ttft_ms": 50 + (p - c), "prompt_tokens": p, "cached_tokens": c, "status": "ok"}
-            for p, c in [(100, 0), (200, 100), (300, 0), (50, 32)]]
-    recs.append({"ttft_ms": None, "prompt_tokens": 10, "cached_tokens": None, "status": "error"})
-    (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    m = calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
-    assert (m.overhead_s, m.s_per_token) == (pytest.approx(0.05), pytest.approx(0.001))
-    (d / "records.jsonl").write_text('{"ttft_ms": 1}\n')
-    with pytest.raises(InputError, match=r"records\.jsonl:1"):
-        calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
-    # the replay's own fit wins when present
-    (tmp_path / "replay" / "cost_model.json").write_text('{"schema": "kvtrace.cost/1", "a_s": 0.2, '
-                                                         '"b_s_per_token": 0.0003}')
-    m = calibrate_from_replay(tmp_path, preset_cost("qwen2-7b"))
-    assert (m.overhead_s, m.s_per_token) == (0.2, 0.0003)
 
 
 def test_capacities() -> None:

@@ -2,7 +2,9 @@
 
 For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
 - the engine hit ratio: engine-reported cached tokens / prompt tokens over the replay's completed
-  requests (records.jsonl, status ok: also for an interrupted replay whose summary is incomplete);
+  requests (records.jsonl, status ok: also for an interrupted replay whose summary is incomplete), by
+  `tongyi_trace.replay.metrics.records_hit_ratio`: requests without cached_tokens are left out and
+  counted in a note;
 - the simulator's prediction for each policy at the engine's block size and block count (called as
   the replay's reconciliation calls it), on the same requests in the same order: LRU from the
   replay's own reconciliation, WA (and LRU when missing) from
@@ -27,6 +29,7 @@ import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.run import RunDir, check_identity, open_run, write_json
 from tongyi_trace.vllm_plugin.stats import read_stats
 
@@ -46,6 +49,7 @@ class ReplaySide:
     num_gpu_blocks: int | None
     block_size: int | None
     engine_hit_ratio: float | None
+    num_without_cached_tokens: int | None  # completed requests left out of engine_hit_ratio
     predicted_hit_ratio: dict[str, float | None]
     ttft_ms: dict[str, float | None]
     plugin: dict[str, Any] | None
@@ -149,10 +153,9 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     eviction = plugin.get("mode", "?") if plugin else (
         (summary.get("options") or {}).get("eviction") or "lru (vLLM, no plugin)")
     recs = _ok_records(replay_dir) if (replay_dir / "records.jsonl").is_file() else None
-    prompt = int(recs["prompt_tokens"].sum() or 0) if recs is not None else 0
-    hit = float(recs["cached_tokens"].fill_null(0).sum()) / prompt if recs is not None and prompt else None
-    if recs is not None and recs["cached_tokens"].null_count():
-        notes.append("the server did not report cached_tokens for some requests (counted as 0)")
+    engine_hits = records_hit_ratio(recs) if recs is not None else None
+    if engine_hits is not None and engine_hits.note():
+        notes.append(str(engine_hits.note()))
     predicted: dict[str, float | None] = {p: None for p in SIM_POLICIES}
     policy_path = policy_override or (Path(plugin["policy_path"]) if plugin and plugin.get("policy_path")
                                       else None)
@@ -181,7 +184,10 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     return ReplaySide(
         name=str(summary.get("name") or replay_dir.name), replay_dir=str(replay_dir), run_dir=str(run_dir),
         eviction=str(eviction), num_requests=recs.height if recs is not None else None,
-        num_gpu_blocks=nb, block_size=bs, engine_hit_ratio=hit, predicted_hit_ratio=predicted,
+        num_gpu_blocks=nb, block_size=bs,
+        engine_hit_ratio=engine_hits.hit_ratio if engine_hits is not None else None,
+        num_without_cached_tokens=engine_hits.num_without_cached_tokens if engine_hits is not None else None,
+        predicted_hit_ratio=predicted,
         ttft_ms=_ttft(recs) if recs is not None else {"mean": None, "p50": None, "p99": None},
         plugin=plugin, policy_path=str(policy_path) if policy_path else None, notes=notes)
 

@@ -1,10 +1,21 @@
-"""TTFT vs uncached prompt tokens: the linear cost model `kvtrace simulate --cost-from RUN_DIR` reads.
+"""TTFT vs uncached prompt tokens: the linear cost model replay exports and `kvtrace simulate --cost-from` reads.
 
-Definition. Over the requests of a replay that completed: ttft_s = a_s + b_s_per_token x uncached_tokens,
+Definition. Over the completed requests of a replay: ttft_s = a_s + b_s_per_token x uncached_tokens,
 uncached_tokens = prompt_tokens - cached_tokens (the prefill work the engine really did), fitted by
-ordinary least squares (numpy.polyfit, degree 1). Also reported: R^2, the number of points and the
-uncached-token range the fit covers. At low concurrency TTFT is prefill time; under load it includes
+non-negative least squares (a_s >= 0, b_s_per_token >= 0: a cost cannot be negative; when ordinary least
+squares would give a negative value, the best fit with that value at 0 is taken and `constrained` says
+so).
+Also reported: R^2, the number of points and the uncached-token range the fit covers.
+
+Edge rule (the only one): a fit needs at least MIN_POINTS usable requests (status ok, ttft_ms and
+cached_tokens reported) and at least two distinct uncached-token values; otherwise there is no cost
+model (None). Requests without cached_tokens are not usable (their uncached tokens are unknown); their
+number is recorded in the artifact. At low concurrency TTFT is prefill time; under load it includes
 queueing, so fit on a replay whose in-flight count stays low.
+
+The artifact (schema tongyi_trace.schemas.COST_SCHEMA) is written by replay into the replay folder and,
+naming that replay, into RUN_DIR/replay/cost_model.json, stamped with the run identity; the simulator
+reads only that artifact (tongyi_trace.sim.cost_model.calibrate_from_replay).
 """
 
 from __future__ import annotations
@@ -14,23 +25,29 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-COST_SCHEMA = "kvtrace.cost/1"
+from tongyi_trace.schemas import COST_SCHEMA
+
+MIN_POINTS = 3
+DEFINITION = "ttft_s = a_s + b_s_per_token * (prompt_tokens - cached_tokens), a_s >= 0, b_s_per_token >= 0"
 
 
 def fit_ttft_cost(ok_records: pl.DataFrame) -> dict[str, Any] | None:
-    """The a, b fit of TTFT over uncached tokens, or None with fewer than 3 usable points."""
-    df = ok_records.filter(pl.col("ttft_ms").is_not_null() & pl.col("cached_tokens").is_not_null())
-    if df.height < 3:
+    """The cost-model artifact fitted to completed records, or None under the edge rule (module doc)."""
+    from scipy.optimize import nnls
+
+    timed = ok_records.filter(pl.col("ttft_ms").is_not_null())
+    df = timed.filter(pl.col("cached_tokens").is_not_null())
+    if df.height < MIN_POINTS:
         return None
     x = (df["prompt_tokens"] - df["cached_tokens"]).to_numpy().astype(np.float64)
     y = df["ttft_ms"].to_numpy().astype(np.float64) / 1e3
     if np.ptp(x) == 0:
         return None
-    b, a = np.polyfit(x, y, 1)
+    (a, b), _ = nnls(np.stack([np.ones_like(x), x], axis=1), y)
     resid = y - (a + b * x)
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return {"schema": COST_SCHEMA, "a_s": float(a), "b_s_per_token": float(b), "r2": r2,
-            "num_points": int(df.height), "uncached_tokens_min": int(x.min()),
-            "uncached_tokens_max": int(x.max()),
-            "definition": "ttft_s = a_s + b_s_per_token * (prompt_tokens - cached_tokens)"}
+            "constrained": bool(a == 0.0 or b == 0.0), "num_points": int(df.height),
+            "num_without_cached_tokens": int(timed.height - df.height),
+            "uncached_tokens_min": int(x.min()), "uncached_tokens_max": int(x.max()), "definition": DEFINITION}

@@ -6,6 +6,13 @@ are counted apart, in vllm:prefix_cache_preempted_*): a run's engine hit ratio i
     (hits_after - hits_before) / (queries_after - queries_before).
 vllm:cache_config_info carries block_size and num_gpu_blocks as labels. Source: vLLM 0.32
 vllm/v1/metrics/loggers.py, vllm/v1/core/kv_cache_manager.py (record_prefix_cache_stats).
+
+The same ratio from the replay's records (`records_hit_ratio`, the one function replay's summary and
+`kvtrace compare` use): sum cached_tokens / sum prompt_tokens over the completed requests whose server
+reported cached_tokens. A request without cached_tokens (a server started without
+--enable-prompt-tokens-details, or one that omits usage details) has an unknown hit count: it is left out
+of both sums, never counted as 0, and the number of such requests and their prompt tokens are reported
+beside the ratio.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+
+import polars as pl
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -84,3 +93,35 @@ def delta_hit_ratio(before: MetricsSnapshot, after: MetricsSnapshot) -> tuple[fl
     if queries <= 0 or not 0 <= hits <= queries:  # counters reset or nonsense: no ratio
         return None, 0.0, 0.0
     return hits / queries, hits, queries
+
+
+@dataclass(frozen=True)
+class RecordsHitRatio:
+    """The engine hit ratio from a replay's records, with the requests it had to leave out."""
+
+    hit_ratio: float | None  # cached_tokens / prompt_tokens over the requests counted; None when none
+    num_requests: int  # completed requests counted (cached_tokens reported)
+    cached_tokens: int
+    prompt_tokens: int
+    num_without_cached_tokens: int  # completed requests left out: the server reported no cached_tokens
+    prompt_tokens_without_cached: int  # their prompt tokens
+
+    def note(self) -> str | None:
+        """One line saying what was left out, or None when every request was counted."""
+        if not self.num_without_cached_tokens:
+            return None
+        return (f"{self.num_without_cached_tokens} completed requests ({self.prompt_tokens_without_cached} "
+                "prompt tokens) carry no cached_tokens and are left out of the engine hit ratio (start vLLM "
+                "with --enable-prompt-tokens-details)")
+
+
+def records_hit_ratio(ok_records: pl.DataFrame) -> RecordsHitRatio:
+    """The engine hit ratio over completed records (columns prompt_tokens, cached_tokens), nulls left out
+    and counted (see the module doc)."""
+    known = ok_records.filter(pl.col("cached_tokens").is_not_null())
+    unknown = ok_records.filter(pl.col("cached_tokens").is_null())
+    cached = int(known["cached_tokens"].sum() or 0)
+    prompt = int(known["prompt_tokens"].sum() or 0)
+    return RecordsHitRatio(hit_ratio=cached / prompt if prompt else None, num_requests=known.height,
+                           cached_tokens=cached, prompt_tokens=prompt, num_without_cached_tokens=unknown.height,
+                           prompt_tokens_without_cached=int(unknown["prompt_tokens"].sum() or 0))

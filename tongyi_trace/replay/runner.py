@@ -29,7 +29,7 @@ from tongyi_trace.engine.process import local_engine_at
 from tongyi_trace.errors import EngineError, InputError, KvtraceError, UsageError
 from tongyi_trace.replay.cost import fit_ttft_cost
 from tongyi_trace.replay.dispatch import DispatchOptions, DispatchState, dispatch
-from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, snapshot_from_text
+from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, records_hit_ratio, snapshot_from_text
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
 from tongyi_trace.replay.reconcile import reconcile
 from tongyi_trace.replay.records import RecordWriter, read_records
@@ -335,16 +335,15 @@ def _plugin_window(path: Path | None, before: dict[str, Any] | None) -> dict[str
 def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, Any]:
     """Every summary figure that follows from the records alone."""
     ok = recs.filter(pl.col("status") == "ok")
-    cached_known = ok.filter(pl.col("cached_tokens").is_not_null())
-    prompt_known = int(cached_known["prompt_tokens"].sum() or 0)
+    hits = records_hit_ratio(ok)
     return {
         "counts": {"num_done": recs.height, "num_ok": ok.height, "num_error": recs.height - ok.height,
                    "num_not_finished": None if num_scheduled is None else num_scheduled - recs.height},
-        "records_hit_ratio": (int(cached_known["cached_tokens"].sum()) / prompt_known
-                              if cached_known.height and prompt_known else None),
+        "records_hit_ratio": hits.hit_ratio,
+        "num_without_cached_tokens": hits.num_without_cached_tokens,
         "prompt_tokens_ok": int(ok["prompt_tokens"].sum() or 0),
         "num_cached_over_prompt": int((ok["cached_tokens"] > ok["prompt_tokens"]).sum() or 0),
-        "cached_tokens_reported": cached_known.height == ok.height,
+        "cached_tokens_reported": hits.num_without_cached_tokens == 0,
         "drift_ms": _pcts(recs["drift_ms"]),
         "ttft_ms": _pcts(ok["ttft_ms"]),
         "e2e_ms": _pcts(ok["e2e_ms"]),

@@ -12,7 +12,8 @@ policy with H blocks, so l_i = hit_C(i) - hit_H(i) tokens (hit in the big cache,
 Presets (A800-80GB, bf16, the paper's models): b = 2 x params / (peak FLOP/s x TP x MFU) with 312 TFLOP/s
 and MFU 0.5; a = 15 ms (scheduling, sampling, one decode step); c = KV bytes per token / (PCIe 25 GB/s
 x TP), no overlap (layer-wise async swap would hide part of it). Every value can be overridden, and
-`calibrate_from_replay` fits a, b by least squares to a real engine's records.
+`calibrate_from_replay` takes a, b from the cost model a replay exported (cost_model.json, fitted to a
+real engine by tongyi_trace.replay.cost); the simulator reads nothing else of replay's.
 
 Saturation: the queue's utilization is rho = total prefill time / arrival span (first to last arrival,
 scaled). With rho >= 1 one instance cannot keep up: the backlog, hence QTTFT, grows with the trace's
@@ -21,7 +22,6 @@ length instead of settling. floor(rho) + 1 instances (requests spread evenly) br
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -129,49 +129,32 @@ def summarize_qttft(q: np.ndarray) -> dict[str, float]:
             "qttft_p99_s": float(np.percentile(q, 99))}
 
 
-def calibrate_from_replay(run_path: Path, base: CostModel) -> CostModel:
-    """BASE with a, b taken from a real engine: RUN/replay/cost_model.json (schema kvtrace.cost/1, written
-    by `kvtrace replay`: ttft_s = a_s + b_s_per_token x (prompt_tokens - cached_tokens)) when present,
-    else a least-squares fit over every ok line of RUN/replay/*/records.jsonl (ttft_ms, prompt_tokens,
-    cached_tokens)."""
-    root = Path(run_path) / "replay"
-    fitted = root / "cost_model.json"
-    if fitted.is_file():
-        from tongyi_trace.run import read_artifact
+def cost_artifact_path(path: Path) -> Path:
+    """The cost-model artifact PATH names: the JSON file itself, a replay folder's cost_model.json, or a run
+    folder's replay/cost_model.json (the most recent replay's)."""
+    p = Path(path)
+    for candidate in (p, p / "cost_model.json", p / "replay" / "cost_model.json"):
+        if candidate.is_file():
+            return candidate
+    raise InputError(f"{p}: no cost model here (no cost_model.json, no replay/cost_model.json); run "
+                     "'kvtrace replay' on this run first (it exports the fit after >= 3 completed requests)")
 
-        doc = read_artifact(fitted) or {}  # refuses another run's cost model (run identity)
-        try:
-            a, b = float(doc["a_s"]), float(doc["b_s_per_token"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise InputError(f"{fitted}: field a_s/b_s_per_token unreadable ({e}); re-run 'kvtrace replay'") from e
-        return replace(base, name=f"{base.name}+replay", overhead_s=max(a, 0.0), s_per_token=max(b, 0.0))
-    files = sorted(root.glob("*/records.jsonl"))
-    if not files:
-        raise InputError(f"{run_path}: no replay/cost_model.json or replay/*/records.jsonl; "
-                         "run 'kvtrace replay' first")
-    xs: list[float] = []
-    ys: list[float] = []
-    for f in files:
-        for lineno, line in enumerate(f.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if rec.get("status", "ok") != "ok" or rec.get("ttft_ms") is None:
-                    continue
-                ttft = float(rec["ttft_ms"]) / 1000.0
-                unc = float(rec["prompt_tokens"]) - float(rec.get("cached_tokens") or 0)
-            except (ValueError, KeyError, TypeError) as e:
-                raise InputError(f"{f}:{lineno}: field ttft_ms/prompt_tokens/cached_tokens unreadable ({e}); "
-                                 "re-run 'kvtrace replay'") from e
-            xs.append(unc)
-            ys.append(ttft)
-    if len(xs) < 2:
-        raise InputError(f"{run_path}: fewer than 2 completed replay records; replay more requests")
-    x = np.array(xs)
-    y = np.array(ys)
-    design = np.stack([np.ones_like(x), x], axis=1)
-    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
-    if b < 0:
-        a, b = float(y.mean()), 0.0
-    return replace(base, name=f"{base.name}+replay", overhead_s=max(float(a), 0.0), s_per_token=float(b))
+
+def calibrate_from_replay(path: Path, base: CostModel) -> CostModel:
+    """BASE with a, b from replay's exported cost model (schema tongyi_trace.schemas.COST_SCHEMA, fitted by
+    tongyi_trace.replay.cost: ttft_s = a_s + b_s_per_token x uncached tokens, a_s, b_s_per_token >= 0).
+    PATH: the artifact, a replay folder or a run folder (see cost_artifact_path). Nothing else of replay's
+    is read."""
+    from tongyi_trace.run import read_artifact
+    from tongyi_trace.schemas import COST_SCHEMA
+
+    fitted = cost_artifact_path(path)
+    doc = read_artifact(fitted, COST_SCHEMA) or {}  # refuses another schema or another run's cost model
+    try:
+        a, b = float(doc["a_s"]), float(doc["b_s_per_token"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{fitted}: field a_s/b_s_per_token unreadable ({e}); re-run 'kvtrace replay'") from e
+    if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0):
+        raise InputError(f"{fitted}: field a_s/b_s_per_token must be finite numbers >= 0, found {a}, {b}; "
+                         "re-run 'kvtrace replay'")
+    return replace(base, name=f"{base.name}+replay", overhead_s=a, s_per_token=b)
