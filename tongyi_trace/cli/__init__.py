@@ -145,6 +145,35 @@ def _short_help(name: str) -> str:
     return doc[:1].upper() + doc[1:]
 
 
+def _assigned(module: str, name: str) -> ast.expr:
+    """The expression assigned to NAME at the top of tongyi_trace module MODULE (dotted, e.g. "fit.tune")."""
+    path = Path(__file__).parents[1].joinpath(*module.split(".")).with_suffix(".py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name \
+                and node.value is not None:
+            return node.value
+    raise LookupError(f"{path}: no top-level assignment to {name}")
+
+
+def source_value(module: str, name: str) -> Any:
+    """The literal NAME = ... of tongyi_trace module MODULE, read from its source without importing it, so an
+    option's default or help can name it while `kvtrace CMD --help` stays free of numpy, polars and the like
+    (tests/cli/test_startup.py checks every use against the imported value)."""
+    return ast.literal_eval(_assigned(module, name))
+
+
+def source_keys(module: str, name: str) -> list[str]:
+    """The names of the registry NAME of tongyi_trace module MODULE, read from its source: the string keys of
+    a dict display, else the first string argument of each call in the expression (`Profile("to-c", ...)`)."""
+    value = _assigned(module, name)
+    if isinstance(value, ast.Dict):
+        return [ast.literal_eval(k) for k in value.keys if k is not None]
+    return [n.args[0].value for n in ast.walk(value) if isinstance(n, ast.Call) and n.args
+            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)]
+
+
 def load_all() -> None:
     """Import every command module (for tools that inspect `app.registered_commands`)."""
     for module in dict.fromkeys(COMMANDS.values()):

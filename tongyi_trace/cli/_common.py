@@ -2,7 +2,8 @@
 
 Both consoles have Rich markup and emoji codes OFF: user and server text (file names, trace values,
 server error bodies) is printed verbatim and can never be read as markup. Style a fixed part of a line
-with `say(("error:", "bold red"), " ", text)`; table cells are likewise plain text.
+with `say(("error:", "bold red"), " ", text)`; table cells are likewise plain text. They are built on first
+use: rich.console is not imported by `kvtrace CMD --help` (bench/bench_cli.py).
 """
 
 from __future__ import annotations
@@ -11,25 +12,55 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from tongyi_trace.errors import KvtraceError
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
 
-console = Console(markup=False, emoji=False)
-err_console = Console(stderr=True, markup=False, emoji=False)
+
+class _DeferredConsole:
+    """A Rich Console (markup and emoji off) created on its first attribute access."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        """The Console itself, created now if needed."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, markup=False, emoji=False)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+if TYPE_CHECKING:
+    console: Console
+    err_console: Console
+else:
+    console = _DeferredConsole(stderr=False)
+    err_console = _DeferredConsole(stderr=True)
+
+
+def live_console() -> Console:
+    """The stderr Console itself, for Rich's Progress and Live (which need more than its methods)."""
+    return cast(Any, err_console).get()
 T = TypeVar("T")
 Part = str | tuple[str, str]
 
 
 def say(*parts: Part, err: bool = False) -> None:
     """Print one line built from PARTS: a str verbatim, a (text, style) tuple in that Rich style."""
+    from rich.text import Text
+
     line = Text()
     for p in parts:
         if isinstance(p, str):
@@ -82,7 +113,7 @@ def progress(quiet: bool = False) -> Iterator[Progress]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err_console,
+        console=live_console(),
         disable=quiet or not err_console.is_interactive,
         transient=True,
     ) as p:

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from tongyi_trace.analysis import (
-    ANALYSES,
-    AnalysisOptions,
-    AnalysisReport,
-    parse_only,
-    resolve_models,
-    run_analyses,
-)
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_keys
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
-from tongyi_trace.trace.ingest import ensure_run
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tongyi_trace.analysis import AnalysisReport
 
 
 @app.command()
@@ -27,7 +21,8 @@ def analyze(
     trace_or_run: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest', or a raw trace (ingested first)."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Run folder to ingest a raw trace into "
                                     "(default: ./<trace name>.kvtrace)."),
-    only: str | None = typer.Option(None, "--only", help=f"Comma-separated subset of: {', '.join(ANALYSES)}."),
+    only: str | None = typer.Option(None, "--only", help="Comma-separated subset of: "
+                                    f"{', '.join(source_keys('analysis.runner', 'ANALYSES'))}."),
     model: str = typer.Option("qwen2-7b,llama2-13b,llama3-70b", "--model",
                               help="Comma-separated models for KV bytes and HBM: presets (qwen2-7b, llama2-13b, "
                                    "llama3-70b), Hugging Face config.json paths, or 'custom' with the shape "
@@ -59,6 +54,9 @@ def analyze(
     """
 
     def go() -> tuple[AnalysisReport, str | None]:
+        from tongyi_trace.analysis import AnalysisOptions, parse_only, resolve_models, run_analyses
+        from tongyi_trace.trace.ingest import ensure_run
+
         models = resolve_models(
             [m.strip() for m in model.split(",") if m.strip()], num_layers=layers, num_kv_heads=kv_heads,
             head_dim=head_dim, dtype_bytes=dtype_bytes, params_b=params_b, gpu_mem_gib=gpu_mem_gib, tp=tp,
@@ -130,6 +128,9 @@ def _headlines(name: str, h: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _table(rep: AnalysisReport) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(title=f"kvtrace analyze: {rep.run.path}")
     t.add_column("analysis (paper figure)")
     t.add_column("figure")

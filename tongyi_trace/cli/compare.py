@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, run_cli, say
-from tongyi_trace.replay.compare import SIM_POLICIES, Comparison, ReplaySide, compare_replays
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tongyi_trace.replay.compare import Comparison, ReplaySide
 
 
 @app.command()
@@ -27,6 +30,8 @@ def compare(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
 ) -> None:
     """Engine hit ratio, simulator predictions (LRU, WA), TTFT and plugin counters of two replays."""
+    from tongyi_trace.replay.compare import compare_replays
+
     comp = run_cli(lambda: compare_replays(replay_a, replay_b, policy=policy, output=output))
     if json_out:
         print_json(comp.to_json(), "kvtrace.compare/1")
@@ -61,6 +66,10 @@ def _plugin(side: ReplaySide, key: str) -> Any:
 
 
 def _table(comp: Comparison) -> Table:
+    from rich.table import Table
+
+    from tongyi_trace.replay.compare import SIM_POLICIES
+
     a, b, d = comp.a, comp.b, comp.diff
     t = Table(title="replays side by side")
     t.add_column("")

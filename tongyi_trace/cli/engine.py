@@ -7,8 +7,7 @@ from pathlib import Path
 
 import typer
 
-from tongyi_trace import engine as eng
-from tongyi_trace.cli import QuickGroup, app
+from tongyi_trace.cli import QuickGroup, app, source_value
 from tongyi_trace.cli._common import err_console, print_json, run_cli
 
 engine_app = typer.Typer(
@@ -19,7 +18,8 @@ engine_app = typer.Typer(
 )
 app.add_typer(engine_app, name="engine")
 
-_NAME = typer.Option(eng.DEFAULT_ENGINE_NAME, "--name", help="Engine name (own pid file and log).")
+_NAME = typer.Option(source_value("engine.process", "DEFAULT_ENGINE_NAME"), "--name",
+                     help="Engine name (own pid file and log).")
 
 
 @engine_app.command("install")
@@ -33,6 +33,8 @@ def install_cmd(
     def say(msg: str) -> None:
         if not quiet:
             err_console.print(msg, highlight=False)
+
+    from tongyi_trace import engine as eng
 
     info = run_cli(lambda: eng.install(force=force, log=say))
     if json_out:
@@ -66,6 +68,8 @@ def start_cmd(
         if not quiet and not json_out:
             err_console.print(msg, highlight=False)
 
+    from tongyi_trace import engine as eng
+
     st = run_cli(lambda: eng.start(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                                    eviction=eviction, policy=policy, name=name, timeout_s=timeout_s,
                                    time_scale=time_scale, log=say))
@@ -82,6 +86,8 @@ def stop_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing."),
 ) -> None:
     """Stop exactly the engine process group that 'kvtrace engine start' recorded."""
+    from tongyi_trace import engine as eng
+
     st = run_cli(lambda: eng.stop(name))
     if json_out:
         print_json({"stopped": st is not None, "pid": st.pid if st else None, "url": st.url if st else None},
@@ -98,6 +104,8 @@ def status_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; the exit code says (0 running, 1 not)."),
 ) -> None:
     """Whether the engine runs, answers /health, and where its log is."""
+    from tongyi_trace import engine as eng
+
     s = run_cli(lambda: eng.status(name))
     if json_out:
         print_json(asdict(s), "kvtrace.engine-status/1")

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, run_or_trace, say
-from tongyi_trace.fit.policy_fit import DEFAULT_LIFE_QUANTILE, DEFAULT_MIN_SAMPLES, FitOutcome, fit_policy
-from tongyi_trace.fit.tune import DEFAULT_CAPACITIES
-from tongyi_trace.models import get_preset
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tongyi_trace.fit.policy_fit import FitOutcome
 
 
 @app.command()
@@ -25,13 +26,13 @@ def fit(
                                      help="Fit window, seconds from the trace start (default: all)."),
     test: str | None = typer.Option(None, "--test", metavar="START:END",
                                     help="Held-out window: KS of the train fit on it, beside its own fit."),
-    min_samples: int = typer.Option(DEFAULT_MIN_SAMPLES, "--min-samples",
+    min_samples: int = typer.Option(source_value("fit.policy_fit", "DEFAULT_MIN_SAMPLES"), "--min-samples",
                                     help="Below this many samples a category takes its type's pooled fit, "
                                          "then the fit over all."),
-    life_quantile: float = typer.Option(DEFAULT_LIFE_QUANTILE, "--life-quantile",
+    life_quantile: float = typer.Option(source_value("fit.policy_fit", "DEFAULT_LIFE_QUANTILE"), "--life-quantile",
                                         help="life_s = this quantile of block lifespans (train window)."),
     life_s: float | None = typer.Option(None, "--life-s", help="Use this life_s (s) for every category."),
-    capacity: str = typer.Option(DEFAULT_CAPACITIES, "--capacity", "-c",
+    capacity: str = typer.Option(source_value("fit.tune", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
                                       "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
     model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path "
@@ -51,6 +52,9 @@ def fit(
         task = bar.add_task("fit", total=None)
 
         def go() -> FitOutcome:
+            from tongyi_trace.fit.policy_fit import fit_policy
+            from tongyi_trace.models import get_preset
+
             run = run_or_trace(run_dir).path
             return fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
@@ -77,6 +81,8 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def _tables(outcome: FitOutcome) -> list[Table]:
+    from rich.table import Table
+
     w = outcome.train
     train = Table(title=f"reuse fit F(d) = p (1 - exp(-d / mean)), train window {w.start_s:g}-{w.end_s:g} s")
     for col in ("category", "samples", "p", "mean reuse s", "life s", "KS", "fallback"):

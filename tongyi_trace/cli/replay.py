@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from tongyi_trace.cli import app
-from tongyi_trace.cli._common import console, err_console, print_json, run_cli, say
-from tongyi_trace.engine.model import VOCAB_SIZE
+from tongyi_trace.cli import app, source_value
+from tongyi_trace.cli._common import console, err_console, live_console, print_json, run_cli, say
 from tongyi_trace.errors import UsageError
-from tongyi_trace.replay.dispatch import DispatchState
-from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID
-from tongyi_trace.replay.runner import ReplayOptions, ReplayResult, ServerInfo, run_replay
-from tongyi_trace.replay.runner import reconcile_only as reconcile_only_fn
-from tongyi_trace.replay.schedule import Schedule, ScheduleOptions
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from tongyi_trace.replay.dispatch import DispatchState
+    from tongyi_trace.replay.runner import ReplayOptions, ReplayResult, ServerInfo
+    from tongyi_trace.replay.schedule import Schedule
 
 
 def _fmt(v: Any, pct: bool = False) -> str:
@@ -30,6 +29,8 @@ def _fmt(v: Any, pct: bool = False) -> str:
 
 
 def _render(res: ReplayResult) -> None:
+    from rich.table import Table
+
     s = res.summary
     c = s.get("counts") or {}
     say("replay ", (str(s.get("name")), "bold"), f" {s.get('status')}: {c.get('num_ok', 0)} ok, "
@@ -82,9 +83,9 @@ def replay(
     max_output: int | None = typer.Option(None, "--max-output", help="Cap each request's output tokens."),
     max_in_flight: int | None = typer.Option(None, "--max-in-flight",
                                              help="Cap on concurrent requests (1 = one at a time)."),
-    vocab_size: int = typer.Option(VOCAB_SIZE, "--vocab-size",
+    vocab_size: int = typer.Option(source_value("engine.model", "VOCAB_SIZE"), "--vocab-size",
                                    help="Token ids are drawn below this (the model's ordinary tokens)."),
-    min_token_id: int = typer.Option(DEFAULT_MIN_TOKEN_ID, "--min-token-id",
+    min_token_id: int = typer.Option(source_value("replay.prompts", "DEFAULT_MIN_TOKEN_ID"), "--min-token-id",
                                      help="Lowest token id used (keeps clear of BOS/EOS/pad)."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompt synthesis and session sampling."),
     api_key_env: str | None = typer.Option(None, "--api-key-env",
@@ -105,6 +106,10 @@ def replay(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no tables."),
 ) -> None:
     """Replay a trace against a live vLLM server and reconcile its cache hits with the simulator."""
+
+    from tongyi_trace.replay.runner import ReplayOptions, run_replay
+    from tongyi_trace.replay.runner import reconcile_only as reconcile_only_fn
+    from tongyi_trace.replay.schedule import ScheduleOptions
 
     def build() -> ReplayOptions:
         if server is None and not reconcile_only:
@@ -132,10 +137,12 @@ def replay(
             _render(res)
         return
     assert server is not None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     bar = Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
                    MofNCompleteColumn(),
                    TextColumn("sent {task.fields[sent]} errors {task.fields[errors]} hit {task.fields[hit]}"),
-                   TimeElapsedColumn(), console=err_console,
+                   TimeElapsedColumn(), console=live_console(),
                    disable=quiet or json_out or not err_console.is_interactive, transient=True)
     task: list[TaskID] = []
 

@@ -8,7 +8,6 @@ import typer
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import abs_path, print_json, run_cli, run_or_trace, say
-from tongyi_trace.report import render_report, screenshot
 
 
 @app.command()
@@ -25,6 +24,8 @@ def report(
     """Write a self-contained HTML report (works offline) from the run folder's saved artifacts."""
 
     def go() -> dict[str, str | None]:
+        from tongyi_trace.report import render_report, screenshot
+
         html = render_report(run_or_trace(run_dir), out)
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
         return {"report": abs_path(html), "screenshot": abs_path(png) if png else None}

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
@@ -14,6 +13,8 @@ from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommend
 from tongyi_trace.errors import UsageError
 
 if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not for --help
+    from rich.table import Table
+
     from tongyi_trace.sim.sweep import SweepResult
 
 
@@ -133,6 +134,8 @@ def _missing_run() -> None:
 
 
 def _table(result: SweepResult) -> Table:
+    from rich.table import Table
+
     from tongyi_trace.guard.simulate import guard_cell
 
     t = Table(title="prefix-cache simulation")
@@ -149,6 +152,8 @@ def _table(result: SweepResult) -> Table:
 
 
 def _print_policies(json_out: bool) -> None:
+    from rich.table import Table
+
     from tongyi_trace.sim.sweep import describe_policies
 
     rows = describe_policies()

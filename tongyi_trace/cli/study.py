@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, err_console, print_json, progress, run_cli
-from tongyi_trace.executor import ExecutorOptions
-from tongyi_trace.study import DEFAULT_CAPACITIES, StudyOptions, StudyResult, run_study
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tongyi_trace.study import StudyResult
 
 
 @app.command()
@@ -18,7 +21,7 @@ def study(
     traces: str = typer.Argument(..., metavar="DIR_OR_GLOB",
                                  help="A folder of traces or a quoted glob; file-name order = window order."),
     out: Path = typer.Option(..., "-o", "--out", help="Study folder: run folders, tables, index.html."),
-    capacity: str = typer.Option(DEFAULT_CAPACITIES, "--capacity", "-c",
+    capacity: str = typer.Option(source_value("study", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Capacities of the LRU / WA comparison (simulate's units)."),
     model: str = typer.Option("qwen2-7b", "--model", help="Model preset (x HBM capacities, QTTFT)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes of the local executor (0 = one per core)."),
@@ -31,6 +34,9 @@ def study(
 ) -> None:
     """Every trace into its own run (ingest, analyze, fit, report, LRU vs WA); how the fits drift across
     windows and how WA fitted on one window does on the next."""
+    from tongyi_trace.executor import ExecutorOptions
+    from tongyi_trace.study import StudyOptions, run_study
+
     opts = StudyOptions(capacities=capacity, model=model, executor=ExecutorOptions(executor, ray_address, jobs))
     with progress(quiet or json_out) as bar:
         task = bar.add_task("study", total=None)
@@ -48,6 +54,8 @@ def study(
 
 
 def _table(result: StudyResult) -> Table:
+    from rich.table import Table
+
     t = Table(title="study: windows")
     for c in ("window", "requests", "ideal hit", "capacity", "LRU", "WA own fit", "WA prev fit", "error"):
         t.add_column(c, justify="left" if c in ("window", "capacity", "error") else "right")

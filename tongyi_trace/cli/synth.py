@@ -7,21 +7,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_keys
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli
 from tongyi_trace.errors import UsageError
-from tongyi_trace.trace.synth import PROFILES, SynthSummary, synth_to_file
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tongyi_trace.trace.synth import SynthSummary
     from tongyi_trace.trace.synth_check import CheckRow
 
 
 @app.command()
 def synth(
     out: Path = typer.Option(None, "-o", "--out", help="Output JSONL (.gz/.zst compress by suffix)."),
-    profile: str = typer.Option(None, "--profile", help=f"Profile: {', '.join(PROFILES)} "
+    profile: str = typer.Option(None, "--profile",
+                                help=f"Profile: {', '.join(source_keys('trace.synth', 'PROFILE_TABLE'))} "
                                 "(trace A chatbot, trace B API, reasoning chat, agentic coding)."),
     like: Path = typer.Option(None, "--like", help="A workload.json, a run folder or a policy file from "
                               "'kvtrace fit': follow its request mix, turns and lengths."),
@@ -47,6 +49,8 @@ def synth(
         return
 
     def go() -> SynthSummary:
+        from tongyi_trace.trace.synth import PROFILES, synth_to_file
+
         if (profile is None) == (like is None):
             raise UsageError("give exactly one of --profile " + "|".join(PROFILES) + " or --like workload.json")
         if out is None:
@@ -65,6 +69,8 @@ def synth(
         return
     if quiet:
         return
+    from rich.table import Table
+
     t = Table(title=f"synthetic {summary.profile} trace -> {summary.path}", show_header=False)
     for k, v in summary.to_json().items():
         if k in ("path", "profile"):
@@ -79,6 +85,8 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
            quiet: bool) -> None:
     """--check: the band table of PROFILE (measured through ingest, analyses and the LRU curve)."""
     def go() -> list[CheckRow]:
+        from tongyi_trace.trace.synth import PROFILES
+
         if profile is None or like is not None or out is not None:
             raise UsageError("--check takes --profile P (and --seed, --scale), not --like or -o")
         if profile not in PROFILES:
@@ -101,6 +109,8 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
 
 def check_table(title: str, rows: list[CheckRow]) -> Table:
     """The band table: figure, measured value, band, pass/fail (- = not checked at this scale)."""
+    from rich.table import Table
+
     t = Table(title=title)
     for col in ("figure", "measured", "band", "pass"):
         t.add_column(col, justify="left" if col == "figure" else "right")
