@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo-run
 
-.PHONY: install demo test lint bench browser vllm-engine clean
+.PHONY: install demo test lint bench browser vllm-engine docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(STAMP) browser vllm-engine
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tongyi_trace tests bench
 	$(VENV)/bin/mypy tongyi_trace
+
+# docs/cli.md's command reference, from the commands' --help (tests/docs/test_cli_docs.py checks it is current).
+docs: $(STAMP)
+	$(PY) scripts/gen_cli_docs.py
 
 bench: $(STAMP) browser vllm-engine
 	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
