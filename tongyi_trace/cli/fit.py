@@ -61,7 +61,9 @@ def fit(
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
                 jobs=jobs, executor=executor, ray_address=ray_address,
-                on_step=lambda msg: bar.update(task, description=msg))
+                on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
+                on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
+                                                                 total=total))
 
         outcome = run_cli(go)
     if json_out:

@@ -44,7 +44,7 @@ from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
-from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, tune
+from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import open_run, write_json, write_parquet_atomic
 from tongyi_trace.trace.synth_like import workload_summary
@@ -96,10 +96,11 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
                executor: str = "local", ray_address: str | None = None,
-               on_step: Callable[[str], None] | None = None) -> FitOutcome:
+               on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
-    TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace)."""
+    TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace). ON_STEP names each
+    step; ON_PROGRESS counts the categories fitted and the candidate simulations against their number."""
     check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
@@ -108,6 +109,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     if life_s is not None and (not math.isfinite(life_s) or life_s < 0):
         raise UsageError(f"--life-s {life_s}: must be a finite number of seconds >= 0")
     step = on_step or (lambda _msg: None)
+    count = on_progress or (lambda _what, _done, _total: None)
     run = open_run(run_path)
     with run.lock():
         prov = run.provenance()
@@ -118,14 +120,16 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         test_w = parse_window(test, trace_end_s, "--test") if test else None
 
         step("fitting the train window")
-        train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"))
+        train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"),
+                               lambda done, total: count("fitting categories (train window)", done, total))
         lifes = block_lifespans(acc, train_w)
         policy_cats, rows, default = _fit_categories(train_fits, acc.category_type, lifes, min_samples,
                                                      life_quantile, life_s)
         test_fits: dict[str, tuple[Samples, ReuseFit]] = {}
         if test_w is not None:
             step("checking on the test window")
-            test_fits = _own_fits(_nonempty(window_samples(acc, test_w), test_w, trace_end_s, "--test"))
+            test_fits = _own_fits(_nonempty(window_samples(acc, test_w), test_w, trace_end_s, "--test"),
+                                  lambda done, total: count("fitting categories (test window)", done, total))
             _add_test_columns(rows, test_fits, policy_cats, default)
 
         policy = PolicyParams(
@@ -138,6 +142,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         fit_dir = run.subdir("fit")
         if capacities:
             choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
+                                      on_progress=on_progress,
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
             write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
@@ -168,10 +173,17 @@ def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option
     return samples
 
 
-def _own_fits(by_cat: dict[str, Samples]) -> dict[str, tuple[Samples, ReuseFit]]:
-    """Each category's samples with its own fit, plus "default": all categories pooled."""
+def _own_fits(by_cat: dict[str, Samples], fitted: Callable[[int, int], None]
+              ) -> dict[str, tuple[Samples, ReuseFit]]:
+    """Each category's samples with its own fit, plus "default": all categories pooled; FITTED(done, total)
+    after each fit."""
     named = {**by_cat, "default": Samples.concat(list(by_cat.values()))}
-    return {name: (samples, fit_reuse(samples)) for name, samples in named.items()}
+    fits: dict[str, tuple[Samples, ReuseFit]] = {}
+    fitted(0, len(named))
+    for name, samples in named.items():
+        fits[name] = (samples, fit_reuse(samples))
+        fitted(len(fits), len(named))
+    return fits
 
 
 def _fit_categories(fits: dict[str, tuple[Samples, ReuseFit]], types: dict[str, str | None],

@@ -46,6 +46,7 @@ from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
 DEFAULT_CAPACITIES = "1L"
+ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
 NUM_SLICES = 10
 INLINE_BELOW_REFS = 1_000_000  # train windows smaller than this are simulated in this process by default
 SIGNIFICANCE = 2.0
@@ -113,10 +114,13 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
 
 def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
          model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
-         on_step: Callable[[str], None] | None = None) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
+         on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None,
+         ) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
     """Choose a setting per capacity on TRAIN, check it on TEST; returns (choices, every evaluated row).
-    The simulations of each round run on EXECUTOR (tongyi_trace.executor: the local pool or Ray)."""
+    The simulations of each round run on EXECUTOR (tongyi_trace.executor: the local pool or Ray);
+    ON_PROGRESS counts them, round by round."""
     step = on_step or (lambda _msg: None)
+    count = on_progress or (lambda _what, _done, _total: None)
     full = load_stream(run)
     if full.num_refs == 0:
         raise UsageError(f"{run.path}: no block references; nothing to tune")
@@ -139,12 +143,16 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
         step(f"capacity-aware fit: {what} ({len(items)} simulations)")
         values: list[Any] = [None] * len(items)
         errors: list[str] = []
+        num_done = [0]
+        count(f"capacity-aware fit: {what}", 0, len(items))
 
         def done(out: TaskOutcome) -> None:
             if out.ok:
                 values[out.index] = out.value
             else:
                 errors.append(str(out.error))
+            num_done[0] += 1
+            count(f"capacity-aware fit: {what}", num_done[0], len(items))
 
         map_tasks(_simulate_task, [(w, c.policy, c.params, caps[i].num_blocks) for i, w, c in items], shared,
                   done, opts)
