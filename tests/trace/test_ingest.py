@@ -155,3 +155,27 @@ def test_cli_json_figures(tiny_bailian_path: Path, tmp_path: Path) -> None:
     assert doc == {"schema": "kvtrace.ingest-output/1", "run_dir": str((tmp_path / "r").resolve()),
                    "format": "bailian", "block_size": 16, "num_requests": 6, "num_block_refs": 23,
                    "num_distinct_blocks": 10, "duration_s": 30.0, "findings": {}}
+
+
+def test_hash_ids_checked_per_chunk_report_the_first_bad_line(tmp_path: Path) -> None:
+    """Ids are converted once per chunk; a bad id is still reported at its own line, before a later bad line."""
+    path = _write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0, hash_ids=[2**64 - 1, -1]),
+                                         _req(3, ts=2.0, output_length=-3), _req(4, ts=3.0)])
+    with pytest.raises(InputError, match=r"t.jsonl:2: field 'hash_ids' mixes a negative id \(-1\)"):
+        ingest_trace(path, tmp_path / "run")
+    prov = ingest_trace(path, tmp_path / "skip", on_error="skip")
+    assert prov["num_requests"] == 2 and prov["findings"] == {"skipped_lines": 2}
+    assert RunDir(tmp_path / "skip").requests()["chat_id"].to_list() == [1, 4]
+
+
+def test_a_boolean_id_is_found_whatever_the_text_around_it(tmp_path: Path) -> None:
+    """The quick boolean check reads the text after the "hash_ids" key: a value spelled "hash_ids" (and a
+    list) before it must not hide a true among the ids."""
+    line = json.dumps({"note": "hash_ids", "tags": [1], **_req(2, ts=1.0, hash_ids=[20, True])})
+    path = _write(tmp_path / "t.jsonl", [_req(1), line])
+    with pytest.raises(InputError, match=r"t.jsonl:2: field 'hash_ids' must be a list of integers \(flat\), "
+                                         r"found True"):
+        ingest_trace(path, tmp_path / "run")
+    ok = _write(tmp_path / "ok.jsonl", [_req(1), _req(2, ts=1.0, type="hash_ids", hash_ids=[-20, 21])])
+    prov = ingest_trace(ok, tmp_path / "ok")
+    assert prov["num_block_refs"] == 4 and prov["id_domain"] == "signed"

@@ -48,14 +48,13 @@ class DenseIds:
         if 2 * needed <= size:
             return
         while 2 * needed > size:
-            size *= 2
+            size *= 4
         used = self._vals != -1
-        old_keys, old_vals = self._keys[used], self._vals[used]
+        in_order = np.empty(self.num_distinct, dtype=np.int64)
+        in_order[self._vals[used]] = self._keys[used]  # the known ids in order of their numbers
         self._keys = np.zeros(size, dtype=np.int64)
         self._vals = np.full(size, -1, dtype=np.int64)
-        order = np.argsort(old_vals)
-        scratch = np.empty(order.shape[0], dtype=np.int64)
-        _assign(self._keys, self._vals, old_keys[order], 0, scratch)
+        _assign(self._keys, self._vals, in_order, 0, np.empty_like(in_order))
 
     def assign(self, chain: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Dense ids of CHAIN (new ids get the next numbers, in order)."""

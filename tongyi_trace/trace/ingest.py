@@ -14,10 +14,10 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import numpy.typing as npt
 import polars as pl
@@ -54,7 +54,18 @@ from tongyi_trace.trace.reader import (
 
 BLOCKS_SCHEMA = pa.schema([("req_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
                            ("chain_id", pa.int64()), ("chain_idx", pa.int64()), ("num_tokens", pa.int64())])
+# blocks.parquet's encoding: delta-packed integers (runs and counters shrink to a few bits), the chain ids
+# (uniform 64-bit hashes, incompressible) stored plain: 3x faster to write and 2x faster to read than
+# dictionary + zstd, and smaller.
+_DELTA = "DELTA_BINARY_PACKED"
+BLOCKS_WRITE_OPTIONS: dict[str, Any] = {
+    "use_dictionary": False,
+    "compression": {name: "none" if name == "chain_id" else "zstd" for name in BLOCKS_SCHEMA.names},
+    "column_encoding": {name: "PLAIN" if name == "chain_id" else _DELTA for name in BLOCKS_SCHEMA.names},
+}
 ProgressFn = Callable[[int], None]
+if TYPE_CHECKING:
+    import duckdb
 
 
 def file_sha256(path: Path) -> str:
@@ -68,6 +79,8 @@ def file_sha256(path: Path) -> str:
 
 def duckdb_connect(tmp_dir: Path, memory_limit: str = "4GB", threads: int = 2) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection that spills to TMP_DIR under MEMORY_LIMIT."""
+    import duckdb  # only a trace out of time order needs it: not loaded by every ingest
+
     con = duckdb.connect(config={"memory_limit": memory_limit, "threads": threads,
                                  "temp_directory": str(tmp_dir), "preserve_insertion_order": False})
     return con
@@ -184,10 +197,14 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                                                    "user_id", "num_blocks")}
     num_req = 0
     try:
-        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, compression="zstd") as writer:
+        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
+                ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
+            written: Future[None] | None = None
             for chunk in read_chunks(path, fmt, on_error, stats):
                 table, mismatched = _block_table(chunk, num_req, block_size, dense)
-                writer.write_table(table)
+                if written is not None:
+                    written.result()
+                written = pool.submit(writer.write_table, table)
                 findings["hash_len_mismatch"] += mismatched
                 for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
                           "output_tokens", "type", "turn", "user_id"):
@@ -196,6 +213,8 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                 num_req += len(chunk)
                 if progress is not None:
                     progress(num_req)
+            if written is not None:
+                written.result()
         if num_req == 0:
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
@@ -331,7 +350,10 @@ def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.Da
     try:
         con.read_parquet(str(file_order_path)).create_view("file_blocks")
         con.register("req_order", requests.select("raw_idx", "req_idx").to_arrow())
-        con.sql(read_query("ingest_blocks")).write_parquet(str(out), compression="zstd")
+        batches = con.sql(read_query("ingest_blocks")).to_arrow_reader(1 << 20)  # streamed: DuckDB spills
+        with pq.ParquetWriter(out, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
     finally:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)

@@ -31,6 +31,7 @@ from tongyi_trace.errors import InputError, UsageError, located
 FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 20_000
+CHUNK_REFS = 1 << 20  # hash ids per chunk (held as Python ints until the chunk is built)
 PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
 # Ranges every later stage may rely on (validated here, once):
 MAX_TOKENS = (1 << 31) - 1          # input/output lengths: 0..MAX_TOKENS
@@ -142,6 +143,7 @@ class ReadStats:
 
     first_negative_line: int | None = None
     first_unsigned_line: int | None = None
+    num_bytes_read: int = 0  # of the trace file so far (compressed bytes of .gz/.zst): the read's progress
 
     @property
     def id_domain(self) -> str:
@@ -214,9 +216,9 @@ def _split_lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
     """(line number, raw line) of PATH, decompressing .gz/.zst; a damaged or truncated compressed file is
-    an InputError naming the file, never a shorter trace."""
+    an InputError naming the file, never a shorter trace. STATS.num_bytes_read follows the bytes consumed."""
     check_trace_path(path)
     kind = path.suffix if path.suffix in (".gz", ".zst") else None
     try:
@@ -227,7 +229,14 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 lines = _split_lines(_zstd_blocks(raw, path))
             else:
                 lines = iter(raw)
-            yield from enumerate(lines, start=1)
+            if stats is None:
+                yield from enumerate(lines, start=1)
+                return
+            for line_no, line in enumerate(lines, start=1):
+                if not line_no & 0xFFF:  # every 4,096 lines
+                    stats.num_bytes_read = raw.tell()
+                yield line_no, line
+            stats.num_bytes_read = raw.tell()
     except InputError:
         raise
     except (EOFError, OSError, ValueError, zlib.error) as e:
@@ -338,68 +347,32 @@ def _mixed_format(path: Path, line_no: int, rec: Any, bailian: bool, fmt_line: i
     return None
 
 
-def _empty_chunk_lists() -> dict[str, list[Any]]:
-    return {k: [] for k in ("line_no", "chat_id", "parent", "ts", "inp", "out", "type", "turn", "user", "hashes")}
+class _ChunkBuilder:
+    """The requests of one chunk as they are read. Hash ids of records that passed the quick check stay one
+    flat list until the chunk is built (one conversion for the chunk; any id that is not an int64 integer sends
+    the chunk through settle()); settle() converts them record by record with the precise checks, which name
+    the line, and runs before the error of a later line is reported."""
 
+    def __init__(self, path: Path, on_error: str, stats: ReadStats) -> None:
+        self.path, self.on_error, self.stats = path, on_error, stats
+        self.cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent", "ts", "inp", "out",
+                                                            "type", "turn", "user")}
+        self.settled: list[npt.NDArray[np.int64]] = []  # hash ids of the first len(settled) records
+        self.flat: list[int] = []                       # hash ids of the later records, concatenated
+        self.lengths: list[int] = []                    # their lengths
 
-def _to_chunk(c: dict[str, list[Any]]) -> Chunk:
-    lengths = np.fromiter((len(h) for h in c["hashes"]), dtype=np.int64, count=len(c["hashes"]))
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(c["hashes"]) if c["hashes"] else np.zeros(0, dtype=np.int64)
-    return Chunk(
-        line_no=np.asarray(c["line_no"], dtype=np.int64),
-        chat_id=np.asarray(c["chat_id"], dtype=np.int64),
-        parent_chat_id=np.asarray(c["parent"], dtype=np.int64),
-        timestamp_s=np.asarray(c["ts"], dtype=np.float64),
-        input_tokens=np.asarray(c["inp"], dtype=np.int64),
-        output_tokens=np.asarray(c["out"], dtype=np.int64),
-        type=c["type"], turn=c["turn"], user_id=c["user"],
-        hash_ids=flat.astype(np.int64, copy=False), offsets=offsets,
-    )
+    def __len__(self) -> int:
+        return len(self.cols["line_no"])
 
-
-def _skip_or_raise(e: InputError, on_error: str, stats: ReadStats) -> None:
-    """--on-error skip: count the bad line; fail: raise its error."""
-    if on_error != "skip":
-        raise e
-    stats.note("skipped_lines", str(e))
-
-
-def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
-    spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
-    bailian = fmt == "bailian"
-    c = _empty_chunk_lists()
-    first_line = 0
-    for line_no, line in iter_lines(path):
-        stats.num_lines += 1
-        if not line.strip():
-            stats.num_blank += 1
-            continue
-        first_line = first_line or line_no
-        try:
-            rec = _loads(path, line_no, line)
-        except InputError as e:
-            _skip_or_raise(e, on_error, stats)
-            continue
-        mixed = _mixed_format(path, line_no, rec, bailian, first_line)
-        if mixed is not None:
-            raise mixed  # never skipped: the file is wrong, not a line
-        try:
-            hashes = _check_record(path, line_no, rec, spec)
-            uid = rec.get("user_id") if bailian else None
-            if uid is not None and type(uid) not in (str, int):
-                raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
-        except InputError as e:
-            _skip_or_raise(e, on_error, stats)
-            continue
-        stats.note_ids(path, line_no, hashes)
+    def add(self, line_no: int, rec: dict[str, Any], bailian: bool, hashes: list[Any]) -> None:
+        """Append a record whose fields are valid and whose HASHES list holds no boolean (ids not yet checked)."""
+        c = self.cols
         c["line_no"].append(line_no)
         c["ts"].append(rec["timestamp"] if bailian else rec["timestamp"] / 1000.0)
         c["inp"].append(rec["input_length"])
         c["out"].append(rec["output_length"])
-        c["hashes"].append(hashes.view(np.int64))
         if bailian:
+            uid = rec.get("user_id")
             c["chat_id"].append(rec["chat_id"])
             c["parent"].append(rec["parent_chat_id"])
             c["type"].append(rec["type"])
@@ -411,11 +384,165 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
             c["type"].append(None)
             c["turn"].append(None)
             c["user"].append(None)
-        if len(c["line_no"]) >= CHUNK_LINES:
-            yield _to_chunk(c)
-            c = _empty_chunk_lists()
-    if c["line_no"]:
-        yield _to_chunk(c)
+        self.flat.extend(hashes)
+        self.lengths.append(len(hashes))
+
+    def settle(self) -> None:
+        """Convert the pending hash ids record by record (precise checks and id-domain tracking, in file
+        order); a bad record raises, or with --on-error skip is counted and dropped."""
+        first = len(self.settled)
+        keep = [True] * len(self)
+        start = 0
+        for i, n in enumerate(self.lengths, start=first):
+            line_no = self.cols["line_no"][i]
+            try:
+                ids = _hash_array(self.path, line_no, self.flat[start:start + n])
+            except InputError as e:
+                _skip_or_raise(e, self.on_error, self.stats)
+                keep[i] = False
+                ids = np.zeros(0, dtype=np.int64)
+            start += n
+            if keep[i]:
+                self.stats.note_ids(self.path, line_no, ids)
+            self.settled.append(ids.view(np.int64))
+        self.flat, self.lengths = [], []
+        if not all(keep):
+            self.cols = {k: [v for v, ok in zip(vs, keep, strict=True) if ok] for k, vs in self.cols.items()}
+            self.settled = [a for a, ok in zip(self.settled, keep, strict=True) if ok]
+
+    def build(self) -> Chunk:
+        """The chunk; the pending ids are converted at once when every one fits int64, else record by record."""
+        pending: list[npt.NDArray[np.int64]] = []
+        if self.flat:
+            try:
+                arr = np.array(self.flat)  # int64 only when every id is an integer (never a bool here) in range
+            except (OverflowError, ValueError):
+                arr = None
+            if arr is None or arr.dtype != np.int64:
+                self.settle()
+            else:
+                self._note_negative(arr)
+                pending = [arr]
+        lengths = [*(a.shape[0] for a in self.settled), *self.lengths]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+        parts = [*self.settled, *pending]
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        c = self.cols
+        return Chunk(
+            line_no=np.asarray(c["line_no"], dtype=np.int64),
+            chat_id=np.asarray(c["chat_id"], dtype=np.int64),
+            parent_chat_id=np.asarray(c["parent"], dtype=np.int64),
+            timestamp_s=np.asarray(c["ts"], dtype=np.float64),
+            input_tokens=np.asarray(c["inp"], dtype=np.int64),
+            output_tokens=np.asarray(c["out"], dtype=np.int64),
+            type=c["type"], turn=c["turn"], user_id=c["user"],
+            hash_ids=flat, offsets=offsets,
+        )
+
+    def _note_negative(self, arr: npt.NDArray[np.int64]) -> None:
+        """Id-domain tracking of the pending records (all int64) at the first that holds a negative id."""
+        neg = np.flatnonzero(arr < 0)
+        if neg.shape[0]:
+            ends = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
+            r = int(np.searchsorted(ends, neg[0], side="right"))
+            start = int(ends[r] - self.lengths[r])
+            self.stats.note_ids(self.path, self.cols["line_no"][len(self.settled) + r],
+                                arr[start:start + self.lengths[r]])
+
+
+def _skip_or_raise(e: InputError, on_error: str, stats: ReadStats) -> None:
+    """--on-error skip: count the bad line; fail: raise its error."""
+    if on_error != "skip":
+        raise e
+    stats.note("skipped_lines", str(e))
+
+
+_INT_TYPES = {int}
+
+
+def _no_bool_text(line: bytes) -> bool:
+    """True when LINE's hash_ids list certainly holds no true/false: the key appears once and the text up to
+    the first ']' after it has no 'e'. (Were the list not flat integers and booleans, the chunk's conversion
+    sees it; if it is, its text ends at that ']'.)"""
+    i = line.find(b'"hash_ids"')
+    j = line.find(b"]", i)
+    return i >= 0 and b"e" not in line[i + 10:j] and line.find(b'"hash_ids"', j) < 0
+
+
+def _quick_ok(rec: Any, bailian: bool, line: bytes) -> bool:
+    """True when REC (decoded from LINE) certainly passes _check_record and _mixed_format except for the
+    ids in hash_ids (checked per chunk, see _ChunkBuilder), which hold no boolean; anything else goes
+    through the precise checks, which name the problem."""
+    if type(rec) is not dict or (not bailian and any(k in rec for k in _BAILIAN_ONLY)):
+        return False
+    try:
+        ts, inp, out, hashes = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
+        if bailian:
+            cid, par, typ, turn = rec["chat_id"], rec["parent_chat_id"], rec["type"], rec["turn"]
+    except KeyError:
+        return False
+    lim = MAX_ABS_TIME_S if bailian else MAX_ABS_TIME_S * 1000.0
+    if not (type(inp) is int and type(out) is int and (type(ts) is float or type(ts) is int)
+            and 0 <= inp <= MAX_TOKENS and 0 <= out <= MAX_TOKENS and -lim <= ts <= lim
+            and type(hashes) is list and (_no_bool_text(line) or set(map(type, hashes)) <= _INT_TYPES)):
+        return False
+    if not bailian:
+        return True
+    uid = rec.get("user_id")
+    return (type(cid) is int and type(par) is int and type(turn) is int and type(typ) is str
+            and INT64[0] <= cid <= INT64[1] and INT64[0] <= par <= INT64[1] and 0 <= turn <= MAX_TURN
+            and (uid is None or type(uid) is str or type(uid) is int))
+
+
+def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
+    spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
+    bailian = fmt == "bailian"
+    c = _ChunkBuilder(path, on_error, stats)
+    first_line = 0
+    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+    for line_no, line in iter_lines(path, stats):
+        stats.num_lines += 1
+        try:
+            rec = loads(line)
+        except JSONDecodeError:
+            if not line.strip():
+                stats.num_blank += 1
+                continue
+            rec = None
+        first_line = first_line or line_no
+        if _quick_ok(rec, bailian, line):
+            c.add(line_no, rec, bailian, rec["hash_ids"])
+        else:
+            c.settle()  # an earlier line's bad hash id is reported first
+            try:
+                rec = _loads(path, line_no, line) if rec is None else rec
+            except InputError as e:
+                _skip_or_raise(e, on_error, stats)
+                continue
+            mixed = _mixed_format(path, line_no, rec, bailian, first_line)
+            if mixed is not None:
+                raise mixed  # never skipped: the file is wrong, not a line
+            try:
+                _check_record(path, line_no, rec, spec)
+                uid = rec.get("user_id") if bailian else None
+                if uid is not None and type(uid) not in (str, int):
+                    raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
+            except InputError as e:
+                _skip_or_raise(e, on_error, stats)
+                continue
+            c.add(line_no, rec, bailian, rec["hash_ids"])
+        if len(c) >= CHUNK_LINES or len(c.flat) >= CHUNK_REFS:
+            yield from _built(c)
+            c = _ChunkBuilder(path, on_error, stats)
+    yield from _built(c)
+
+
+def _built(c: _ChunkBuilder) -> Iterator[Chunk]:
+    """C's chunk, unless it holds no request (every line skipped)."""
+    chunk = c.build() if len(c) else None
+    if chunk is not None and len(chunk):
+        yield chunk
 
 
 _PARQUET_COLUMNS = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type",
@@ -472,7 +599,8 @@ def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
     unsigned = pa.types.is_unsigned_integer(schema.field("hash_ids").type.value_type)
     row0 = 0
     try:
-        for batch in pf.iter_batches(batch_size=CHUNK_LINES, columns=cols):
+        for batch in pf.iter_batches(batch_size=CHUNK_LINES, columns=cols):  # progress: the share of rows read
+            stats.num_bytes_read = path.stat().st_size * (row0 + batch.num_rows) // max(pf.metadata.num_rows, 1)
             yield _parquet_chunk(path, batch, row0, stats, unsigned)
             row0 += batch.num_rows
     except (pa.ArrowException, OSError) as e:
