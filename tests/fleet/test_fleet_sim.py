@@ -1,5 +1,6 @@
 """The fleet simulator: one instance equals the single-instance simulation for every policy and tier
-setting, golden routing and duplication on hand-made streams, router parameters and errors."""
+setting, golden routing and duplication on hand-made streams, router parameters and errors; caches reused
+between simulations (CachePool) are back in their initial state and give the same results."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import pytest
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.fleet.routers import get_router, parse_routers
+from tongyi_trace.fleet.routers import ROUTERS, get_router, parse_routers
 from tongyi_trace.fleet.routers.session import SessionAffinity
-from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
+from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.registry import REGISTRY
-from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.simulate import Cache, simulate_policy
 from tongyi_trace.sim.stream import next_request_of_refs, stream_from_lists
 
 COST = CostModel("test", overhead_s=0.01, s_per_token=0.001, s_per_loaded_token=0.0002)
@@ -141,3 +142,36 @@ def test_memory_check_names_what_to_do() -> None:
     msg = r"4 caches of 10,000,000,000,000 distinct blocks x 1 workers.*fewer --instances"
     with pytest.raises(UsageError, match=msg):
         check_memory([task], 10**13, Tiers(), 1)
+
+@pytest.mark.parametrize("policy", [p.value for p in REGISTRY])
+def test_a_returned_cache_is_in_its_initial_state(policy: str) -> None:
+    stream = _stream(3, n=80)
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    pool = CachePool()
+    res = simulate_fleet(stream, "prefix", 3, policy, 9, fit=FIT, next_req=nxt, cost=COST, pool=pool,
+                         tiers=Tiers(hbm_blocks=4, remote_blocks=15))
+    assert res.num_hits > 0
+    kept = [c for free in pool.free.values() for c, _ in free]
+    # 3 local + 3 HBM + the remote pool, and the router's index unless the caches are LRU
+    assert len(kept) == 7 + (3 if policy != "lru" else 0) and not pool.lent
+    for cache in kept:
+        new = Cache(stream, cache.spec.name, cache.capacity_blocks, params=cache.params, fit=FIT, next_req=nxt,
+                    timing=False)
+        for got, want in zip(cache.state, new.state, strict=True):
+            assert np.array_equal(got, want, equal_nan=True)
+        assert not cache.stats.any() and not cache.req_hit_tokens.any()
+
+
+@pytest.mark.parametrize("policy", ["lru", "wa", "s3fifo", "gdsf"])
+def test_reused_caches_give_the_same_results(policy: str) -> None:
+    stream = _stream(4, n=90)
+    pool = CachePool()
+    tiers = Tiers(hbm_blocks=5)
+    for router in ROUTERS:
+        for n in (3, 2):  # the 2-instance fleet takes two of the three returned caches
+            new = simulate_fleet(stream, router, n, policy, 11, fit=FIT, cost=COST, tiers=tiers)
+            reused = simulate_fleet(stream, router, n, policy, 11, fit=FIT, cost=COST, tiers=tiers, pool=pool)
+            assert np.array_equal(reused.req_instance, new.req_instance), router
+            assert np.array_equal(reused.req_hit_blocks, new.req_hit_blocks), router
+            assert (reused.num_hbm_hits, reused.duplication) == (new.num_hbm_hits, new.duplication)
+    assert sum(len(v) for v in pool.free.values()) == 6 + (3 if policy != "lru" else 0)

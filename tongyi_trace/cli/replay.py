@@ -69,7 +69,11 @@ def _render(res: ReplayResult) -> None:
 @app.command()
 def replay(
     run_dir: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest' (or 'kvtrace synth')."),
-    server: str | None = typer.Option(None, "--server", help="Base URL of a vLLM OpenAI-compatible server."),
+    server: str | None = typer.Option(None, "--server", help="Base URL of a vLLM OpenAI-compatible server, or "
+                                      "several comma-separated (a fleet replay: give --router)."),
+    router: str | None = typer.Option(None, "--router", help="Several servers: the fleet router that picks each "
+                                      "request's engine (rr, least-loaded, session, prefix, kv-aware, "
+                                      "oracle-affinity; as 'kvtrace simulate --router')."),
     model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
     name: str = typer.Option("default", "--name", help="Artifacts go to RUN_DIR/replay/NAME/."),
     speedup: float = typer.Option(1.0, "--speedup", help="Divide the trace's inter-arrival times by this."),
@@ -123,7 +127,7 @@ def replay(
             name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
             max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
             engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
-            reset_cache=reset_cache, plugin_stats=plugin_stats,
+            reset_cache=reset_cache, plugin_stats=plugin_stats, router=router,
             schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
                                      max_requests=max_requests, sample_sessions=sample_sessions,
                                      closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))

@@ -10,11 +10,18 @@ construction is the inclusive approximation `kvtrace simulate --hbm-capacity` us
 loaded at the cost model's c per token. An optional shared remote pool (one for the fleet, written
 through by every instance) is a cache of `remote_blocks` serving every request; a request hits
 max(local prefix, remote prefix), the part beyond the local prefix loaded at `remote_s_per_token`.
-With one instance and one tier this is exactly `simulate_policy` (tested).
+With one instance and one tier this is exactly `simulate_policy` (tested). With an `EngineShape`
+(sim/engine_model.py) every instance models a vLLM engine, as `kvtrace replay` across several servers
+routes and reconciles (fleet/replay.py).
+
+A block table holds a row per distinct block of the stream (~0.5 s to allocate on the default to-C
+trace): a `CachePool` keeps the caches of one configuration between simulations and resets each by
+restoring only the rows of the blocks it served, so a sweep allocates them once per configuration.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,7 +35,7 @@ from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.kernel import cached_prefix_len
-from tongyi_trace.sim.simulate import Cache
+from tongyi_trace.sim.simulate import Cache, EngineShape
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import PRESENT
 
@@ -95,19 +102,107 @@ class FleetResult:
                 "elapsed_s": self.elapsed_s, "params": self.params}
 
 
+class CachePool:
+    """Caches kept between fleet simulations over one stream in one process. `take` hands out a cache in
+    its initial state (a returned one, reset, or a new one); `give_back` resets a cache by restoring the
+    rows of the blocks of the requests it served (the kernel touches no other row) and the small arrays
+    from a copy taken when the cache was new."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[Any, ...], list[tuple[Cache, _Initial]]] = {}
+        self.lent: dict[int, tuple[tuple[Any, ...], _Initial]] = {}
+        self.keep: list[Any] = []  # the objects whose id() is part of a key stay alive
+
+    def take(self, stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None,
+             fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> Cache:
+        """A cache as `Cache(stream, policy, capacity_blocks, ..., timing=False)` returns it."""
+        key = _pool_key(stream, policy, capacity_blocks, params, fit, engine, next_req)
+        free = self.free.get(key)
+        if free:
+            cache, initial = free.pop()
+        else:
+            self.keep.append((stream, fit, engine, next_req))
+            cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine,
+                          next_req=next_req, timing=False)
+            initial = _Initial.of(cache)
+        self.lent[id(cache)] = (key, initial)
+        return cache
+
+    def give_back(self, cache: Cache, served: np.ndarray) -> None:
+        """Reset CACHE (which served the requests where SERVED is true) and keep it for the next `take`."""
+        key, initial = self.lent.pop(id(cache))
+        initial.restore(cache, served)
+        self.free.setdefault(key, []).append((cache, initial))
+
+
+def _pool_key(stream: Stream, policy: str, capacity_blocks: int, params: dict[str, Any] | None,
+              fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> tuple[Any, ...]:
+    return (id(stream), str(policy), int(capacity_blocks), json.dumps(params or {}, sort_keys=True, default=str),
+            id(fit), id(engine), id(next_req))
+
+
+@dataclass
+class _Initial:
+    """What a new cache's state holds outside the rows of its blocks, and one block row."""
+
+    row: np.ndarray  # the row of a block never referenced (bk)
+    links: np.ndarray  # rl's column of a block never referenced
+    tail: np.ndarray  # bk's queue sentinel rows
+    link_tail: np.ndarray  # rl's sentinel columns
+    small: list[np.ndarray]  # hp, g, gf, qs
+
+    @classmethod
+    def of(cls, cache: Cache) -> _Initial:
+        """The initial state of CACHE (new, nothing served)."""
+        bk, hp, g, gf, qs, rl = cache.state
+        d = cache.stream.num_ids
+        return cls(bk[0].copy(), rl[:, 0].copy(), bk[d:].copy(), rl[:, d:].copy(),
+                   [a.copy() for a in (hp, g, gf, qs)])
+
+    def restore(self, cache: Cache, served: np.ndarray) -> None:
+        """Put CACHE back in its initial state after it served the requests where SERVED is true."""
+        bk, hp, g, gf, qs, rl = cache.state
+        d = cache.stream.num_ids
+        _restore_rows(cache.stream.req_off, cache.stream.blk, served, bk, self.row, rl, self.links)
+        bk[d:] = self.tail
+        rl[:, d:] = self.link_tail
+        for a, a0 in zip((hp, g, gf, qs), self.small, strict=True):
+            a[...] = a0
+        for counts in (cache.stats, cache.cat_stats, cache.req_hit_blocks, cache.req_hit_tokens):
+            counts[...] = 0
+        cache.elapsed_s = 0.0
+
+
+@njit(cache=True)
+def _restore_rows(req_off: np.ndarray, blk: np.ndarray, served: np.ndarray, bk: np.ndarray, row: np.ndarray,
+                  rl: np.ndarray, links: np.ndarray) -> None:
+    """BK[x] = ROW and RL[:, x] = LINKS for every block x of the requests where SERVED is true."""
+    for r in range(served.shape[0]):
+        if served[r]:
+            for k in range(req_off[r], req_off[r + 1]):
+                x = blk[k]
+                bk[x, :] = row
+                rl[0, x] = links[0]
+                rl[1, x] = links[1]
+
+
 class Fleet:
     """The fleet's state while it serves the stream; it is the `FleetView` routers read."""
 
     def __init__(self, stream: Stream, num_instances: int, policy: str, capacity_blocks: int, *,
                  params: dict[str, Any] | None, fit: PolicyParams | None, next_req: np.ndarray | None,
-                 tiers: Tiers, cost: CostModel, session: np.ndarray | None, with_index: bool) -> None:
+                 tiers: Tiers, cost: CostModel, session: np.ndarray | None, with_index: bool,
+                 engine: EngineShape | None = None, pool: CachePool | None = None) -> None:
         if num_instances < 1:
             raise UsageError(f"--instances must be at least 1, got {num_instances}")
         if session is not None and session.shape[0] != stream.num_requests:
             raise UsageError(f"session array has {session.shape[0]} entries for {stream.num_requests} requests")
 
-        def cache(blocks: int) -> Cache:
-            return Cache(stream, policy, blocks, params=params, fit=fit, next_req=next_req, timing=False)
+        self.pool = pool or CachePool()
+
+        def cache(blocks: int, pol: str = policy, pol_params: dict[str, Any] | None = params) -> Cache:
+            return self.pool.take(stream, pol, blocks, params=pol_params, fit=fit, engine=engine,
+                                  next_req=next_req)
 
         self.stream, self.num_instances, self.tiers, self.cost = stream, num_instances, tiers, cost
         self.s_per_token = cost.s_per_token
@@ -118,7 +213,7 @@ class Fleet:
         self.index: list[Cache] = []
         if with_index:  # the router's LRU index of routed prompts; the caches themselves when they are LRU
             same = self.local[0].spec.name == "lru"
-            self.index = self.local if same else [Cache(stream, "lru", capacity_blocks, timing=False)
+            self.index = self.local if same else [cache(capacity_blocks, "lru", None)
                                                   for _ in range(num_instances)]
         self.sessions = session if session is not None else first_blocks(stream)
         self.local_states = List([c.state[0] for c in self.local])
@@ -185,6 +280,16 @@ class Fleet:
         self.routed[i] += 1
         return hits, hbm_hits, local_hits - hbm_hits, remote_hits, tok, load_s, service
 
+    def give_back(self, inst: np.ndarray) -> None:
+        """Return every cache to the pool (INST: the instance that served each request)."""
+        for i in range(self.num_instances):
+            served = inst == i
+            for caches in (self.local, self.hbm, [] if self.index is self.local else self.index):
+                if caches:
+                    self.pool.give_back(caches[i], served)
+        if self.remote is not None:
+            self.pool.give_back(self.remote, np.ones(inst.shape[0], np.bool_))
+
     def duplication_counts(self, r: int) -> tuple[int, int]:
         """(blocks cached on two or more instances, blocks cached on any) after request R (ids are dense in
         order of first reference, so only those below the largest id of requests 0..R can be cached)."""
@@ -231,15 +336,17 @@ def max_id_so_far(stream: Stream) -> np.ndarray:
 def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, policy: str, capacity_blocks: int,
                    *, params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                    next_req: np.ndarray | None = None, tiers: Tiers | None = None, cost: CostModel,
-                   session: np.ndarray | None = None) -> FleetResult:
+                   session: np.ndarray | None = None, engine: EngineShape | None = None,
+                   pool: CachePool | None = None) -> FleetResult:
     """Serve STREAM on NUM_INSTANCES instances of CAPACITY_BLOCKS blocks (HBM + DRAM) each under POLICY
-    (params, fit and next_req as simulate_policy), ROUTER choosing the instance of each request at its
-    arrival. SESSION: the conversation of each request (default: its first block's id)."""
+    (params, fit, next_req and engine as simulate_policy), ROUTER choosing the instance of each request at
+    its arrival. SESSION: the conversation of each request (default: its first block's id). POOL: where
+    the caches come from and go back to (reused by the next simulation with the same settings)."""
     t0 = time.perf_counter()
     rt = get_router(router) if isinstance(router, str) else router
     tiers = tiers or Tiers()
     fleet = Fleet(stream, num_instances, policy, capacity_blocks, params=params, fit=fit, next_req=next_req,
-                  tiers=tiers, cost=cost, session=session, with_index=rt.uses_index)
+                  tiers=tiers, cost=cost, session=session, with_index=rt.uses_index, engine=engine, pool=pool)
     n = stream.num_requests
     inst = np.zeros(n, np.int64)
     hits = np.zeros((n, 5), np.int64)  # hits, hbm, dram, remote, hit tokens
@@ -257,6 +364,9 @@ def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, pol
             d, h = fleet.duplication_counts(r)
             num_dup += d
             num_held += h
+    policy_name, params_used = fleet.local[0].spec.name, dict(fleet.local[0].params)
+    if pool is not None:
+        fleet.give_back(inst)
     uncached = stream.req_tokens - hits[:, 4]
     q = np.zeros(n)
     unit = replace(cost, s_per_loaded_token=1.0)  # load_s is in seconds already
@@ -267,12 +377,12 @@ def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, pol
     span = float(fleet.arrival_s.max() - fleet.arrival_s.min()) if n else 0.0
     util = (busy / span).tolist() if span > 0 else [0.0] * num_instances  # as cost_model's utilization
     return FleetResult(
-        router=rt.name, num_instances=num_instances, policy=fleet.local[0].spec.name,
+        router=rt.name, num_instances=num_instances, policy=policy_name,
         capacity_blocks=int(capacity_blocks), num_refs=stream.num_refs, num_hits=int(hits[:, 0].sum()),
         num_hbm_hits=int(hits[:, 1].sum()), num_dram_hits=int(hits[:, 2].sum()),
         num_remote_hits=int(hits[:, 3].sum()), num_tokens=int(stream.req_tokens.sum()),
         num_hit_tokens=int(hits[:, 4].sum()), qttft=summarize_qttft(q),
         requests_per_instance=np.bincount(inst, minlength=num_instances).tolist(), utilization=util,
         duplication=num_dup / num_held if num_held else 0.0, elapsed_s=time.perf_counter() - t0,
-        params=dict(fleet.local[0].params), req_instance=inst, req_hit_blocks=hits[:, 0].copy(),
+        params=params_used, req_instance=inst, req_hit_blocks=hits[:, 0].copy(),
         req_hit_tokens=hits[:, 4].copy(), req_qttft_s=q)

@@ -1,5 +1,7 @@
 """`kvtrace simulate --instances LIST --router LIST`: every policy x router x instance count x capacity
-(per instance) of one run through the fleet simulator, in parallel, written incrementally.
+(per instance) of one run through the fleet simulator, in parallel, written incrementally. One task is
+one policy x instance count x capacity with every router in turn, on the same caches (fleet/simulate.py,
+CachePool): the block tables are allocated once per task, not once per router.
 
 Artifacts in RUN_DIR/sim/fleet/ (docs/fleet.md):
     results.jsonl    one line per finished configuration, appended as they finish
@@ -21,10 +23,10 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, error_line, map_tasks
 from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.fleet.routers import get_router, parse_routers
-from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
+from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
 from tongyi_trace.run import RunDir, write_json
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.registry import Policy, get_policy
@@ -175,14 +177,20 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         out_dir.mkdir(exist_ok=True)
     sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
     rows, failed = sink.rows, sink.failed
-    queue = sorted(tasks, key=lambda t: (-t[4], -t[5].num_blocks))  # biggest fleets first: the pool ends evenly
+    groups: dict[tuple[Any, ...], list[int]] = {}  # one task per policy x instance count x capacity
+    for k, (name, _, _, _, n, cap) in enumerate(tasks):
+        groups.setdefault((name, n, cap.label), []).append(k)
+    # biggest fleets first: the pool ends evenly
+    queue = sorted(([tasks[k] for k in ks] for ks in groups.values()), key=lambda g: (-g[0][4], -g[0][5].num_blocks))
 
     def done(out: TaskOutcome) -> None:
-        name, pol, _, rt, n, cap = queue[out.index]
-        row = out.value if out.ok else {"policy": name, "base_policy": pol, "router": rt, "num_instances": n,
-                                        "capacity": cap.label, "capacity_blocks": cap.num_blocks,
-                                        "error": out.error}
-        sink.add(row, out.ok, len(tasks))
+        group = queue[out.index]
+        values = out.value if out.ok else [{"error": out.error}] * len(group)
+        for (name, pol, _, rt, n, cap), row in zip(group, values, strict=True):
+            if "error" in row:
+                row = {"policy": name, "base_policy": pol, "router": rt, "num_instances": n, "capacity": cap.label,
+                       "capacity_blocks": cap.num_blocks, "error": row["error"]}
+            sink.add(row, "error" not in row, len(tasks))
 
     t0 = time.perf_counter()
     shared = _shared(stream, next_req, fit, hbm, cfg.cost)
@@ -211,20 +219,28 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     return FleetSweepResult(rows, summary)
 
 
-def _worker_task(task: tuple[str, str, dict[str, Any], str, int, Capacity], shared: Mapping[str, Any]
-                 ) -> dict[str, Any]:
-    """One policy x router x instance count x capacity (runs in an executor's worker)."""
-    name, pol, params, rt, n, cap = task
+def _worker_task(group: list[tuple[str, str, dict[str, Any], str, int, Capacity]], shared: Mapping[str, Any]
+                 ) -> list[dict[str, Any]]:
+    """One policy x instance count x capacity, every router of GROUP in turn on the same caches (runs in an
+    executor's worker): a row per router, {"error": ...} for a router that failed."""
     stream = _worker_stream(shared)
     session = shared["session"]
-    res = simulate_fleet(stream, rt, n, pol, cap.num_blocks, params=params, fit=shared["fit"],
-                         next_req=shared["next_req"] if pol == Policy.ORACLE.value else None,
-                         tiers=shared["tiers"], cost=shared["cost"],
-                         session=np.asarray(session) if len(session) else None)
-    row = res.summary()
-    row.update(policy=name, base_policy=pol, router=rt, capacity=cap.label,
-               total_capacity_blocks=cap.num_blocks * n)
-    return row
+    pool = CachePool()
+    rows: list[dict[str, Any]] = []
+    for name, pol, params, rt, n, cap in group:
+        try:
+            res = simulate_fleet(stream, rt, n, pol, cap.num_blocks, params=params, fit=shared["fit"],
+                                 next_req=shared["next_req"] if pol == Policy.ORACLE.value else None,
+                                 tiers=shared["tiers"], cost=shared["cost"],
+                                 session=np.asarray(session) if len(session) else None, pool=pool)
+        except Exception as e:  # one router's failure is that row's error; the others still run
+            rows.append({"error": error_line(e)})
+            continue
+        row = res.summary()
+        row.update(policy=name, base_policy=pol, router=rt, capacity=cap.label,
+                   total_capacity_blocks=cap.num_blocks * n)
+        rows.append(row)
+    return rows
 
 
 def fleet_simulate_run(run_dir: Path, opts: SimulateOptions, fleet: FleetOptions,

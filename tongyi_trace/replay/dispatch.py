@@ -6,6 +6,8 @@ ignore_eos, stream with stream_options.include_usage (the final usage chunk carr
 prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category, "kv_time_s": trace time}`
 (arrives in the engine as SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as the
 simulator does). TTFT = first chunk with a choice - send time.
+With several servers (a fleet replay), each request goes to the server of its instance (fleet/replay.py
+routes them) and its record says which.
 A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
 (a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
 """
@@ -17,7 +19,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -96,7 +98,7 @@ def _parse_chunk(data: bytes) -> dict[str, object]:
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
-                num_prompt: int, t0: float, headers: dict[str, str]) -> RequestRecord:
+                num_prompt: int, t0: float, headers: dict[str, str], instance: int = 0) -> RequestRecord:
     """Send one request; every outcome (including a reply the client cannot understand) is a record."""
     sent = time.perf_counter()
     ttft: float | None = None
@@ -144,7 +146,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
         engine_prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
         cached_tokens=_int(cached), output_tokens=_int(usage.get("completion_tokens")) if usage else None,
         max_tokens=sr.max_tokens, status=status, http_status=http_status, error=error,
-        tpot_ms=tpot, itl_ms=itl)
+        tpot_ms=tpot, itl_ms=itl, instance=instance)
 
 
 def _decode_times(token_times: list[float], output_tokens: int | None, ok: bool) -> tuple[float | None,
@@ -164,15 +166,18 @@ def _int(v: object) -> int | None:
     return int(v)
 
 
-async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: PromptFn, opts: DispatchOptions,
-                   writer: RecordWriter, state: DispatchState,
-                   on_update: Callable[[DispatchState], None] | None = None) -> None:
-    """Send REQUESTS at their scheduled times; write each finished request's record as it completes."""
+async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], prompt_fn: PromptFn,
+                   opts: DispatchOptions, writer: RecordWriter, state: DispatchState,
+                   on_update: Callable[[DispatchState], None] | None = None,
+                   instance_of: Mapping[int, int] | None = None) -> None:
+    """Send REQUESTS at their scheduled times; write each finished request's record as it completes. URL:
+    one server, or several with INSTANCE_OF (req_idx -> index in URL) saying where each request goes."""
     headers = {"Content-Type": "application/json"}
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
     timeout = aiohttp.ClientTimeout(total=opts.request_timeout_s, sock_connect=30.0)
-    completions_url = url.rstrip("/") + COMPLETIONS_PATH
+    urls = [url] if isinstance(url, str) else list(url)
+    completions_urls = [u.rstrip("/") + COMPLETIONS_PATH for u in urls]
     sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
     finished: dict[int, asyncio.Event] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -180,17 +185,20 @@ async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: Prompt
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm up the client (lazy imports, first connection) so that it does not delay the first sends.
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with session.get(url.rstrip("/") + "/v1/models", headers=headers) as r:
-                await r.read()
+        for u in urls:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(u.rstrip("/") + "/v1/models", headers=headers) as r:
+                    await r.read()
         t0 = time.perf_counter() + opts.start_delay_s
 
-        async def one(sr: ScheduledRequest, body: bytes, num_prompt: int, parent: asyncio.Event | None) -> None:
+        async def one(sr: ScheduledRequest, body: bytes, num_prompt: int, parent: asyncio.Event | None,
+                      instance: int) -> None:
             try:
                 if parent is not None:
                     await parent.wait()
                 state.num_sent += 1
-                rec = await _send(session, completions_url, body, sr, num_prompt, t0, headers)
+                rec = await _send(session, completions_urls[instance], body, sr, num_prompt, t0, headers,
+                                  instance)
                 writer.write(rec)
                 state.num_done += 1
                 if rec.ok:
@@ -219,7 +227,8 @@ async def dispatch(url: str, requests: list[ScheduledRequest], prompt_fn: Prompt
                 await asyncio.sleep(delay)
             if sem is not None:
                 await sem.acquire()
-            task = asyncio.create_task(one(sr, body, len(prompt), parent))
+            instance = instance_of[sr.req_idx] if instance_of is not None else 0
+            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

@@ -3,7 +3,8 @@
 Fields (docs/artifacts/replay.md): req_idx, session_id, category, scheduled_s, sent_s, drift_ms, ttft_ms,
 e2e_ms, prompt_tokens (sent), engine_prompt_tokens (usage.prompt_tokens), cached_tokens
 (usage.prompt_tokens_details.cached_tokens), output_tokens (usage.completion_tokens), max_tokens,
-status ("ok" | "error"), http_status, error. Times are seconds / milliseconds from the replay's start.
+status ("ok" | "error"), http_status, error, instance (the index in the replay's --server list of the
+engine that served it; 0 with one server). Times are seconds / milliseconds from the replay's start.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "sent_s": pl.Float64, "drift_ms": pl.Float64, "ttft_ms": pl.Float64, "e2e_ms": pl.Float64,
     "prompt_tokens": pl.Int64, "engine_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
     "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.Utf8, "http_status": pl.Int64,
-    "error": pl.Utf8, "tpot_ms": pl.Float64, "itl_ms": pl.List(pl.Float64),
+    "error": pl.Utf8, "tpot_ms": pl.Float64, "itl_ms": pl.List(pl.Float64), "instance": pl.Int64,
 }
 
 
@@ -48,6 +49,7 @@ class RequestRecord:
     error: str | None
     tpot_ms: float | None = None  # (last token - first token) / (output tokens - 1), ok requests
     itl_ms: list[float] | None = None  # gaps between successive streamed chunks carrying tokens
+    instance: int = 0  # the engine that served it: its index in the replay's --server list
 
     @property
     def ok(self) -> bool:

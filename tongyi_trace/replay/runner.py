@@ -6,6 +6,8 @@ requests finish), scrape /metrics again, then write the reconciliation against t
 (reconcile.parquet), the TTFT cost fit (cost_model.json) and summary.json. summary.json is written with
 status "running" first and rewritten at the end ("complete", "interrupted" after Ctrl-C, "failed" after a
 crash), so every outcome leaves the finished records and a summary. Artifacts: docs/artifacts/replay.md.
+Several servers (--server URL1,URL2,... --router R): each request goes to the engine the fleet simulator's
+router picks (fleet/replay.py, routing.parquet), and the reconciliation is per instance.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class ReplayOptions:
     overwrite: bool = False
     reset_cache: bool = False
     plugin_stats: Path | None = None
+    router: str | None = None  # several servers: the fleet router (fleet/routers) that spreads the requests
 
 
 @dataclass(frozen=True)
@@ -215,12 +218,20 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     replacing = out_dir.exists() and any(out_dir.iterdir())
     if replacing and not opts.overwrite:
         raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
+    urls = [server]
+    if opts.router is not None or "," in server:
+        from tongyi_trace.fleet.replay import parse_servers
+
+        urls = parse_servers(server, opts.router)
     # validate and connect before touching anything on disk: unreachable -> error, the old replay stays
-    info = probe_server(server, opts.model, opts.api_key, opts.reset_cache)
-    sched = build_schedule(run.requests(), opts.schedule, info.max_model_len)
+    info = probe_server(urls[0], opts.model, opts.api_key, opts.reset_cache)
+    infos = [info] + [probe_server(u, info.model, opts.api_key, opts.reset_cache) for u in urls[1:]]
+    sched = build_schedule(run.requests(), opts.schedule, min((i.max_model_len for i in infos
+                                                               if i.max_model_len is not None), default=None))
     if not sched.requests:
         raise UsageError(f"no request to replay after selection ({_selection(sched)}); widen --start/"
                          "--duration/--sample-sessions or raise the server's --max-model-len")
+    routing = _fleet_routing(run, sched, infos, opts) if len(infos) > 1 else None
     synth = PromptSynth(opts.seed, opts.vocab_size, int(prov["block_size"]), opts.min_token_id)
     index = BlockIndex(run, [r.req_idx for r in sched.requests])
 
@@ -241,16 +252,15 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
         "options": {**{k: v for k, v in asdict(opts).items() if k not in ("schedule", "api_key")},
                     **asdict(opts.schedule), "api_key_set": opts.api_key is not None},
         "selection": _selection(sched),
-        "engine": {"max_model_len": info.max_model_len,
-                   "block_size": opts.engine_block_size or (info.metrics.block_size if info.metrics else None),
-                   "num_gpu_blocks": opts.engine_num_blocks
-                   or (info.metrics.num_gpu_blocks if info.metrics else None),
-                   "cache_config": info.metrics.cache_info if info.metrics else {}},
+        "engine": _engine_figures(info, opts),
     }
+    if routing is not None:
+        summary.update(servers=urls, fleet=routing.summary())
+        write_parquet_atomic(routing.table, out_dir / "routing.parquet")
     run.write_artifact(out_dir / "summary.json", summary)
     if on_start is not None:
         on_start(sched, info)
-    stats_path = _plugin_stats_path(info.url, opts.plugin_stats)
+    stats_path = _plugin_stats_path(info.url, opts.plugin_stats) if routing is None else opts.plugin_stats
     stats_before = read_stats(stats_path) if stats_path else None
     summary["plugin_stats_path"] = str(stats_path) if stats_path else None
     state = DispatchState(num_scheduled=len(sched.requests))
@@ -262,7 +272,8 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     status, error = "complete", None
     try:
         with stop_signals_interrupt():
-            asyncio.run(dispatch(info.url, sched.requests, prompt_of, dopts, writer, state, on_update))
+            asyncio.run(dispatch(urls, sched.requests, prompt_of, dopts, writer, state, on_update,
+                                 routing.instance_of() if routing is not None else None))
     except KeyboardInterrupt as e:
         status, error = "interrupted", (str(e) or None)
     except Exception as e:
@@ -270,9 +281,28 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
         raise
     finally:
         writer.close()
-        _finalize(run, out_dir, info, opts, summary, status, error, time.monotonic() - t_start,
+        _finalize(run, out_dir, infos, opts, summary, status, error, time.monotonic() - t_start,
                   stats_path, stats_before)
     return ReplayResult(out_dir, summary)
+
+
+def _engine_figures(info: ServerInfo, opts: ReplayOptions) -> dict[str, Any]:
+    """The engine's length limit and cache shape (the options win over what /metrics says)."""
+    return {"max_model_len": info.max_model_len,
+            "block_size": opts.engine_block_size or (info.metrics.block_size if info.metrics else None),
+            "num_gpu_blocks": opts.engine_num_blocks or (info.metrics.num_gpu_blocks if info.metrics else None),
+            "cache_config": info.metrics.cache_info if info.metrics else {}}
+
+
+def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo], opts: ReplayOptions) -> Any:
+    """The fleet router's instance for every scheduled request (fleet/replay.py)."""
+    from tongyi_trace.fleet.replay import engine_shape_of, route_requests
+
+    shapes = [(i.url, e["block_size"], e["num_gpu_blocks"]) for i in infos for e in [_engine_figures(i, opts)]]
+    bs, nb = engine_shape_of(shapes)
+    assert opts.router is not None
+    return route_requests(run, [r.req_idx for r in sched.requests], [r.max_tokens for r in sched.requests],
+                          opts.router, len(infos), bs, nb)
 
 
 def reconcile_only(run_dir: str | Path, name: str) -> ReplayResult:
@@ -300,7 +330,8 @@ def _reconcile_only(run: RunDir, name: str) -> ReplayResult:
     summary.update(_record_figures(recs, _num_scheduled(summary)))
     summary.setdefault("metrics", _no_metrics())
     ok = recs.filter(pl.col("status") == "ok")
-    summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok, engine or {})
+    summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok, engine or {},
+                                                                          summary.get("servers"))
     run.write_artifact(summary_path, summary)
     return ReplayResult(out_dir, summary)
 
@@ -368,7 +399,7 @@ def _throughput(ok: pl.DataFrame) -> dict[str, float | None]:
             "total_tokens_per_s": (out + int(done["prompt_tokens"].sum() or 0)) / span}
 
 
-def _finalize(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, summary: dict[str, Any],
+def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayOptions, summary: dict[str, Any],
               status: str, error: str | None, wall_s: float, stats_path: Path | None,
               stats_before: dict[str, Any] | None) -> None:
     """Write summary.json after the dispatch, whatever stopped it: first the figures of the records (a
@@ -382,7 +413,7 @@ def _finalize(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions,
     run.write_artifact(out_dir / "summary.json", summary)
     try:
         with stop_signals_interrupt():
-            summary.update(_engine_side(run, out_dir, info, opts, recs, summary["engine"]))
+            summary.update(_engine_side(run, out_dir, infos, opts, recs, summary))
             summary["plugin"] = _plugin_window(stats_path, stats_before)
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
@@ -390,26 +421,40 @@ def _finalize(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions,
     run.write_artifact(out_dir / "summary.json", summary)
 
 
-def _engine_side(run: RunDir, out_dir: Path, info: ServerInfo, opts: ReplayOptions, recs: pl.DataFrame,
-                 engine: dict[str, Any]) -> dict[str, Any]:
-    """The summary figures that need the server or the simulator: /metrics delta, cost fit, reconciliation."""
-    after = scrape_metrics(info.url, opts.api_key)
+def _engine_side(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayOptions, recs: pl.DataFrame,
+                 summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary figures that need the servers or the simulator: /metrics delta (summed over the servers
+    of a fleet replay, each in metrics.per_server), cost fit, reconciliation."""
+    per_server = [_metrics_delta(info, scrape_metrics(info.url, opts.api_key)) for info in infos]
     ok = recs.filter(pl.col("status") == "ok")
-    hit_ratio, hit_tok, query_tok = (delta_hit_ratio(info.metrics, after) if info.metrics and after
-                                     else (None, 0.0, 0.0))
-    out: dict[str, Any] = {"metrics": {"before": _counters(info.metrics), "after": _counters(after),
-                                       "hit_ratio": hit_ratio, "hit_tokens": hit_tok, "query_tokens": query_tok}}
+    metrics = per_server[0]
+    if len(per_server) > 1:
+        hit_tok, query_tok = (sum(m[k] for m in per_server) for k in ("hit_tokens", "query_tokens"))
+        known = all(m["hit_ratio"] is not None for m in per_server) and query_tok > 0
+        metrics = {"before": None, "after": None, "hit_ratio": hit_tok / query_tok if known else None,
+                   "hit_tokens": hit_tok, "query_tokens": query_tok,
+                   "per_server": [{"server": i.url, **m} for i, m in zip(infos, per_server, strict=True)]}
+    out: dict[str, Any] = {"metrics": metrics}
     cost = fit_ttft_cost(ok)
     out["cost_model"] = cost
     if cost is not None:
         run.write_artifact(out_dir / "cost_model.json", cost)
         run.write_artifact(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
-    out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, engine)
+    out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, summary["engine"],
+                                                                   summary.get("servers"))
     return out
 
 
-def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame,
-               engine: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+def _metrics_delta(info: ServerInfo, after: MetricsSnapshot | None) -> dict[str, Any]:
+    """The /metrics figures of one server over the replay."""
+    hit_ratio, hit_tok, query_tok = (delta_hit_ratio(info.metrics, after) if info.metrics and after
+                                     else (None, 0.0, 0.0))
+    return {"before": _counters(info.metrics), "after": _counters(after), "hit_ratio": hit_ratio,
+            "hit_tokens": hit_tok, "query_tokens": query_tok}
+
+
+def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, Any],
+               servers: list[str] | None = None) -> tuple[dict[str, Any] | None, str | None]:
     bs, nb = engine.get("block_size"), engine.get("num_gpu_blocks")
     if bs is None or nb is None:
         return None, ("the server exported no vllm:cache_config_info (block size, block count): pass "
@@ -419,7 +464,13 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame,
     if ok["cached_tokens"].null_count():
         return None, ("the server reported no cached_tokens: start vLLM with --enable-prompt-tokens-details")
     try:
-        rec = reconcile(run, ok, int(bs), int(nb))
+        if servers is not None and len(servers) > 1:
+            from tongyi_trace.fleet.replay import reconcile_fleet
+
+            routing = pl.read_parquet(out_dir / "routing.parquet")
+            rec = reconcile_fleet(run, ok, routing, servers, int(bs), int(nb))
+        else:
+            rec = reconcile(run, ok, int(bs), int(nb))
     except ImportError as e:
         return None, f"simulator engine model unavailable ({e})"
     except KvtraceError as e:
