@@ -21,8 +21,7 @@ import pyarrow.parquet as pq
 
 from tongyi_trace.atomic import atomic_path, atomic_write_text, finite
 from tongyi_trace.errors import InputError
-
-RUN_SCHEMA = "kvtrace.run/1"
+from tongyi_trace.schemas import RUN_SCHEMA
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,23 @@
-"""The schema strings of kvtrace's versioned JSON artifacts that more than one module writes or reads.
+"""The schema strings of kvtrace's versioned JSON artifacts, and the labels their tables share.
 
-One home for each: the writer and every reader import the string from here (a light module, so readers
-such as the report or the simulator need not import the writer's dependencies).
+One home for each: the writer and every reader import the string from here (a light module with no
+imports, so readers such as the report, the simulator or the vLLM plugin need not import the writer's
+dependencies). docs/artifacts/ describes each document.
 """
 
+RUN_SCHEMA = "kvtrace.run/1"  # RUN/provenance.json, written by `kvtrace ingest`, checked by run.open_run
+ANALYSIS_SCHEMA = "kvtrace.analysis/1"  # RUN/analysis/NAME.json (analysis/common.py), read by the report
+FIT_TABLE_SCHEMA = "kvtrace.fit-table/1"  # RUN/fit/train_test.json (fit/policy_fit.py), read by the report
+POLICY_SCHEMA = "kvtrace.policy/2"  # the policy file (fit/params.py), read by the simulator and the plugin
+POLICY_SCHEMA_V1 = "kvtrace.policy/1"  # the earlier policy file, still read
+WORKLOAD_SCHEMA = "kvtrace.workload/1"  # RUN/fit/workload.json (trace/synth_like.py), read by `synth --like`
+SIM_SCHEMA = "kvtrace.sim/1"  # RUN/sim/[NAME/]summary.json (sim/sweep.py), read by the report
+RECOMMENDATION_SCHEMA = "kvtrace.recommendation/1"  # a sweep's recommendation (sim/recommend.py)
+FLEET_SCHEMA = "kvtrace.fleet/1"  # RUN/sim/fleet/summary.json (fleet/sweep.py), read by the report
+REPLAY_SCHEMA = "kvtrace.replay/1"  # RUN/replay/NAME/summary.json (replay/runner.py), read by compare, report
+COMPARE_SCHEMA = "kvtrace.compare/1"  # two replays compared (replay/compare.py), read by the report
 COST_SCHEMA = "kvtrace.cost/2"  # replay's fitted TTFT cost model (replay/cost.py), read by `simulate --cost-from`
+PLUGIN_STATS_SCHEMA = "kvtrace.plugin_stats/1"  # the vLLM plugin's counters (vllm_plugin/stats.py)
+STUDY_SCHEMA = "kvtrace.study/1"  # a study's summary (study.py)
+
+ALL_CATEGORIES = "(all)"  # the category label of the analysis tables' rows over all categories

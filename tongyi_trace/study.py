@@ -27,8 +27,8 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
 from tongyi_trace.run import write_json
+from tongyi_trace.schemas import STUDY_SCHEMA
 
-STUDY_SCHEMA = "kvtrace.study/1"
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 DEFAULT_CAPACITIES = "10%,1L"
 

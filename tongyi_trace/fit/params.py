@@ -25,10 +25,9 @@ from typing import Any
 
 from tongyi_trace.atomic import atomic_write_text, finite
 from tongyi_trace.errors import InputError
+from tongyi_trace.schemas import POLICY_SCHEMA, POLICY_SCHEMA_V1
 from tongyi_trace.wa_priority import KM_NUM, exp_cdf, km_grid_s
 
-POLICY_SCHEMA = "kvtrace.policy/2"
-POLICY_SCHEMA_V1 = "kvtrace.policy/1"
 PLUGIN_POLICIES = ("wa", "lru", "fifo", "s3fifo")  # what the vLLM plugin can run
 
 

@@ -47,12 +47,12 @@ from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_dista
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import open_run, write_json, write_parquet_atomic
+from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 from tongyi_trace.trace.synth_like import workload_summary
 from tongyi_trace.wa_priority import km_grid_s
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
-TRAIN_TEST_SCHEMA = "kvtrace.fit-table/1"
 _NUM_GRID = 120
 
 
@@ -154,7 +154,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             save_policy(policy, fit_dir / "policy.json")
         write_json(fit_dir / "workload.json", workload_summary(run))
         write_json(fit_dir / "train_test.json", {
-            "schema": TRAIN_TEST_SCHEMA,
+            "schema": FIT_TABLE_SCHEMA,
             "train": train_w.to_json(),
             "test": test_w.to_json() if test_w else None,
             "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,

@@ -31,9 +31,9 @@ from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.run import RunDir, check_identity, open_run, write_json
+from tongyi_trace.schemas import COMPARE_SCHEMA
 from tongyi_trace.vllm_plugin.stats import read_stats
 
-COMPARE_SCHEMA = "kvtrace.compare/1"
 SIM_POLICIES = ("lru", "wa", "fitted")  # fitted: what the policy file chose for the engine's cache size
 
 

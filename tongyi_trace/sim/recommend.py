@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.models import GIB, PRESETS, ModelPreset
+from tongyi_trace.schemas import RECOMMENDATION_SCHEMA
 
-SCHEMA = "kvtrace.recommendation/1"
 TARGETS = (0.80, 0.90, 0.95)
 NOT_DEPLOYABLE = frozenset({"oracle", "wa-no-life", "wa-conditional", "wa-no-offset"})
 FITTED_NAMES = ("fitted", "wa")  # the exported policy: `fitted` when simulated, else `wa`
@@ -96,7 +96,8 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
                 "hit_ratio": reach["best_hit_ratio"], "qttft_mean_s": reach["best_qttft_mean_s"]},
         })
     return {
-        "schema": SCHEMA, "ideal_hit_ratio": ideal, "block_size": block_size, "sweep_model": summary.get("model"),
+        "schema": RECOMMENDATION_SCHEMA, "ideal_hit_ratio": ideal, "block_size": block_size,
+        "sweep_model": summary.get("model"),
         "models": [{"name": m.name, "kv_bytes_per_block": m.kv_bytes_per_block(block_size),
                     "gpu_mem_bytes": m.gpu_mem_bytes} for m in models],
         "fitted_policy": fitted, "targets": targets, "capacities": per_cap,

@@ -27,6 +27,7 @@ from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.guard.simulate import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
+from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
@@ -165,7 +166,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     failed.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     summary = {
-        "schema": "kvtrace.sim/1", "run_dir": str(run.path.resolve()), "num_requests": stream.num_requests,
+        "schema": SIM_SCHEMA, "run_dir": str(run.path.resolve()), "num_requests": stream.num_requests,
         "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,

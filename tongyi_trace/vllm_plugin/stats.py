@@ -28,7 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STATS_SCHEMA = "kvtrace.plugin_stats/1"
+from tongyi_trace.schemas import PLUGIN_STATS_SCHEMA
+
 STATS_FILE = "plugin_stats.json"
 PROM_FILE = "plugin_stats.prom"
 # Histogram edges in nanoseconds: 20 buckets a decade from 100 ns to 1 s; bucket i counts
@@ -96,7 +97,7 @@ class PluginStats:
     def snapshot(self) -> dict[str, Any]:
         """The counters as a `kvtrace.plugin_stats/1` document."""
         doc: dict[str, Any] = {
-            "schema": STATS_SCHEMA,
+            "schema": PLUGIN_STATS_SCHEMA,
             "mode": self.mode,
             "pid": os.getpid(),
             "started_unix_s": self.started_unix_s,
@@ -232,7 +233,7 @@ def read_stats(path: str | Path) -> dict[str, Any] | None:
         doc = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == STATS_SCHEMA else None
+    return doc if isinstance(doc, dict) and doc.get("schema") == PLUGIN_STATS_SCHEMA else None
 
 
 def stats_delta(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:

@@ -17,10 +17,9 @@ from tongyi_trace.errors import InputError
 from tongyi_trace.report.artifacts import read_parquet, read_versioned
 from tongyi_trace.report.model import Section
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import ANALYSIS_SCHEMA
 
 REMEDY = "re-run 'kvtrace analyze RUN_DIR'"
-SCHEMA = "kvtrace.analysis/1"
-ALL = "(all)"  # the category label the analyses use for rows over all categories
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Analysis:
 
 def load(run: RunDir, name: str) -> Analysis | None:
     """The artifact of analysis NAME, or None when that analysis was not run."""
-    doc = read_versioned(run.path / "analysis" / f"{name}.json", SCHEMA, REMEDY)
+    doc = read_versioned(run.path / "analysis" / f"{name}.json", ANALYSIS_SCHEMA, REMEDY)
     return None if doc is None else Analysis(run, name, doc)
 
 

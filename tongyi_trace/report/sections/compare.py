@@ -13,9 +13,9 @@ from tongyi_trace.report.artifacts import read_versioned
 from tongyi_trace.report.figures import Fig, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import COMPARE_SCHEMA
 
 REMEDY = "re-run 'kvtrace compare RUN_DIR/replay/A RUN_DIR/replay/B'"
-SCHEMA = "kvtrace.compare/1"
 
 
 def build(run: RunDir) -> list[Section]:
@@ -28,7 +28,7 @@ def build(run: RunDir) -> list[Section]:
 
 
 def _section(path: Path, index: int) -> Section:
-    doc = read_versioned(path, SCHEMA, REMEDY)
+    doc = read_versioned(path, COMPARE_SCHEMA, REMEDY)
     assert doc is not None  # build() lists existing files
     a: dict[str, Any] = doc.get("a") or {}
     b: dict[str, Any] = doc.get("b") or {}

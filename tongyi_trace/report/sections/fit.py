@@ -16,9 +16,9 @@ from tongyi_trace.report.artifacts import read_parquet, read_versioned, require
 from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 
 REMEDY = "re-run 'kvtrace fit RUN_DIR'"
-SCHEMA = "kvtrace.fit-table/1"
 MAX_PANELS = 18  # per-category CDF panels shown (most samples first), `default` always
 # (window, column) -> trace name, line style
 CURVES: list[tuple[str, str, str, dict[str, Any]]] = [
@@ -32,7 +32,7 @@ CURVES: list[tuple[str, str, str, dict[str, Any]]] = [
 def build(run: RunDir) -> list[Section]:
     """The fit section, or nothing when `kvtrace fit` was not run."""
     path = run.path / "fit" / "train_test.json"
-    doc = read_versioned(path, SCHEMA, REMEDY)
+    doc = read_versioned(path, FIT_TABLE_SCHEMA, REMEDY)
     if doc is None:
         return []
     rows: list[dict[str, Any]] = require(doc, "rows", path, REMEDY)

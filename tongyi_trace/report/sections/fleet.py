@@ -14,9 +14,9 @@ from tongyi_trace.report.artifacts import read_results, read_versioned
 from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import FLEET_SCHEMA
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR --instances ...'"
-SCHEMA = "kvtrace.fleet/1"
 COLUMNS = ["router", "num_instances", "policy", "capacity", "capacity_blocks", "hit_ratio", "hbm_hit_ratio",
            "dram_hit_ratio", "remote_hit_ratio", "qttft_mean_s", "qttft_p99_s", "imbalance", "duplication"]
 
@@ -27,7 +27,7 @@ def build(run: RunDir) -> list[Section]:
     res = _results(d)
     if res is None:
         return []
-    summary = read_versioned(d / "summary.json", SCHEMA, REMEDY) or {}
+    summary = read_versioned(d / "summary.json", FLEET_SCHEMA, REMEDY) or {}
     s = Section(key="fleet", title="The fleet: routers x instances (kvtrace simulate --instances)",
                 definition="N instances behind a router, each with its own prefix cache of the given capacity (HBM, "
                            "plus CPU DRAM with --hbm-capacity) under the same eviction policy and its own FIFO "

@@ -7,19 +7,20 @@ import polars as pl
 
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import ALL, Analysis, analysis_builder
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 from tongyi_trace.report.sections._curves import categories_to_show, category_cdf
+from tongyi_trace.schemas import ALL_CATEGORIES
 
 
 def fill(a: Analysis, s: Section) -> None:
     """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
-    s.figures["reused_cdf"] = category_cdf(a.table("reused_cdf"), "share_of_reused_blocks",
-                                           x_title="lifespan (s)", y_title="share of reused blocks", all_label=ALL)
+    s.figures["reused_cdf"] = category_cdf(a.table("reused_cdf"), "share_of_reused_blocks", x_title="lifespan (s)",
+                                           y_title="share of reused blocks", all_label=ALL_CATEGORIES)
     s.figures["cdf"] = category_cdf(a.table("cdf"), "share_of_blocks", x_title="lifespan (s)",
-                                    y_title="share of all blocks (never reused = 0 s)", all_label=ALL)
+                                    y_title="share of all blocks (never reused = 0 s)", all_label=ALL_CATEGORIES)
     q = a.table("quantiles")
-    q = q.filter(pl.col("category").is_in(categories_to_show(q["category"], ALL)))
+    q = q.filter(pl.col("category").is_in(categories_to_show(q["category"], ALL_CATEGORIES)))
     s.tables["quantiles"] = Table(
         columns=["category", "blocks", "reused", "mean", "P50", "P90", "P99", "P50 reused", "P90 reused",
                  "P99 reused"],

@@ -18,10 +18,10 @@ from tongyi_trace.report.artifacts import read_parquet, read_versioned
 from tongyi_trace.report.figures import Fig, add_curves, category_lines, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import REPLAY_SCHEMA
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 REMEDY = "re-run 'kvtrace replay RUN_DIR --server URL --name NAME --overwrite'"
-SCHEMA = "kvtrace.replay/1"
 MAX_SCATTER_POINTS = 3000
 NUM_WORST = 10
 
@@ -38,7 +38,7 @@ def build(run: RunDir) -> list[Section]:
 
 
 def _replay_section(d: Path, index: int) -> Section:
-    doc = read_versioned(d / "summary.json", SCHEMA, REMEDY)
+    doc = read_versioned(d / "summary.json", REPLAY_SCHEMA, REMEDY)
     assert doc is not None  # build() lists folders holding a summary.json
     name = str(doc.get("name") or d.name)
     s = Section(key=f"replay-{index}", partial="replay", title=f"Live replay on vLLM: {name}",

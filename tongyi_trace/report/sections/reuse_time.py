@@ -8,8 +8,9 @@ import polars as pl
 
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
-from tongyi_trace.report.sections._analysis import ALL, Analysis, analysis_builder
+from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 from tongyi_trace.report.sections._curves import categories_to_show, category_cdf
+from tongyi_trace.schemas import ALL_CATEGORIES
 
 
 def fill(a: Analysis, s: Section) -> None:
@@ -17,11 +18,11 @@ def fill(a: Analysis, s: Section) -> None:
     h = a.headline
     cdf = a.table("cdf")
     s.figures["share_within"] = category_cdf(cdf, "share_of_reuses_within", x_title="reuse time (s)",
-                                             y_title="share of reuses within", all_label=ALL)
+                                             y_title="share of reuses within", all_label=ALL_CATEGORIES)
     s.figures["prob_within"] = category_cdf(cdf, "prob_reused_within", x_title="time since access d (s)",
-                                            y_title="P(reused within d) = F_w(d)", all_label=ALL)
+                                            y_title="P(reused within d) = F_w(d)", all_label=ALL_CATEGORIES)
     cats = a.table("categories")
-    cats = cats.filter(pl.col("category").is_in(categories_to_show(cats["category"], ALL)))
+    cats = cats.filter(pl.col("category").is_in(categories_to_show(cats["category"], ALL_CATEGORIES)))
     s.tables["categories"] = Table(
         columns=["category", "accesses", "reused", "reuse probability", "reuses within 10 s",
                  "reuses within 10 min"],
