@@ -17,9 +17,9 @@ from tongyi_trace.report.artifacts import read_parquet, read_results, read_versi
 from tongyi_trace.report.figures import Fig, downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import SIM_SCHEMA
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR'"
-SCHEMA = "kvtrace.sim/1"
 BASELINES = ["lru", "fifo", "lfu", "s3fifo", "gdsf"]
 ABLATION = ["wa", "wa-no-life", "wa-conditional", "wa-no-offset"]
 COLORS = {"lru": "#1f77b4", "fifo": "#ff7f0e", "lfu": "#8c564b", "s3fifo": "#9467bd", "gdsf": "#e377c2",
@@ -36,7 +36,7 @@ def build(run: RunDir) -> list[Section]:
     results = _results(d)
     if results is None:
         return []
-    summary = read_versioned(d / "summary.json", SCHEMA, REMEDY) or {}  # absent while the sweep runs
+    summary = read_versioned(d / "summary.json", SIM_SCHEMA, REMEDY) or {}  # absent while the sweep runs
     s = Section(key="sim", title="Eviction policies in the simulator (kvtrace simulate)", paper_ref="section 5",
                 definition="Requests in arrival order; a request's hit is the longest prefix of its blocks present in "
                            "the cache; its blocks are pinned while served, then evictable with the prefix head most "
