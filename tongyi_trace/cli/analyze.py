@@ -9,6 +9,7 @@ import typer
 
 from tongyi_trace.cli import app, source_keys
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
+from tongyi_trace.schemas import ANALYSIS_SCHEMA
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -78,7 +79,7 @@ def analyze(
     summary = rep.summary()
     if json_out:
         print_json({**summary, "run": abs_path(str(summary.get("run", rep.run.path))), "report": abs_path(html)},
-                   "kvtrace.analysis/1")
+                   ANALYSIS_SCHEMA)
         return
     if quiet:
         return
