@@ -9,6 +9,7 @@ import typer
 
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, run_cli, say
+from tongyi_trace.schemas import COMPARE_SCHEMA
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -34,7 +35,7 @@ def compare(
 
     comp = run_cli(lambda: compare_replays(replay_a, replay_b, policy=policy, output=output))
     if json_out:
-        print_json(comp.to_json(), "kvtrace.compare/1")
+        print_json(comp.to_json(), COMPARE_SCHEMA)
     elif not quiet:
         console.print(_table(comp))
         for side in (comp.a, comp.b):
