@@ -9,6 +9,7 @@ import typer
 
 from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, err_console, print_json, progress, run_cli
+from tongyi_trace.schemas import STUDY_SCHEMA
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -43,7 +44,7 @@ def study(
         result = run_cli(lambda: run_study(traces, out, opts, lambda what, done, total: bar.update(
             task, completed=done, total=total, description=what)))
     if json_out:
-        print_json(result.summary, "kvtrace.study/1")
+        print_json(result.summary, STUDY_SCHEMA)
     elif not quiet:
         console.print(_table(result))
         console.print(f"tables and index.html in {result.out_dir}")
