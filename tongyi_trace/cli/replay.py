@@ -11,6 +11,7 @@ import typer
 from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, err_console, live_console, print_json, run_cli, say
 from tongyi_trace.errors import UsageError
+from tongyi_trace.schemas import REPLAY_SCHEMA
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -136,7 +137,7 @@ def replay(
     if reconcile_only:
         res = run_cli(lambda: reconcile_only_fn(run_dir, name))
         if json_out:
-            print_json(res.summary, "kvtrace.replay/1")
+            print_json(res.summary, REPLAY_SCHEMA)
         elif not quiet:
             _render(res)
         return
@@ -167,7 +168,7 @@ def replay(
         if bar.live.is_started:
             bar.stop()
     if json_out:
-        print_json(res.summary, "kvtrace.replay/1")
+        print_json(res.summary, REPLAY_SCHEMA)
     elif not quiet:
         _render(res)
     if res.summary["status"] == "interrupted":
