@@ -37,9 +37,8 @@ from tongyi_trace.replay.reconcile import reconcile
 from tongyi_trace.replay.records import RecordWriter, read_records
 from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOptions, build_schedule
 from tongyi_trace.run import RunDir, open_run, stop_signals_interrupt, write_parquet_atomic
+from tongyi_trace.schemas import REPLAY_SCHEMA
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
-
-REPLAY_SCHEMA = "kvtrace.replay/1"
 
 
 @dataclass(frozen=True)
