@@ -28,6 +28,7 @@ from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.fleet.routers import get_router, parse_routers
 from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
 from tongyi_trace.run import RunDir, write_json
+from tongyi_trace.schemas import FLEET_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.registry import Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted
@@ -43,7 +44,6 @@ from tongyi_trace.sim.sweep import (
     prepare_stream,
 )
 
-SCHEMA = "kvtrace.fleet/1"
 TABLE_BYTES_PER_ID = 144  # a Cache's block table (structs.make_state): 16 int64 fields + 2 links per block id
 DEFAULT_ROUTERS = "rr,least-loaded,session,prefix,kv-aware"
 
@@ -201,7 +201,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     for lst in (rows, failed):
         lst.sort(key=lambda r: order[(r["policy"], r["router"], r["num_instances"], r["capacity"])])
     summary = {
-        "schema": SCHEMA, "num_requests": stream.num_requests, "num_refs": stream.num_refs,
+        "schema": FLEET_SCHEMA, "num_requests": stream.num_requests, "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
         "peak_live_blocks": peak_live, "capacities_per_instance": [asdict(c) for c in caps],
