@@ -24,12 +24,12 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.models import PRESETS, ModelPreset, get_preset
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunDir
-
-ANALYSIS_SCHEMA = "kvtrace.analysis/1"
+from tongyi_trace.schemas import ANALYSIS_SCHEMA
 
 # Log-spaced time bins shared by the reuse-time and lifespan distributions: bin k holds values in
 # (10^((k-1)/10), 10^(k/10)] seconds, k in [BIN_MIN, BIN_MAX]; values <= 0 go to bin BIN_ZERO.
@@ -172,13 +172,7 @@ def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptio
         raise UsageError(f"--top-n {options.top_n} must be >= 1 and --window-s {options.window_s} a finite "
                          "number > 0")
     spill = Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))
-    con = duckdb.connect(":memory:", config={
-        "memory_limit": f"{int(options.memory_limit_gib * 1024)}MB",
-        "temp_directory": str(spill),
-        "threads": options.threads,
-        "preserve_insertion_order": False,
-    })
-    con.execute("SET enable_progress_bar = false")  # stdout belongs to --json
+    con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", options.threads)
     try:
         con.read_parquet(str(run.requests_path)).create_view("requests")
         con.read_parquet(str(run.blocks_path)).create_view("blocks")
