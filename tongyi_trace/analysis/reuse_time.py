@@ -25,11 +25,11 @@ from tongyi_trace.analysis.common import (
     bin_upper_s,
     ratio,
 )
+from tongyi_trace.schemas import ALL_CATEGORIES as ALL
 
 NAME = "reuse_time"
 SHORT_S = 10.0
 LONG_S = 600.0
-ALL = "(all)"
 
 
 def log_bin_cdf(hist: pl.DataFrame, group: str, count: str) -> pl.DataFrame:
