@@ -9,7 +9,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from tongyi_trace.errors import InputError
@@ -41,6 +41,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write TEXT to PATH atomically (unique temp file + rename): readers see the old or the new file."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def json_default(o: Any) -> Any:
+    """The `default` of json.dumps for kvtrace's documents: numpy scalars as plain numbers, paths as text;
+    anything else is a TypeError (never silently turned into a string)."""
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, PurePath):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def finite(o: Any) -> Any:

@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tongyi_trace.atomic import atomic_path, atomic_write_text, finite
+from tongyi_trace.atomic import atomic_path, atomic_write_text, finite, json_default
 from tongyi_trace.errors import InputError
 from tongyi_trace.schemas import RUN_SCHEMA
 
@@ -177,7 +177,7 @@ def write_parquet_atomic(table: pl.DataFrame | pa.Table, path: Path) -> None:
 
 def json_text(obj: Any) -> str:
     """OBJ as indented, strictly valid JSON: NaN and infinities become null, numpy scalars plain numbers."""
-    return json.dumps(finite(obj), indent=2, allow_nan=False, default=_json_default) + "\n"
+    return json.dumps(finite(obj), indent=2, allow_nan=False, default=json_default) + "\n"
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -189,14 +189,6 @@ def write_json(path: Path, obj: Any) -> None:
         if rid is not None:
             obj = {**obj, "run_id": rid}
     atomic_write_text(path, json_text(obj))
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 DOWNSTREAM = ("analysis", "fit", "sim", "replay", "report.html")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.params import PolicyParams, load_policy
@@ -113,7 +114,7 @@ class RowSink:
         (self.rows if ok else self.failed).append(row)
         if self.jsonl is not None:
             with self.jsonl.open("a") as f:
-                f.write(json.dumps(row, default=_jsonable) + "\n")
+                f.write(json.dumps(row, default=json_default) + "\n")
         if self.on_result:
             self.on_result(row, len(self.rows) + len(self.failed), total)
 
@@ -251,14 +252,6 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
             row["hbm_hit_ratio"] = small.hit_ratio
         row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - res.req_hit_tokens, loaded))
     return row
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(type(o).__name__)
 
 
 RESERVED_SWEEP_NAMES = frozenset({"fleet", "guard"})  # RUN/sim/ subfolders of other steps
