@@ -286,6 +286,8 @@ class PolicyFreeQueue:
                 self._first_seq[bid] = seq
                 if self._s3 is not None:
                     self._s3.cached(bid, b.block_hash)
+            elif self._s3 is not None:
+                self._s3.released(bid)
             if self.policy.mode == "fifo":
                 heapq.heappush(self._fifo_heap, (self._first_seq[bid], bid))
         self.num_free_blocks += len(blocks)
@@ -342,10 +344,19 @@ class PolicyFreeQueue:
                     break
                 self._where[bid] = _HELD  # it has cached children: hold it back, choose again
                 self._held[bid] = block
+                self._out_of_order(bid)
                 self.stats.num_held += 1
         self.stats.record_eviction(name, time.perf_counter_ns() - t0, cached=block.block_hash is not None)
         self._drop(bid)
         return block
+
+    def _out_of_order(self, bid: int) -> None:
+        """BID is held back: it leaves the FIFO and S3-FIFO orders as in the simulator; released again after
+        a hit, it rejoins them at the newest end (FIFO: as if it entered the cache then)."""
+        if self._s3 is not None:
+            self._s3.park(bid)
+        elif self.policy.mode == "fifo":
+            self._first_seq[bid] = -1
 
     def _drop(self, bid: int) -> None:
         """BID leaves the free set for new content: unlink it from its parent, forget its order."""

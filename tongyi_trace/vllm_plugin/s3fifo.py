@@ -14,10 +14,16 @@ Same algorithm and defaults as the simulator's tongyi_trace/sim/policies/s3fifo.
 
 S and M hold every cached block, pinned (in use) or free, so a hit keeps the block's place. A hit here
 is a prefix-cache hit on a free block (vLLM's BlockPool.touch of a block with no other user); hits on
-blocks already in use by another request are not seen by the free queue.
+blocks already in use by another request are not seen by the free queue. Queue walks, pinned blocks and
+held-back blocks (prefix closure) follow the simulator's kernel step for step (the reference; the test
+tests/vllm_plugin/test_same_order_as_simulator.py holds the two to the same hits): a walk over S gives up
+after |S| + 1 pinned heads, one over M after |M| x (freq cap + 2) heads; a victim held back leaves S and
+M (its frequency kept) and, hit and released again, rejoins the queue it entered the cache in, at the
+newest end.
 
-Source: Yang et al., "FIFO queues are all you need for cache eviction", SOSP'23, Algorithm 1;
-libCacheSim S3FIFO.c defaults.
+Source: Yang et al., "FIFO queues are all you need for cache eviction", SOSP'23, Algorithm 1 (move to M
+after one hit in S), as the simulator; not libCacheSim's later S3FIFO.c (threshold 2, see
+tongyi_trace/sim/policies/s3fifo.py).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class S3FifoOrder:
         self.small_target = max(1, int(SMALL_RATIO * num_blocks))
         self.ghost_size = max(1, int(GHOST_RATIO * num_blocks))
         self._hash: dict[int, Any] = {}
+        self._to_main: dict[int, bool] = {}  # the queue the block entered the cache in (True: M)
         self._alloc_count: dict[int, int] = {}  # ghost counter when the block was handed out
 
     def allocated(self, bid: int) -> None:
@@ -57,15 +64,24 @@ class S3FifoOrder:
         self._hash[bid] = block_hash
         entered = self.ghost.pop(block_hash, None) if block_hash is not None else None
         now = self._alloc_count.pop(bid, self.ghost_count)
-        if entered is not None and entered <= now and now - entered < self.ghost_size:
-            self.main[bid] = None
-        else:
-            self.small[bid] = None
+        to_main = entered is not None and entered <= now and now - entered < self.ghost_size
+        self._to_main[bid] = to_main
+        (self.main if to_main else self.small)[bid] = None
 
     def hit(self, bid: int) -> None:
         """A prefix-cache hit on BID."""
         if bid in self.freq:
             self.freq[bid] = min(self.freq[bid] + 1, FREQ_CAP)
+
+    def park(self, bid: int) -> None:
+        """BID, just chosen, is held back (it has cached children): out of S and M, still cached."""
+        self.small.pop(bid, None)
+        self.main.pop(bid, None)
+
+    def released(self, bid: int) -> None:
+        """Cached BID is free again: one that was held back rejoins the queue it entered the cache in."""
+        if bid in self.freq and bid not in self.small and bid not in self.main:
+            (self.main if self._to_main[bid] else self.small)[bid] = None
 
     def forget(self, bid: int) -> None:
         """BID's cached content is gone (evicted or its hash dropped)."""
@@ -73,6 +89,7 @@ class S3FifoOrder:
         self.main.pop(bid, None)
         self.freq.pop(bid, None)
         self._hash.pop(bid, None)
+        self._to_main.pop(bid, None)
 
     def choose(self, is_free: Callable[[int], bool]) -> int:
         """The block to evict (a free one); -1 when S and M hold no free block."""
@@ -83,10 +100,14 @@ class S3FifoOrder:
         return bid if bid >= 0 else self._from_small(is_free)
 
     def _from_small(self, is_free: Callable[[int], bool]) -> int:
-        for _ in range(len(self.small)):
+        guard = len(self.small)
+        while self.small:
             bid = next(iter(self.small))
             if not is_free(bid):
                 self.small.move_to_end(bid)
+                guard -= 1
+                if guard < 0:
+                    return -1
                 continue
             del self.small[bid]
             if self.freq.get(bid, 0) >= MOVE_TO_MAIN_THRESHOLD:
@@ -106,10 +127,13 @@ class S3FifoOrder:
         return -1
 
     def _from_main(self, is_free: Callable[[int], bool]) -> int:
-        for _ in range(len(self.main) * (FREQ_CAP + 2)):
-            if not self.main:
-                break
+        guard = len(self.main) * (FREQ_CAP + 2)
+        while self.main:
             bid = next(iter(self.main))
+            guard -= 1
+            if guard < 0:
+                self.main.move_to_end(bid)
+                return -1
             if not is_free(bid):
                 self.main.move_to_end(bid)
                 continue
