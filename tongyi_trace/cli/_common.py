@@ -103,15 +103,23 @@ def abs_path(p: str | Path | None) -> str | None:
 
 
 @contextmanager
-def progress(quiet: bool = False) -> Iterator[Progress]:
+def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
-    (a log would only get the blank line Rich prints in its place)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    (a log would only get the blank line Rich prints in its place). UNIT "bytes" shows the counts as sizes
+    (12.3/45.6 MB), "items" as N/M."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     with Progress(
         TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
-        MofNCompleteColumn(),
+        DownloadColumn() if unit == "bytes" else MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=live_console(),
         disable=quiet or not err_console.is_interactive,

@@ -35,12 +35,12 @@ def ingest(
         from tongyi_trace.trace.categories import parse_turn_buckets
         from tongyi_trace.trace.ingest import ingest_trace, summarize
 
-        with progress(quiet or json_out) as bar:
-            task = bar.add_task("reading requests", total=None)
+        with progress(quiet or json_out, unit="bytes") as bar:
+            task = bar.add_task(f"reading {trace.name}", total=None)  # the size once the file is checked
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
                                 turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
                                 overwrite=overwrite,
-                                progress=lambda n: bar.update(task, completed=n))
+                                progress=lambda done, size: bar.update(task, completed=done, total=size))
         return summarize(prov)
 
     summary = run_cli(go)

@@ -63,7 +63,7 @@ BLOCKS_WRITE_OPTIONS: dict[str, Any] = {
     "compression": {name: "none" if name == "chain_id" else "zstd" for name in BLOCKS_SCHEMA.names},
     "column_encoding": {name: "PLAIN" if name == "chain_id" else _DELTA for name in BLOCKS_SCHEMA.names},
 }
-ProgressFn = Callable[[int], None]
+ProgressFn = Callable[[int, int], None]  # (bytes of the trace file read, its size in bytes)
 if TYPE_CHECKING:
     import duckdb
 
@@ -212,9 +212,11 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                 cols["num_blocks"].append(np.diff(chunk.offsets))
                 num_req += len(chunk)
                 if progress is not None:
-                    progress(num_req)
+                    progress(stats.num_bytes_read, path.stat().st_size)
             if written is not None:
                 written.result()
+        if progress is not None:  # the whole file, also when its last lines were all skipped
+            progress(stats.num_bytes_read, path.stat().st_size)
         if num_req == 0:
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
