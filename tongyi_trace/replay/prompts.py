@@ -10,7 +10,7 @@ re-tokenization can drift (the AIPerf / vLLM-bench text pain point, ../shared/re
 
 Token ids lie in [low, vocab_size): low (default 100) keeps clear of BOS/EOS/pad ids at the bottom; set
 vocab_size to the number of ordinary tokens of a real model (e.g. 151643 for Qwen2) so that no special
-token at the top of its vocabulary is produced. splitmix64: Steele, Lea, Flood, OOPSLA 2014.
+token at the top of its vocabulary is produced. splitmix64 and GOLDEN: tongyi_trace/splitmix.py.
 """
 
 from __future__ import annotations
@@ -18,20 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.splitmix import GOLDEN, splitmix64
 
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _FILLER_SALT = np.uint64(0xD1B54A32D192ED03)
 DEFAULT_MIN_TOKEN_ID = 100
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer, elementwise on a uint64 array (wrapping arithmetic)."""
-    z = x + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return np.asarray(z ^ (z >> np.uint64(31)), dtype=np.uint64)
 
 
 class PromptSynth:

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.replay.prompts import splitmix64
+from tongyi_trace.splitmix import splitmix64
 
 
 @dataclass(frozen=True)

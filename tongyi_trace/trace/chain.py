@@ -4,7 +4,8 @@ chain_k = mix(chain_{k-1}, block_id_k) with chain_{-1} = a fixed seed: two block
 iff every block from position 0 up to and including them is equal (up to 64-bit hash collisions,
 probability ~ n^2 / 2^65). Bailian (Qwen) hash ids are per-block content hashes, so the engine-visible
 identity must be derived this way; for already-chained ids (Mooncake) it yields the same partition.
-Compiled with numba: one pass over the flat id array, no Python loop per block.
+Compiled with numba: one pass over the flat id array, no Python loop per block; mix is splitmix64
+(tongyi_trace/splitmix.py, compiled here from that same function).
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from tongyi_trace import splitmix
+
 _SEED = np.uint64(0x6B76747261636521)  # "kvtrace!"
 
 
-@njit(cache=True, inline="always")
-def _splitmix64(x: np.uint64) -> np.uint64:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+_splitmix64 = njit(cache=True, inline="always")(splitmix.splitmix64)
 
 
 @njit(cache=True)

@@ -1,0 +1,36 @@
+"""splitmix64's finalizer (Steele, Lea, Flood, OOPSLA 2014): kvtrace's one stable 64-bit mix.
+
+It makes prefix-chained block ids (trace/chain.py), prompt tokens (replay/prompts.py), the replay's
+sampled requests (replay/schedule.py), spatial sampling (guard/sampling.py) and session routing.
+`splitmix64` is the definition, elementwise on numpy uint64 with wrapping arithmetic; trace/chain.py
+compiles this same function with numba. `mix64` is its python-integer form, for one key at a time
+without numpy (the vLLM plugin, once per block); tests/trace/test_splitmix.py holds both to it.
+Standard library and numpy only: the plugin imports it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: the generator's increment
+M1 = np.uint64(0xBF58476D1CE4E5B9)
+M2 = np.uint64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+_GOLDEN_INT, _M1_INT, _M2_INT = int(GOLDEN), int(M1), int(M2)
+
+
+def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """The splitmix64 finalizer of X + GOLDEN, elementwise (uint64 array or, compiled, a uint64)."""
+    z = x + GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * M1
+    z = (z ^ (z >> np.uint64(27))) * M2
+    return z ^ (z >> np.uint64(31))
+
+
+def mix64(key: int) -> int:
+    """splitmix64 of KEY (any python int, taken modulo 2^64) as a python int."""
+    z = (key + _GOLDEN_INT) & _MASK
+    z = ((z ^ (z >> 30)) * _M1_INT) & _MASK
+    z = ((z ^ (z >> 27)) * _M2_INT) & _MASK
+    return z ^ (z >> 31)
