@@ -10,16 +10,9 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.fleet.routers.base import FleetView, check_params, least_loaded_of
+from tongyi_trace.splitmix import mix64
 
 MASK = (1 << 64) - 1
-
-
-def mix64(x: int) -> int:
-    """splitmix64's finalizer: a stable 64-bit hash of an integer."""
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
 
 
 class SessionAffinity:
