@@ -112,6 +112,14 @@ class CachePool:
         self.free: dict[tuple[Any, ...], list[tuple[Cache, _Initial]]] = {}
         self.lent: dict[int, tuple[tuple[Any, ...], _Initial]] = {}
         self.keep: list[Any] = []  # the objects whose id() is part of a key stay alive
+        self.per_stream: dict[int, StreamArrays] = {}
+
+    def arrays(self, stream: Stream) -> StreamArrays:
+        """STREAM's derived arrays, computed once."""
+        if id(stream) not in self.per_stream:
+            self.keep.append(stream)
+            self.per_stream[id(stream)] = StreamArrays.of(stream)
+        return self.per_stream[id(stream)]
 
     def take(self, stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None,
              fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> Cache:
@@ -133,6 +141,21 @@ class CachePool:
         key, initial = self.lent.pop(id(cache))
         initial.restore(cache, served)
         self.free.setdefault(key, []).append((cache, initial))
+
+
+@dataclass(frozen=True)
+class StreamArrays:
+    """What the fleet derives from its stream alone."""
+
+    cum_tok: np.ndarray  # int64[refs + 1]: tokens of the blocks before each reference
+    first_block: np.ndarray  # int64[N]: first_blocks
+    max_id: np.ndarray  # int64[N]: max_id_so_far
+
+    @classmethod
+    def of(cls, stream: Stream) -> StreamArrays:
+        """The arrays of STREAM."""
+        return cls(np.concatenate([[0], np.cumsum(stream.ntok)]).astype(np.int64), first_blocks(stream),
+                   max_id_so_far(stream))
 
 
 def _pool_key(stream: Stream, policy: str, capacity_blocks: int, params: dict[str, Any] | None,
@@ -215,13 +238,14 @@ class Fleet:
             same = self.local[0].spec.name == "lru"
             self.index = self.local if same else [cache(capacity_blocks, "lru", None)
                                                   for _ in range(num_instances)]
-        self.sessions = session if session is not None else first_blocks(stream)
+        arrays = self.pool.arrays(stream)
+        self.sessions = session if session is not None else arrays.first_block
         self.local_states = List([c.state[0] for c in self.local])
         self.index_states = List([c.state[0] for c in self.index]) if self.index else self.local_states
         self.prefix_out = np.zeros(num_instances, np.int64)
-        self.cum_tok = np.concatenate([[0], np.cumsum(stream.ntok)]).astype(np.int64)
+        self.cum_tok = arrays.cum_tok
         self.arrival_s = stream.req_time_s * cost.arrival_scale
-        self.max_id = max_id_so_far(stream)
+        self.max_id = arrays.max_id
         self.free_at = np.full(num_instances, -np.inf)
         self.routed = np.zeros(num_instances, np.int64)
 
