@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -39,6 +39,9 @@ from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOpt
 from tongyi_trace.run import RunDir, open_run, stop_signals_interrupt, write_parquet_atomic
 from tongyi_trace.schemas import REPLAY_SCHEMA
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
+
+if TYPE_CHECKING:
+    from tongyi_trace.fleet.replay import FleetRouting
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,8 @@ def _engine_figures(info: ServerInfo, opts: ReplayOptions) -> dict[str, Any]:
             "cache_config": info.metrics.cache_info if info.metrics else {}}
 
 
-def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo], opts: ReplayOptions) -> Any:
+def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo],
+                   opts: ReplayOptions) -> FleetRouting:
     """The fleet router's instance for every scheduled request (fleet/replay.py)."""
     from tongyi_trace.fleet.replay import engine_shape_of, route_requests
 
