@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from tongyi_trace import __version__
 from tongyi_trace.atomic import temp_path
+from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import (
@@ -64,8 +65,6 @@ BLOCKS_WRITE_OPTIONS: dict[str, Any] = {
     "column_encoding": {name: "PLAIN" if name == "chain_id" else _DELTA for name in BLOCKS_SCHEMA.names},
 }
 ProgressFn = Callable[[int, int], None]  # (bytes of the trace file read, its size in bytes)
-if TYPE_CHECKING:
-    import duckdb
 
 
 def file_sha256(path: Path) -> str:
@@ -75,15 +74,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def duckdb_connect(tmp_dir: Path, memory_limit: str = "4GB", threads: int = 2) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection that spills to TMP_DIR under MEMORY_LIMIT."""
-    import duckdb  # only a trace out of time order needs it: not loaded by every ingest
-
-    con = duckdb.connect(config={"memory_limit": memory_limit, "threads": threads,
-                                 "temp_directory": str(tmp_dir), "preserve_insertion_order": False})
-    return con
 
 
 def _block_table(chunk: Chunk, raw0: int, block_size: int, dense: DenseIds) -> tuple[pa.Table, int]:
