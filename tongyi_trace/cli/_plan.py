@@ -9,10 +9,12 @@ from tongyi_trace.cli._common import say
 
 
 def recommendation_json(result: Any) -> dict[str, Any]:
-    """The recommendation document of a SweepResult."""
-    from tongyi_trace.sim.recommend import recommend
+    """The recommendation document of a SweepResult, with the run's fleet sweep (RUN_DIR/sim/fleet/) if any."""
+    from tongyi_trace.sim.recommend import fleet_rows, recommend
 
-    return recommend(result.rows, result.curve, result.summary)
+    run_dir = result.summary.get("run_dir")
+    fleet = fleet_rows(Path(run_dir) / "sim" / "fleet") if run_dir else None
+    return recommend(result.rows, result.curve, result.summary, fleet_rows=fleet)
 
 
 def print_recommendation(result: Any) -> None:

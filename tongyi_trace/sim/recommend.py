@@ -8,7 +8,11 @@ From a sweep's rows (policy x capacity), its exact one-pass LRU curve and its id
   over LRU, the fitted policy (rows named `fitted`, else `wa`) flagged when it loses to LRU, and the
   single-instance queue's utilization with the instances that keep it below 1;
 - every cache size in GiB and in multiples of one GPU's memory, per model preset (KV bytes per block at
-  the sweep's block size).
+  the sweep's block size);
+- the fleet: with a fleet sweep (`kvtrace simulate --instances --router`, RUN_DIR/sim/fleet/), the router x
+  instance count x policy x capacity per instance with the lowest P99 QTTFT among those that keep every
+  instance's utilization below 1, and the fewest instances that do; without one, the instances the
+  single-instance saturation check suggests.
 Used by `kvtrace simulate` (printed first) and by the report's Recommendation section.
 """
 
@@ -27,13 +31,16 @@ from tongyi_trace.schemas import RECOMMENDATION_SCHEMA
 
 TARGETS = (0.80, 0.90, 0.95)
 NOT_DEPLOYABLE = frozenset({"oracle", "wa-no-life", "wa-conditional", "wa-no-offset"})
+NOT_DEPLOYABLE_ROUTERS = frozenset({"oracle-affinity"})  # an upper bound, not a router one can run
 FITTED_NAMES = ("fitted", "wa")  # the exported policy: `fitted` when simulated, else `wa`
 
 
 def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: dict[str, Any],
-              models: Sequence[ModelPreset] = tuple(PRESETS.values())) -> dict[str, Any]:
+              models: Sequence[ModelPreset] = tuple(PRESETS.values()),
+              fleet_rows: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The recommendation document (schema kvtrace.recommendation/1) of one sweep: sizes for the sweep's own
-    model (summary's model_shape: a config.json, --gpu-mem, --tp) first, then MODELS of other names."""
+    model (summary's model_shape: a config.json, --gpu-mem, --tp) first, then MODELS of other names; the
+    fleet's configuration from FLEET_ROWS (a fleet sweep's rows), when given."""
     own = summary.get("model_shape")
     if own:
         mine = ModelPreset(**own)
@@ -103,11 +110,55 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         "fitted_policy": fitted, "targets": targets, "capacities": per_cap,
         "fitted_loses_at": [e["capacity"] for e in per_cap if e["fitted"] and e["fitted"]["loses_to_lru"]],
         "saturated_at": [e["capacity"] for e in per_cap if e["saturated"]],
+        "instances_suggested": max((e["instances_needed"] for e in per_cap if e["instances_needed"] is not None),
+                                   default=None),
+        "fleet": recommend_fleet(fleet_rows) if fleet_rows else None,
+    }
+
+
+def max_utilization(row: dict[str, Any]) -> float | None:
+    """The busiest instance's utilization of a fleet row (its `utilization` is one value per instance, a list
+    or, in results.parquet, that list as JSON); None when unknown."""
+    u = row.get("utilization")
+    if isinstance(u, str):
+        u = json.loads(u)
+    if isinstance(u, list):
+        u = max(u, default=None)
+    return None if u is None or not math.isfinite(u) else float(u)
+
+
+def recommend_fleet(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fleet part of the recommendation from a fleet sweep's ROWS: among the deployable configurations
+    (not the oracle policy nor a WA ablation, not the oracle-affinity router) whose busiest instance stays
+    below utilization 1, `best` has the lowest P99 QTTFT (ties: higher hit ratio, fewer instances) and
+    `fewest_instances` the fewest instances (ties: lowest P99 QTTFT); when none stays below 1,
+    `least_utilized` is the configuration closest to it."""
+    def entry(r: dict[str, Any]) -> dict[str, Any]:
+        return {"router": r["router"], "num_instances": int(r["num_instances"]), "policy": r["policy"],
+                "capacity": r["capacity"], "capacity_blocks": int(r["capacity_blocks"]), "hit_ratio": r["hit_ratio"],
+                "qttft_mean_s": r.get("qttft_mean_s"), "qttft_p99_s": r.get("qttft_p99_s"),
+                "max_utilization": max_utilization(r)}
+
+    runnable = [entry(r) for r in rows if "error" not in r and r.get("hit_ratio") is not None
+                and r["policy"] not in NOT_DEPLOYABLE and r["router"] not in NOT_DEPLOYABLE_ROUTERS]
+    known = [e for e in runnable if e["max_utilization"] is not None]
+    keeps_up = [e for e in known if e["max_utilization"] < 1.0]
+
+    def p99(e: dict[str, Any]) -> float:
+        return math.inf if e["qttft_p99_s"] is None else float(e["qttft_p99_s"])
+
+    return {
+        "num_configurations": len(runnable),
+        "best": min(keeps_up, key=lambda e: (p99(e), -e["hit_ratio"], e["num_instances"]), default=None),
+        "fewest_instances": min(keeps_up, key=lambda e: (e["num_instances"], p99(e), -e["hit_ratio"]), default=None),
+        "least_utilized": None if keeps_up else min(known, key=lambda e: e["max_utilization"], default=None),
+        "max_instances": max((e["num_instances"] for e in runnable), default=None),
     }
 
 
 def recommend_sim_dir(sim_dir: Path, models: Sequence[ModelPreset] = tuple(PRESETS.values())) -> dict[str, Any] | None:
-    """The recommendation from a finished sweep's artifacts in SIM_DIR (None when there is no sweep)."""
+    """The recommendation from a finished sweep's artifacts in SIM_DIR, with the fleet sweep of SIM_DIR/fleet/
+    if there is one (None when there is no sweep)."""
     import polars as pl
 
     paths = [sim_dir / n for n in ("summary.json", "results.parquet", "lru_curve.parquet")]
@@ -116,7 +167,21 @@ def recommend_sim_dir(sim_dir: Path, models: Sequence[ModelPreset] = tuple(PRESE
     summary = json.loads(paths[0].read_text())
     rows = pl.read_parquet(paths[1]).to_dicts()
     curve = pl.read_parquet(paths[2])
-    return recommend(rows, {c: curve[c].to_numpy() for c in curve.columns}, summary, models)
+    return recommend(rows, {c: curve[c].to_numpy() for c in curve.columns}, summary, models,
+                     fleet_rows(sim_dir / "fleet"))
+
+
+def fleet_rows(fleet_dir: Path) -> list[dict[str, Any]] | None:
+    """The rows of the fleet sweep in FLEET_DIR (RUN_DIR/sim/fleet/): results.parquet, or the rows results.jsonl
+    holds while the sweep runs; None when there is no fleet sweep."""
+    import polars as pl
+
+    if (fleet_dir / "results.parquet").is_file():
+        return pl.read_parquet(fleet_dir / "results.parquet").to_dicts()
+    if (fleet_dir / "results.jsonl").is_file():
+        lines = (fleet_dir / "results.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()] or None
+    return None
 
 
 def _gib(size: dict[str, dict[str, float]] | None, model: str) -> str:
@@ -158,7 +223,38 @@ def describe(rec: dict[str, Any], model: str | None = None) -> list[str]:
                 line += (f" >= 1: one instance cannot keep up (QTTFT grows with the trace); "
                          f"{e['instances_needed']} instances keep it below 1")
         lines.append(line + ".")
+    lines.append(_fleet_line(rec))
     if rec["fitted_loses_at"]:
         lines.append(f"WARNING: the fitted policy ({rec['fitted_policy']}) loses to LRU at "
                      f"{', '.join(rec['fitted_loses_at'])}: run LRU there or re-fit with 'kvtrace fit RUN -c ...'.")
     return lines
+
+
+def _config(e: dict[str, Any]) -> str:
+    """'router prefix, 4 instances, lru at 10% per instance: hit 0.5500, P99 QTTFT 1.20 s, utilization 0.81'."""
+    return (f"router {e['router']}, {e['num_instances']} instance{'s' if e['num_instances'] != 1 else ''}, "
+            f"{e['policy']} at {e['capacity']} per instance: hit {e['hit_ratio']:.4f}, P99 QTTFT "
+            f"{_sec(e['qttft_p99_s'])}, utilization {e['max_utilization']:.2f}")
+
+
+def _fleet_line(rec: dict[str, Any]) -> str:
+    """The fleet sentence: the best fleet configuration, or the instances the saturation check suggests."""
+    f = rec.get("fleet")
+    if f is None:
+        n = rec.get("instances_suggested")
+        if n is None:
+            return "Fleet: no fleet sweep and no utilization to size one (the cost model was off)."
+        what = ("one instance keeps up at every simulated capacity" if n == 1 else
+                f"the saturation check suggests {n} instances (utilization below 1 at every simulated capacity)")
+        return (f"Fleet: {what}; no fleet sweep yet: 'kvtrace simulate RUN --instances "
+                f"{','.join(str(k) for k in sorted({1, n, 2 * n}))} --router prefix,least-loaded' compares routers.")
+    if f["best"] is None:
+        low = f["least_utilized"]
+        closest = "" if low is None else f"; the least loaded: {_config(low)}"
+        return (f"Fleet: none of the {f['num_configurations']} fleet configurations keeps utilization below 1"
+                f"{closest}; simulate more than {f['max_instances']} instances.")
+    line = f"Fleet: best configuration that keeps utilization below 1: {_config(f['best'])}"
+    fewest = f["fewest_instances"]
+    if fewest is not None and fewest["num_instances"] < f["best"]["num_instances"]:
+        line += f"; fewest instances: {_config(fewest)}"
+    return line + "."

@@ -1,8 +1,11 @@
 """Section (first in the report): the planner's answer from the simulation sweep: the cache (GiB, and x one
 GPU's memory) at which LRU and the best policy reach 80/90/95% of the ideal hit ratio, per model preset;
 the best policy per capacity with its gain over LRU; QTTFT; a flag when the fitted policy loses to LRU;
-the queue's utilization and the instances that keep it below 1 (tongyi_trace/sim/recommend.py).
-Artifacts: RUN_DIR/sim/summary.json, results.parquet, lru_curve.parquet (docs/artifacts/sim.md)."""
+the queue's utilization and the instances that keep it below 1; the fleet (router x instances) with the
+lowest P99 QTTFT that keeps every instance below utilization 1 when a fleet sweep was run, else the
+instances the saturation check suggests (tongyi_trace/sim/recommend.py).
+Artifacts: RUN_DIR/sim/summary.json, results.parquet, lru_curve.parquet (docs/artifacts/sim.md), and
+RUN_DIR/sim/fleet/results.parquet (or results.jsonl) when there is a fleet sweep (docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -52,6 +55,14 @@ def build(run: RunDir) -> list[Section]:
     t90 = next(t for t in rec["targets"] if t["target"] == 0.90)
     s.headline = [Headline(f"cache for 90% of the ideal hit ratio with LRU ({main})",
                            _size(t90["lru"]["size"], main, t90["lru"]["capacity_blocks"]))]
+    best = (rec["fleet"] or {}).get("best")
+    if best is not None:
+        s.headline.append(Headline("fleet with the lowest P99 QTTFT below utilization 1",
+                                   f"{best['router']} x {best['num_instances']} {best['policy']} @ {best['capacity']}: "
+                                   f"P99 {fmt.seconds(best['qttft_p99_s'])}, hit {fmt.ratio(best['hit_ratio'])}"))
+    elif rec["fleet"] is None and rec["instances_suggested"] is not None:
+        s.headline.append(Headline("instances for utilization below 1 (no fleet sweep)",
+                                   fmt.count(rec["instances_suggested"])))
     return [s]
 
 
