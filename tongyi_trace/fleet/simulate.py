@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
+from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
@@ -160,8 +161,8 @@ class StreamArrays:
 
 def _pool_key(stream: Stream, policy: str, capacity_blocks: int, params: dict[str, Any] | None,
               fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> tuple[Any, ...]:
-    return (id(stream), str(policy), int(capacity_blocks), json.dumps(params or {}, sort_keys=True, default=str),
-            id(fit), id(engine), id(next_req))
+    return (id(stream), str(policy), int(capacity_blocks),
+            json.dumps(params or {}, sort_keys=True, default=json_default), id(fit), id(engine), id(next_req))
 
 
 @dataclass
