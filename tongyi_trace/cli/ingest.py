@@ -36,7 +36,7 @@ def ingest(
         from tongyi_trace.trace.ingest import ingest_trace, summarize
 
         with progress(quiet or json_out, unit="bytes") as bar:
-            task = bar.add_task(f"reading {trace.name}", total=None)  # the size once the file is checked
+            task = bar.add_task(f"reading {trace.name}", total=trace.stat().st_size if trace.is_file() else None)
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
                                 turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
                                 overwrite=overwrite,
