@@ -10,6 +10,9 @@ Compiled with numba: one pass over the flat id array, no Python loop per block; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
@@ -19,7 +22,8 @@ from tongyi_trace import splitmix
 _SEED = np.uint64(0x6B76747261636521)  # "kvtrace!"
 
 
-_splitmix64 = njit(cache=True, inline="always")(splitmix.splitmix64)
+# compiled, it mixes one uint64 (the numpy form works elementwise on arrays)
+_splitmix64 = cast(Callable[[np.uint64], np.uint64], njit(cache=True, inline="always")(splitmix.splitmix64))
 
 
 @njit(cache=True)
