@@ -26,11 +26,11 @@ import polars as pl
 
 from tongyi_trace.errors import InputError
 from tongyi_trace.run import RunDir
+from tongyi_trace.schemas import WORKLOAD_SCHEMA
 from tongyi_trace.trace.synth import MAX_REQUESTS, TO_C, SynthSummary, summarize, trace_size
 from tongyi_trace.trace.synth_chat import ChatType, draw_chat
 from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, assemble, write_jsonl
 
-WORKLOAD_SCHEMA = "kvtrace.workload/1"
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 NUM_RATE_BINS = 24
 UNKNOWN_TYPE = "unknown"
