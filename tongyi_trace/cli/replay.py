@@ -105,6 +105,8 @@ def replay(
                                      "(POST /reset_prefix_cache; needs VLLM_SERVER_DEV_MODE=1)."),
     plugin_stats: Path | None = typer.Option(None, "--plugin-stats", help="The WA plugin's plugin_stats.json "
                                              "(default: found for a local 'kvtrace engine')."),
+    policy_file: Path | None = typer.Option(None, "--policy-file", help="Tag each request (kv_category) as this "
+                                            "policy file's categories (default: RUN/fit/policy.json if present)."),
     reconcile_only: bool = typer.Option(False, "--reconcile-only", help="Only recompute the reconciliation "
                                         "of replay NAME from its records (no server needed)."),
     json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
@@ -128,7 +130,7 @@ def replay(
             name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
             max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
             engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
-            reset_cache=reset_cache, plugin_stats=plugin_stats, router=router,
+            reset_cache=reset_cache, plugin_stats=plugin_stats, router=router, policy_file=policy_file,
             schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
                                      max_requests=max_requests, sample_sessions=sample_sessions,
                                      closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))

@@ -25,7 +25,9 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.params import UserPace
 from tongyi_trace.run import RunDir
+from tongyi_trace.trace.categories import PACE_COLUMNS, policy_categories
 
 T = TypeVar("T")
 
@@ -116,10 +118,12 @@ class Accesses:
         return float(self.arrival_s.max()) if len(self.arrival_s) else 0.0
 
 
-def load_accesses(run: RunDir) -> Accesses:
-    """Read RUN's tables and link every block access to the block's next access (vectorized)."""
-    req = pl.read_parquet(run.requests_path, columns=["req_idx", "arrival_s", "category", "type"])
-    req = req.sort("req_idx")
+def load_accesses(run: RunDir, user_pace: UserPace | None = None) -> Accesses:
+    """Read RUN's tables and link every block access to the block's next access (vectorized). Categories
+    are the run's, with the user's pace class appended when USER_PACE is set."""
+    req = pl.read_parquet(run.requests_path, columns=[*PACE_COLUMNS, "type"]).sort("req_idx")
+    req = req.with_columns(category=policy_categories(req, user_pace)).select(
+        "req_idx", "arrival_s", "category", "type")
     num_requests = req.height
     if num_requests and not np.array_equal(req["req_idx"].to_numpy(), np.arange(num_requests)):
         raise UsageError(f"{run.requests_path}: column 'req_idx' is not 0..N-1; re-run 'kvtrace ingest'")

@@ -6,6 +6,9 @@ engine's environment. The whole schema is validated here, in one place, with one
     trace         where the fit came from (source, sha256, format, block_size)
     window        the train window
     turn_buckets  the turn buckets of the category names (sorted positive integers)
+    user_pace     null, or {split_s, min_gaps}: the category names carry the user's pace class
+                  (`text-2|pf`, tongyi_trace.trace.categories.user_pace_categories), and whoever runs the
+                  policy tags each request the same way
     km_grid_s     the time grid of every km_cdf table (tongyi_trace.wa_priority.km_grid_s())
     categories    name -> {reuse_prob, rate_per_s, mean_reuse_s, life_s, num_samples, ks, fallback,
                            km_cdf: [F at km_grid_s]}: the exponential model F(d) = p (1 - e^(-rate d)),
@@ -68,6 +71,15 @@ class PolicyChoice:
 
 
 @dataclass(frozen=True)
+class UserPace:
+    """The user's pace class in the category names: fast when the geometric mean of the user's earlier
+    follow-up gaps is under split_s seconds, unknown with fewer than min_gaps of them."""
+
+    split_s: float
+    min_gaps: int = 2
+
+
+@dataclass(frozen=True)
 class PolicyParams:
     """A whole policy file: per-category parameters, the pooled `default`, and per-capacity choices."""
 
@@ -78,12 +90,19 @@ class PolicyParams:
     turn_buckets: list[int] = field(default_factory=lambda: [1, 2, 3])
     choices: list[PolicyChoice] = field(default_factory=list)
     schema: str = POLICY_SCHEMA
+    user_pace: UserPace | None = None
 
     def for_category(self, name: str | None) -> CategoryParams:
-        """Parameters of category NAME, or `default` when unknown or missing."""
+        """Parameters of category NAME; else, for a name the fit does not know, those of its base category
+        (`text-2` for `text-2|pf`: a request tagged with a pace class this file was not fitted with) or of
+        its unknown-pace class (`text-2|p?` for `text-2`: an untagged request to a file fitted with pace);
+        else `default`."""
         if name is None:
             return self.default
-        return self.categories.get(name, self.default)
+        if name in self.categories:
+            return self.categories[name]
+        alt = name.split("|", 1)[0] if "|" in name else f"{name}|p?"
+        return self.categories.get(alt, self.default)
 
     @property
     def block_size(self) -> int:
@@ -106,6 +125,7 @@ class PolicyParams:
             "trace": self.trace,
             "window": self.window,
             "turn_buckets": list(self.turn_buckets),
+            "user_pace": asdict(self.user_pace) if self.user_pace else None,
             "km_grid_s": km_grid_s(),
             "categories": {k: _cat_json(v) for k, v in self.categories.items()},
             "default": _cat_json(self.default),
@@ -230,7 +250,21 @@ def parse_policy(doc: Any, path: Path) -> PolicyParams:
         turn_buckets=_parse_buckets(path, doc.get("turn_buckets")),
         choices=[_parse_choice(path, i, c) for i, c in enumerate(choices)],
         schema=str(schema),
+        user_pace=_parse_pace(path, doc.get("user_pace")),
     )
+
+
+def _parse_pace(path: Path, raw: Any) -> UserPace | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: field 'user_pace' must be null or an object {{split_s, min_gaps}}")
+    split = _number(path, "user_pace", raw, "split_s")
+    gaps = raw.get("min_gaps", 2)
+    if not isinstance(gaps, int) or isinstance(gaps, bool) or gaps < 1:
+        raise InputError(f"{path}: field 'user_pace.min_gaps' must be an integer >= 1, got {gaps!r}; "
+                         "regenerate it with 'kvtrace fit'")
+    return UserPace(split, gaps)
 
 
 def load_policy(path: str | Path) -> PolicyParams:

@@ -35,7 +35,13 @@ from tongyi_trace.replay.metrics import MetricsSnapshot, delta_hit_ratio, record
 from tongyi_trace.replay.prompts import DEFAULT_MIN_TOKEN_ID, PromptSynth
 from tongyi_trace.replay.reconcile import reconcile
 from tongyi_trace.replay.records import RecordWriter, read_records
-from tongyi_trace.replay.schedule import Schedule, ScheduledRequest, ScheduleOptions, build_schedule
+from tongyi_trace.replay.schedule import (
+    Schedule,
+    ScheduledRequest,
+    ScheduleOptions,
+    build_schedule,
+    tagged_requests,
+)
 from tongyi_trace.run import RunDir, open_run, stop_signals_interrupt, write_parquet_atomic
 from tongyi_trace.schemas import REPLAY_SCHEMA
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
@@ -62,6 +68,7 @@ class ReplayOptions:
     overwrite: bool = False
     reset_cache: bool = False
     plugin_stats: Path | None = None
+    policy_file: Path | None = None  # tag requests with this policy's categories (default: RUN/fit/policy.json)
     router: str | None = None  # several servers: the fleet router (fleet/routers) that spreads the requests
 
 
@@ -228,8 +235,8 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     # validate and connect before touching anything on disk: unreachable -> error, the old replay stays
     info = probe_server(urls[0], opts.model, opts.api_key, opts.reset_cache)
     infos = [info] + [probe_server(u, info.model, opts.api_key, opts.reset_cache) for u in urls[1:]]
-    sched = build_schedule(run.requests(), opts.schedule, min((i.max_model_len for i in infos
-                                                               if i.max_model_len is not None), default=None))
+    sched = build_schedule(tagged_requests(run, opts.policy_file), opts.schedule,
+                           min((i.max_model_len for i in infos if i.max_model_len is not None), default=None))
     if not sched.requests:
         raise UsageError(f"no request to replay after selection ({_selection(sched)}); widen --start/"
                          "--duration/--sample-sessions or raise the server's --max-model-len")

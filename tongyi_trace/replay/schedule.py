@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.params import load_policy
+from tongyi_trace.run import RunDir
 from tongyi_trace.splitmix import splitmix64
+from tongyi_trace.trace.categories import policy_categories
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,17 @@ class ScheduleOptions:
     closed_sessions: bool = False
     max_output_tokens: int | None = None
     seed: int = 0
+
+
+def tagged_requests(run: RunDir, policy_file: Path | None) -> pl.DataFrame:
+    """RUN's requests with the category each is tagged with (kv_category): the one POLICY_FILE's policy keys
+    on (its user-pace class appended when it was fitted with one), by default the run's fitted policy
+    (RUN/fit/policy.json) when there is one, else the run's category."""
+    requests = run.requests()
+    path = policy_file if policy_file is not None else run.path / "fit" / "policy.json"
+    if policy_file is None and not path.is_file():
+        return requests
+    return requests.with_columns(category=policy_categories(requests, load_policy(path).user_pace))
 
 
 @dataclass(frozen=True)

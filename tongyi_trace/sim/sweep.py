@@ -91,9 +91,9 @@ def _resolve_task(name: str, base: str, params: dict[str, Any], cap: Capacity, f
     return name, pol, {**chosen, **params}, cap
 
 
-def prepare_stream(run: RunDir, engine_block_size: int | None) -> Stream:
-    """The run's stream, regrouped to ENGINE_BLOCK_SIZE when given."""
-    stream = load_stream(run)
+def prepare_stream(run: RunDir, engine_block_size: int | None, fit: PolicyParams | None = None) -> Stream:
+    """The run's stream, regrouped to ENGINE_BLOCK_SIZE when given, with the categories FIT keys on."""
+    stream = load_stream(run, user_pace=fit.user_pace if fit else None)
     return regroup(stream, engine_block_size) if engine_block_size else stream
 
 
@@ -132,7 +132,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         if base == FITTED:
             continue
         get_policy(base).make_params({**cfg.policy_params.get(base, {})})
-    stream = prepare_stream(run, cfg.engine_block_size)
+    stream = prepare_stream(run, cfg.engine_block_size, fit)
     warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
     if stream.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
