@@ -7,6 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a failure reproduces; CI is not a lottery), with no
+# per-example deadline (the machine is shared: time is not what they check).
+settings.register_profile("kvtrace", derandomize=True, deadline=None)
+settings.load_profile("kvtrace")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"

@@ -76,6 +76,10 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
 
 
+MAX_GPU_MEM_GIB = 2**20  # the largest GPU memory, TP degree or reserve an option takes (1 PiB)
+MAX_MODEL_NUMBER = 1e15  # the largest model shape number an option takes (layers, heads, parameters, ...)
+
+
 def get_preset(name: str, *, gpu_mem_gib: float | None = None, tp: int | None = None,
                reserve_gib: float | None = None, utilization: float | None = None) -> ModelPreset:
     """Model NAME (a preset name or the path of a Hugging Face config.json) with optional overrides of GPU
@@ -85,8 +89,8 @@ def get_preset(name: str, *, gpu_mem_gib: float | None = None, tp: int | None = 
         raise UsageError(f"unknown model preset {name!r}; give a preset ({', '.join(PRESETS)}) or the path of a "
                          "Hugging Face config.json")
     for flag, v in (("--gpu-mem", gpu_mem_gib), ("--tp", tp)):
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise UsageError(f"{flag} {v}: give a finite number > 0")
+        if v is not None and not (math.isfinite(v) and 0 < v <= MAX_GPU_MEM_GIB):
+            raise UsageError(f"{flag} {v}: give a number > 0 and <= {MAX_GPU_MEM_GIB}")
     return replace(
         base,
         gpu_mem_bytes=base.gpu_mem_bytes if gpu_mem_gib is None else int(gpu_mem_gib * GIB),

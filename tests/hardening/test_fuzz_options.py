@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -33,6 +33,8 @@ def run_dir(tiny_bailian_path: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(option=st.sampled_from(FLOAT_OPTIONS + INT_OPTIONS), value=NUMBERS)
+@example(option="--gpu-mem-gib", value=4e298).via("a huge GPU memory overflowed polars' integers")
+@example(option="--layers", value=2**40).via("a huge model shape")
 def test_analyze_numeric_options(run_dir: Path, option: str, value: float) -> None:
     if option in INT_OPTIONS:
         value = int(value) if value == value and abs(value) < 2**62 else 0

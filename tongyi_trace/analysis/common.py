@@ -26,7 +26,7 @@ import polars as pl
 
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.models import PRESETS, ModelPreset, get_preset
+from tongyi_trace.models import MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import ANALYSIS_SCHEMA
@@ -264,14 +264,14 @@ def resolve_models(names: Sequence[str], *, num_layers: int | None = None, num_k
         "dtype_bytes": dtype_bytes, "num_params": None if params_b is None else params_b * 1e9,
     }.items() if v is not None}
     for k, v in shape.items():
-        if not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"model option {k} must be a finite number > 0, got {v}")
+        if not (0 < v <= MAX_MODEL_NUMBER):
+            raise UsageError(f"model option {k} must be a number > 0 and <= {MAX_MODEL_NUMBER:g}, got {v}")
     for flag, v, ok in (("--gpu-util", utilization, "in (0, 1]"), ("--gpu-mem-gib", gpu_mem_gib, "> 0"),
                         ("--reserve-gib", reserve_gib, ">= 0"), ("--tp", tp, "> 0")):
-        good = v is None or (math.isfinite(v) and (0 < v <= 1 if flag == "--gpu-util" else
-                                                   v >= 0 if flag == "--reserve-gib" else v > 0))
+        good = v is None or (v <= MAX_GPU_MEM_GIB and (0 < v <= 1 if flag == "--gpu-util" else
+                                                       v >= 0 if flag == "--reserve-gib" else v > 0))
         if not good:
-            raise UsageError(f"{flag} {v}: give a finite number {ok}")
+            raise UsageError(f"{flag} {v}: give a number {ok} and <= {MAX_GPU_MEM_GIB}")
     out: list[ModelPreset] = []
     for name in names:
         is_custom = name.lower() == "custom"
