@@ -22,6 +22,7 @@ from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import UserPace
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.categories import policy_categories
+from tongyi_trace.trace.dense import DenseIds
 
 
 @dataclass(frozen=True)
@@ -114,14 +115,10 @@ def stream_from_lists(requests: list[list[int]], *, num_tokens: list[list[int]] 
 
 
 def densify(ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """Renumber IDS to 0..D-1 in order of first appearance."""
-    if ids.size == 0:
-        return ids.astype(np.int64), 0
-    uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(uniq.size, np.int64)
-    rank[order] = np.arange(uniq.size, dtype=np.int64)
-    return rank[inv.reshape(-1)], int(uniq.size)
+    """Renumber IDS to 0..D-1 in order of first appearance: ingest's numbering, trace/dense.DenseIds (the ids
+    here are chain ids or already dense integers, whose low bits spread over its table)."""
+    dense = DenseIds()
+    return dense.assign(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)), dense.num_distinct
 
 
 def regroup(stream: Stream, engine_block_size: int) -> Stream:
