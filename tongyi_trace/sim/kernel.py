@@ -38,7 +38,6 @@ from numba import njit
 # The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.structs import (
-    G_CURSOR,
     G_SIZE,
     GEN,
     LAST,
@@ -59,13 +58,13 @@ NUM_STATS = 12
 def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
               req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-              qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+              qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
               parent: np.ndarray, rl: np.ndarray, leaf_only: bool,
               timing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
-    blocks, on the state arrays made by structs.make_state (policy parameters in ip/fp, WA category
-    parameters in cw, ORACLE next uses in nxt, PARENT[x] = the parent block of x or -1, RL the links of
-    the held-back blocks that became leaves (structs.make_state), LEAF_ONLY = prefix closure, see the
+    blocks, on the state arrays made by structs.make_state (the policy's parameters ip, fp and tables ft,
+    it, policy_base.Setup: the loop only hands them to the hooks), PARENT[x] = the parent block of x or
+    -1, RL the links of the held-back blocks (structs.make_state), LEAF_ONLY = prefix closure, see the
     module doc). REQ_OFF may be a slice of the stream's offsets (absolute positions in BLK): the state
     arrays carry the cache from one call to the next.
 
@@ -93,7 +92,6 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         now_us = np.int64(now * 1e6)
         c = req_cat[r]
         nstat = req_nstat[r]
-        g[G_CURSOR] = -1
         # 1. longest cached prefix
         h = 0
         lim = min(n, req_maxhit[r])
@@ -104,7 +102,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             pinned[x] = 1
             if bk[x, PARK] != 0:
                 _unpark(bk, rnext, rprev, x)
-            access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
+            access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
             h += 1
         hits = min(h, nstat)
         hit_tok = 0
@@ -121,7 +119,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     pinned[x] = 1
                     if bk[x, PARK] != 0:
                         _unpark(bk, rnext, rprev, x)
-                    access(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
+                    access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
                     if k < nstat:
                         stats[S_TOUCHED] += 1
                         if missed:
@@ -137,12 +135,12 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     if v < d:
                         _unpark(bk, rnext, rprev, v)
                     else:
-                        v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                        v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
                         while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
                             bk[v, PARK] = 1
                             _append(rnext, rprev, d + 1, v)
                             stats[S_PARKED] += 1
-                            v = evict(bk, hp, g, gf, qs, ip, fp, cw, nxt, now)
+                            v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
                         if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
                             v = rnext[d + 1]
                             _unpark(bk, rnext, rprev, v)
@@ -177,14 +175,14 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 bk[p, NCHILD] += 1
                 bk[x, PGEN] = bk[p, GEN]
             g[G_SIZE] += 1
-            insert(bk, hp, g, gf, qs, ip, fp, cw, nxt, x)
+            insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
         # 3. served: release deepest first
         for k in range(n - 1, -1, -1):
             x = blk[s + k]
             if pinned[x] == 1:
                 pinned[x] = 0
                 bk[x, LAST] = now_us
-                release(bk, hp, g, gf, qs, ip, fp, cw, nxt, x, s + k, k, ntok[s + k], c, now)
+                release(bk, hp, g, gf, qs, ip, fp, ft, it, x, s + k, k, ntok[s + k], c, now)
         tok = 0
         for k in range(nstat):
             tok += ntok[s + k]

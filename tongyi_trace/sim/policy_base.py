@@ -1,23 +1,107 @@
-"""What every policy file declares: its typed parameter set and state needs (the registry in
-`registry.py` collects them). The compiled hooks of a policy all share one signature:
+"""What every policy file declares (the registry in `registry.py` collects them), the way a libCacheSim
+policy owns its params struct:
 
-    access(st, x, kp)                                 a cached block is used by the current request
-    insert(st, x, kp)                                 a missing block enters the cache (pinned)
-    release(st, x, ref, pos, num_tokens, cat, now_s, kp)   the request is served: unpin x (called
-                                                      deepest block first, so the head is most recent)
-    evict(st, now_s, kp) -> victim id or -1           choose an unpinned cached block to drop
+    SPEC    PolicySpec: name, typed parameter class, summary, the module itself as `hooks`
+    STATE   StateDecl: the per-block columns and scalars it keeps in the simulator state, each with its
+            meaning (structs.py has the arrays; the kernel knows none of a policy's fields)
+    init(params, ctx) -> Setup   (plain Python, once per cache) its parameter arrays ip/fp laid out for
+            its hooks, its queues, heap size, initial scalars and tables for this capacity and stream
+
+and the compiled hooks (numba, inlined into the kernel's loop, kernel.policy_kernel), which share one
+argument list: the state arrays (bk, hp, g, gf, qs), the policy's ip, fp, its float table ft and its
+integer table it (Setup), then
+
+    access(..., x)                                    a cached block is used by the current request
+    insert(..., x)                                    a missing block enters the cache (pinned)
+    release(..., x, ref, pos, num_tokens, cat, now_s) the request is served: unpin x (called deepest
+                                                      block first, so the head is most recent)
+    evict(..., now_s) -> victim id or -1              choose an unpinned cached block to drop
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.sim.structs import G_POLICY, POLICY_COL0, POLICY_COLUMNS
+
+if TYPE_CHECKING:
+    from tongyi_trace.fit.params import PolicyParams
+    from tongyi_trace.sim.stream import Stream
+
+NUM_PARAMS = 8  # ip and fp slots
+
+
+@dataclass(frozen=True)
+class StateDecl:
+    """A policy's share of the simulator state, each name with its meaning: per-block int64 COLUMNS of bk
+    (at most structs.POLICY_COLUMNS), int64 scalars SLOTS of g and float64 scalars FSLOTS of gf. A name
+    whose meaning says "per queue" is the first of one slot per queue (declare it last)."""
+
+    columns: dict[str, str] = field(default_factory=dict)
+    slots: dict[str, str] = field(default_factory=dict)
+    fslots: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.columns) > POLICY_COLUMNS:
+            raise ValueError(f"a policy may declare at most {POLICY_COLUMNS} columns, got {list(self.columns)}")
+
+    def col(self, name: str) -> int:
+        """The bk column of NAME."""
+        return POLICY_COL0 + list(self.columns).index(name)
+
+    def slot(self, name: str) -> int:
+        """The g index of NAME."""
+        return G_POLICY + list(self.slots).index(name)
+
+    def fslot(self, name: str) -> int:
+        """The gf index of NAME."""
+        return list(self.fslots).index(name)
+
+
+@dataclass(frozen=True)
+class InitContext:
+    """What a policy's init hook may size and fill its state from: one cache of CAPACITY_BLOCKS blocks over
+    STREAM, with the policy file FIT and precomputed next uses NEXT_REQ when the caller has them."""
+
+    stream: Stream
+    capacity_blocks: int
+    fit: PolicyParams | None = None
+    next_req: np.ndarray | None = None
+
+    @property
+    def max_cached(self) -> int:
+        """The most blocks the cache can hold at once."""
+        return min(self.capacity_blocks, self.stream.num_ids)
+
+    @property
+    def lazy_heap_entries(self) -> int:
+        """Heap entries for a lazy heap (structs.heap_push) over this cache: the cached blocks, the longest
+        request, and as many stale entries between compactions."""
+        max_req = int(np.diff(self.stream.req_off).max()) if self.stream.num_requests else 0
+        return 2 * self.max_cached + 2 * max_req + 64
+
+
+@dataclass
+class Setup:
+    """What a policy's init hook gives one cache: IP, FP (NUM_PARAMS int64 and float64 parameters in the
+    policy's layout), FT (a float64 2-D table) and IT (an int64 1-D table) its hooks read, NUM_QUEUES
+    queues, a heap of HEAP_SIZE entries (0 = none), and the initial values of its scalars in the order
+    of its StateDecl (G0 for g, GF0 for gf)."""
+
+    ip: np.ndarray
+    fp: np.ndarray
+    ft: np.ndarray = field(default_factory=lambda: np.zeros((1, 1), np.float64))
+    it: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    num_queues: int = 1
+    heap_size: int = 0
+    g0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gf0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
 
 @dataclass(frozen=True)
@@ -26,12 +110,12 @@ class NoParams:
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) arrays for the kernel."""
-        return np.zeros(8, np.int64), np.zeros(8, np.float64)
+        return np.zeros(NUM_PARAMS, np.int64), np.zeros(NUM_PARAMS, np.float64)
 
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """One policy: name, parameter class and what state it needs.
+    """One policy: name, parameter class, summary, its module (hooks).
 
     Every policy also takes the kernel's `leaf_only` switch (prefix closure, kernel.py) as a parameter;
     `leaf_only_default` is its default for this policy."""
@@ -39,14 +123,9 @@ class PolicySpec:
     name: str
     params_cls: type
     summary: str
-    uses_heap: bool = False
-    queues_per_category: bool = False
-    queues_per_count: bool = False  # one queue per reference count (LFU buckets)
-    num_queues: int = 1
-    needs_next_use: bool = False
     needs_fit: bool = False
     leaf_only_default: bool = False
-    hooks: Any = None  # the policy module (its compiled access/insert/release/evict)
+    hooks: Any = None  # the policy module (STATE, init and its compiled access/insert/release/evict)
 
     def make_params(self, values: dict[str, Any] | None = None) -> tuple[Any, bool]:
         """(typed parameters, leaf_only) from VALUES (str or typed), defaults for the rest; unknown keys

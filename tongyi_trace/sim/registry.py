@@ -1,12 +1,19 @@
-"""The policy registry: one entry per policy file, keyed by the `Policy` enum (no string if-chains)."""
+"""The policy registry: one entry per policy file, keyed by the `Policy` enum (no string if-chains), and
+what reports and the CLI show of the policies (names, baselines, colours, the paper's figure).
+
+The names and colours load without the policies (no numba): REGISTRY and get_policy import them on first
+use."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cache
+from typing import TYPE_CHECKING
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.sim.policies import fifo, gdsf, lfu, lru, oracle, s3fifo, wa
-from tongyi_trace.sim.policy_base import PolicySpec
+
+if TYPE_CHECKING:
+    from tongyi_trace.sim.policy_base import PolicySpec
 
 
 class Policy(StrEnum):
@@ -21,25 +28,46 @@ class Policy(StrEnum):
     ORACLE = "oracle"
 
 
-REGISTRY: dict[Policy, PolicySpec] = {
-    Policy.LRU: lru.SPEC,
-    Policy.FIFO: fifo.SPEC,
-    Policy.LFU: lfu.SPEC,
-    Policy.S3FIFO: s3fifo.SPEC,
-    Policy.GDSF: gdsf.SPEC,
-    Policy.WA: wa.SPEC,
-    Policy.ORACLE: oracle.SPEC,
-}
-
 BASELINES = (Policy.LRU, Policy.FIFO, Policy.LFU, Policy.S3FIFO, Policy.GDSF)
+# `kvtrace simulate`'s WA ablation variants (sim.sweep.WA_VARIANTS); FITTED: the setting `kvtrace fit
+# --capacity` chose, per capacity (the policy file's nearest choice, sim.simulate.resolve_fitted)
+WA_ABLATION = ("wa-no-life", "wa-conditional", "wa-no-offset")
+FITTED = "fitted"
+# WA's gain over the best baseline the paper reports (hit-ratio points, smallest to largest capacity):
+# Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 5
+PAPER_WA_GAIN_POINTS = (1.5, 3.9)
+# the colour of each policy and variant in figures
+COLORS: dict[str, str] = {
+    Policy.LRU: "#1f77b4", Policy.FIFO: "#ff7f0e", Policy.LFU: "#8c564b", Policy.S3FIFO: "#9467bd",
+    Policy.GDSF: "#e377c2", Policy.WA: "#d62728", Policy.ORACLE: "#2ca02c",
+    "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5", "wa-no-offset": "#f7b6d2", FITTED: "#000000"}
+OTHER_COLOR = "#7f7f7f"  # any other name
+
+
+@cache
+def _registry() -> dict[Policy, PolicySpec]:
+    from tongyi_trace.sim.policies import fifo, gdsf, lfu, lru, oracle, s3fifo, wa
+
+    return {Policy.LRU: lru.SPEC, Policy.FIFO: fifo.SPEC, Policy.LFU: lfu.SPEC, Policy.S3FIFO: s3fifo.SPEC,
+            Policy.GDSF: gdsf.SPEC, Policy.WA: wa.SPEC, Policy.ORACLE: oracle.SPEC}
+
+
+REGISTRY: dict[Policy, PolicySpec]
+
+
+def __getattr__(name: str) -> object:
+    if name == "REGISTRY":
+        return _registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_policy(name: str | Policy) -> PolicySpec:
     """The spec of policy NAME (case-insensitive), or UsageError listing the known ones."""
     try:
-        return REGISTRY[Policy(str(getattr(name, "value", name)).lower())]
+        pol = Policy(str(getattr(name, "value", name)).lower())
     except ValueError:
         raise UsageError(f"unknown policy {name!r}; choose from {', '.join(p.value for p in Policy)}") from None
+    return _registry()[pol]
 
 
 def parse_policies(text: str) -> list[Policy]:

@@ -29,8 +29,9 @@ from tongyi_trace.sim.kernel import (
     cached_prefix_len,
     policy_kernel,
 )
-from tongyi_trace.sim.registry import Policy, get_policy
-from tongyi_trace.sim.stream import Stream, next_request_of_refs
+from tongyi_trace.sim.policy_base import InitContext
+from tongyi_trace.sim.registry import FITTED, Policy, get_policy
+from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import G_SIZE, cycles_now, make_state
 
 
@@ -106,24 +107,6 @@ def cycles_per_ns() -> float:
     return max((c1 - c0) / (t1 - t0), 1e-9)
 
 
-def category_arrays(stream: Stream, fit: PolicyParams | None) -> np.ndarray:
-    """WA's per-category parameters as the kernel's cw array: rows p, rate_per_s, life_s and the km table
-    of F (wa.CW_*), one column per category index of STREAM (`default` when unknown to the fit)."""
-    from tongyi_trace.sim.policies.wa import CW_LIFE, CW_P, CW_RATE, CW_TABLE, NUM_CW_ROWS
-
-    cw = np.zeros((NUM_CW_ROWS, max(len(stream.categories), 1)))
-    if fit is not None:
-        for i, name in enumerate(stream.categories):
-            c = fit.for_category(name)
-            cw[CW_P, i], cw[CW_RATE, i], cw[CW_LIFE, i] = c.reuse_prob, c.rate_per_s, c.life_s
-            cw[CW_TABLE:, i] = c.km_cdf_table()
-    return cw
-
-
-# The setting `kvtrace fit --capacity` chose, per capacity (the policy file's nearest choice).
-FITTED = "fitted"
-
-
 def resolve_fitted(fit: PolicyParams, capacity_blocks: int, block_size: int,
                    ) -> tuple[str, dict[str, Any], str | None]:
     """(policy, parameters, choice's capacity label) that the policy file chose for a cache of
@@ -140,7 +123,9 @@ class Cache:
     so a caller can interleave several caches (a fleet behind a router), look inside between requests,
     or change settings between slices. `simulate_policy` is `Cache(...).serve(0, N)` then `.result()`.
 
-    Arguments as simulate_policy's; the stream's requests are served in index order by `serve`."""
+    Arguments as simulate_policy's; the stream's requests are served in index order by `serve`. The
+    policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
+    made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*)."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
@@ -161,28 +146,14 @@ class Cache:
             raise UsageError(f"capacity must be >= 0 blocks, got {capacity_blocks}")
         self.spec, self.stream, self.capacity_blocks, self.timing = spec, stream, int(capacity_blocks), timing
         self.params = {**dataclasses.asdict(typed), "leaf_only": self.leaf_only}
-        self.ip, self.fp = typed.to_arrays()
-        self.ip[7] = capacity_blocks
-        if spec.name == "gdsf" and self.fp[1] <= 0:
-            self.fp[1] = float(stream.block_size)
-        self.cw = category_arrays(stream, fit)
-        if spec.needs_next_use:
-            self.nxt = next_req if next_req is not None else next_request_of_refs(stream.req_off, stream.blk,
-                                                                                  stream.num_ids)
-        else:
-            self.nxt = np.zeros(1, np.int64)
+        setup = spec.hooks.init(typed, InitContext(stream, self.capacity_blocks, fit, next_req))
+        self.ip, self.fp, self.cw, self.nxt = setup.ip, setup.fp, setup.ft, setup.it
         n = stream.num_requests
         if engine is None:
             lens = np.diff(stream.req_off)
             engine = EngineShape(lens, lens, np.zeros(n, np.int64))
         self.engine = engine
-        num_queues = len(stream.categories) if spec.queues_per_category else spec.num_queues
-        if spec.queues_per_count:
-            num_queues = int(np.bincount(stream.blk, minlength=1).max()) + 2
-        max_req = int(np.diff(stream.req_off).max()) if n else 0
-        cap_eff = min(capacity_blocks, stream.num_ids)
-        heap_size = 2 * cap_eff + 2 * max_req + 64 if spec.uses_heap else 1
-        self.state = make_state(stream.num_ids, num_queues, heap_size)
+        self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0)
         self.kernel = policy_kernel(spec.name, spec.hooks)
         self.stats = np.zeros(NUM_STATS, np.int64)
         self.cat_stats = np.zeros((max(len(stream.categories), 1), 4), np.int64)

@@ -1,30 +1,28 @@
 """Array-backed data structures shared by the compiled policies: the simulator state, intrusive doubly
-linked queues over dense block ids, a lazy binary min-heap, and a cycle counter for eviction timing.
+linked queues over dense block ids, a lazy 4-ary min-heap, and a cycle counter for eviction timing.
 
 All of it is numba-compiled (cache=True); nothing allocates per reference. The state is a handful of
 plain arrays (a tuple of arrays would cost a reference-count update per field access):
 
-    bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (two cache lines per block);
-                                 rows D.. are the queue sentinels. The kernel's columns:
+    bk  int64[D + NQ, NUM_ROWS]  one row per block, its fields side by side (two cache lines per block,
+                                 the array aligned to a line); rows D.. are the queue sentinels.
+                                 The kernel's columns (kernel.py):
                                    PRESENT, PINNED  cached; held by the running request
+                                   PARK     leaf_only: 0, 1 = chosen by the policy while it had cached
+                                            children (held back), 2 = parked and now a leaf (evicted next)
                                    LAST     last access (release time of the last request using it), in us
                                    NCHILD   cached children (blocks whose parent, the previous block of
                                             their request, is this one): 0 = a leaf of the cached forest
                                    PGEN     GEN of the parent when this block was counted in its NCHILD
                                             (0 = not counted); GEN counts this block's insertions
-                                   PARK     leaf_only: 0, 1 = chosen by the policy while it had cached
-                                            children (held back), 2 = parked and now a leaf (evicted next)
-                                 the queue links QPREV, QNEXT, QID (structs' queues, shared by policies);
-                                 and the policies' own columns:
-                                   FREQ     LFU, GDSF, S3-FIFO: reference count
-                                   VER      heap entry version (lazy heap, GDSF and ORACLE)
-                                   CAT      WA: category of the last releasing request
-                                   BPOS     WA: block position (offset) in that request
-                                   AUX      S3-FIFO: ghost stamp when evicted from the small FIFO;
-                                            WA: release stamp (the order of its LRU switch)
-                                   AUX2     S3-FIFO: destination queue (small or main)
-    hp  int64[Hn, 4]             heap entries (KEY1, KEY2, HID block, HVER version), one entry a row
-    g   int64[8 + 2 NQ], gf float64[4 + NQ]   scalars (G_*, GF_*) and per-queue caches (WA)
+                                 the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
+                                 and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
+                                 documents in its own file (policy_base.StateDecl)
+    hp  int64[4, Hn]             heap entries by rows KEY1, KEY2 (the key, compared as a pair), HID (the
+                                 block) and HENT (its version): one array per field, so the keys of a
+                                 node's 4 children share a cache line
+    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE, G_HSIZE), then the policy's
+    gf  float64[...]             the policy's float scalars (policy_base.StateDecl)
     qs  int64[NQ]                queue sizes
     rl  int64[2, D + 2]          the kernel's two FIFOs of held-back blocks (kernel.py): next and previous
                                  links, sentinel D (became leaves) and D + 1 (still with children)
@@ -32,10 +30,8 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
 
-Lazy 4-ary min-heap: keys are int64 pairs (policies scale float priorities to integers). An entry is valid while
-bk[id, VER] still equals its version and the block is cached and not pinned; a block's version is bumped
-whenever it is re-pushed, so stale entries are skipped on pop. When the heap is full it is compacted to
-its valid entries (at most the capacity).
+Lazy 4-ary min-heap: keys are int64 pairs (policies scale float priorities to integers); a block's newest
+entry is its key, older ones are skipped when popped (see the heap's section).
 """
 
 from __future__ import annotations
@@ -46,46 +42,50 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# columns of bk
-PRESENT, PINNED, QPREV, QNEXT, QID, FREQ, VER, CAT, BPOS, AUX, AUX2, LAST, NCHILD, PGEN, GEN, PARK = range(16)
-NUM_ROWS = 16
-# columns of hp
-KEY1, KEY2, HID, HVER = range(4)
-ARITY = 4  # a 4-ary heap: half the depth of a binary one, a node's children in two cache lines
-# indices into g (int64 scalars); g[G_QCACHE + q] is a per-queue cache
-G_HSIZE = 0  # entries in the heap
-G_STAMP = 1  # monotone counter for tie-breaks
-G_SIZE = 2  # cached blocks
-G_GHOST = 3  # S3-FIFO: ghost insertions so far
-G_CURSOR = 4  # FIFO: walk cursor inside one request (-1 = from the head)
-G_MINF = 5  # LFU: no non-empty bucket below this count
-G_QCACHE = 8
-# indices into gf (float64 scalars); gf[GF_QCACHE + q] is a per-queue cache
-GF_CLOCK = 0  # GDSF inflation value L
-GF_LAST_KEY = 1  # key1 of the last popped heap entry
-GF_NOW = 2  # WA: the time the per-queue caches were computed for
-GF_QCACHE = 4
+# columns of bk: the kernel's, the queues', the heap's, then the policy's
+PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, NCHILD, PGEN, GEN, HVER = range(11)
+POLICY_COL0 = 11  # the first column a policy may declare (policy_base.StateDecl)
+POLICY_COLUMNS = 5
+NUM_ROWS = POLICY_COL0 + POLICY_COLUMNS
+# rows of hp
+KEY1, KEY2, HID, HENT = range(4)  # HENT: the entry's version (HVER of its block when pushed)
+ARITY = 4  # a 4-ary heap: half the depth of a binary one
+HOFF = 3  # logical entry i is at column i + HOFF, so the 4 children of a node start on a 32-byte boundary
+# indices into g: the kernel's and the heap's scalars, then the policy's (policy_base.StateDecl)
+G_SIZE = 0  # cached blocks (the kernel's)
+G_HSIZE = 1  # entries in the heap
+G_POLICY = 2
+LINE_BYTES = 64
 
 
-def make_state(num_ids: int, num_queues: int, heap_size: int
+def _aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
+    """int64 zeros of SHAPE whose first element starts a cache line."""
+    n = shape[0] * shape[1]
+    per_line = LINE_BYTES // 8
+    buf = np.zeros(n + per_line, np.int64)
+    off = (-buf.ctypes.data % LINE_BYTES) // 8
+    return buf[off:off + n].reshape(shape)
+
+
+def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf0: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(bk, hp, g, gf, qs, rl) for NUM_IDS blocks; rl = the links of the kernel's lists of held-back
-    blocks (sentinels NUM_IDS and NUM_IDS + 1)."""
+    """(bk, hp, g, gf, qs, rl) for NUM_IDS blocks; G0 and GF0 are the policy's initial scalars (after the
+    kernel's in g); rl = the links of the kernel's lists of held-back blocks (sentinels NUM_IDS and
+    NUM_IDS + 1)."""
     d = num_ids
     nq = max(num_queues, 1)
-    bk = np.zeros((d + nq, NUM_ROWS), np.int64)
+    bk = _aligned_zeros((d + nq, NUM_ROWS))
     bk[:, QID] = -1
     for q in range(nq):
         bk[d + q, QPREV] = d + q
         bk[d + q, QNEXT] = d + q
-    g = np.zeros(G_QCACHE + 2 * nq, np.int64)
-    g[G_CURSOR] = -1
-    g[G_QCACHE:] = -1
-    gf = np.zeros(GF_QCACHE + nq, np.float64)
-    gf[GF_NOW] = np.nan
+    g = np.concatenate([np.zeros(G_POLICY, np.int64), np.asarray(g0, np.int64)])
+    gf = np.array(gf0, np.float64) if len(gf0) else np.zeros(1, np.float64)
     rl = np.full((2, d + 2), d, np.int64)
     rl[:, d + 1] = d + 1
-    return bk, np.zeros((max(heap_size, 1), 4), np.int64), g, gf, np.zeros(nq, np.int64), rl
+    width = -(-(max(heap_size, 1) + HOFF) // 8) * 8  # rows start on a line too
+    hp = _aligned_zeros((4, width))
+    return bk, hp, g, gf, np.zeros(nq, np.int64), rl
 
 
 # ---------------------------------------------------------------- queues
@@ -132,91 +132,102 @@ def q_next(bk: np.ndarray, qs: np.ndarray, x: int) -> int:
 
 
 # ---------------------------------------------------------------- lazy heap
+# Lazy 4-ary min-heap: an entry is valid while its version still equals its block's HVER and the block is
+# cached and not pinned; a block's version is bumped whenever it is re-pushed, so stale entries are skipped
+# on pop. When the heap is full it is compacted to its valid entries (at most the capacity).
 @njit(cache=True, inline="always")
 def _less(hp: np.ndarray, i: int, j: int) -> bool:
-    if hp[i, KEY1] != hp[j, KEY1]:
-        return hp[i, KEY1] < hp[j, KEY1]
-    return hp[i, KEY2] < hp[j, KEY2]
+    if hp[KEY1, i] != hp[KEY1, j]:
+        return hp[KEY1, i] < hp[KEY1, j]
+    return hp[KEY2, i] < hp[KEY2, j]
 
 
 @njit(cache=True, inline="always")
-def _swap(hp: np.ndarray, i: int, j: int) -> None:
-    for c in range(4):
-        a = hp[i, c]
-        hp[i, c] = hp[j, c]
-        hp[j, c] = a
+def _move(hp: np.ndarray, dst: int, src: int) -> None:
+    for r in range(4):
+        hp[r, dst] = hp[r, src]
 
 
 @njit(cache=True)
-def _sift_down(hp: np.ndarray, i: int, n: int) -> None:
+def _sift_up(hp: np.ndarray, i: int) -> None:
+    """The entry at column I moves up to its place (columns are logical index + HOFF)."""
+    k1, k2, x, v = hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i]
+    while i > HOFF:
+        p = (i - HOFF - 1) // ARITY + HOFF
+        pk1 = hp[KEY1, p]
+        if k1 < pk1 or (k1 == pk1 and k2 < hp[KEY2, p]):
+            _move(hp, i, p)
+            i = p
+        else:
+            break
+    hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i] = k1, k2, x, v
+
+
+@njit(cache=True)
+def _pop_root(hp: np.ndarray, n: int) -> None:
+    """Remove the root of the N-entry heap (bottom-up: the hole goes down along the smaller children to a
+    leaf, the last entry fills it and moves up)."""
+    i = HOFF
+    end = n + HOFF
     while True:
-        lo = i
-        first = ARITY * i + 1
-        for c in range(first, min(first + ARITY, n)):
-            if _less(hp, c, lo):
-                lo = c
-        if lo == i:
-            return
-        _swap(hp, i, lo)
-        i = lo
+        first = ARITY * (i - HOFF) + 1 + HOFF
+        if first >= end:
+            break
+        m = first
+        for c in range(first + 1, min(first + ARITY, end)):
+            if _less(hp, c, m):
+                m = c
+        _move(hp, i, m)
+        i = m
+    last = end - 1
+    if i != last:
+        _move(hp, i, last)
+        _sift_up(hp, i)
 
 
 @njit(cache=True, inline="always")
 def _valid(bk: np.ndarray, hp: np.ndarray, i: int) -> bool:
-    x = hp[i, HID]
-    return hp[i, HVER] == bk[x, VER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
+    x = hp[HID, i]
+    return hp[HENT, i] == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
 
 
 @njit(cache=True)
 def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> None:
     n = g[G_HSIZE]
     m = 0
-    for i in range(n):
+    for i in range(HOFF, n + HOFF):
         if _valid(bk, hp, i):
-            for c in range(4):
-                hp[m, c] = hp[i, c]
+            _move(hp, m + HOFF, i)
             m += 1
     g[G_HSIZE] = m
-    for i in range((m - 2) // ARITY, -1, -1):
-        _sift_down(hp, i, m)
+    for i in range(HOFF + 1, m + HOFF):
+        _sift_up(hp, i)
 
 
 @njit(cache=True)
 def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, k1: int, k2: int) -> None:
     """Make (K1, K2) the key of block X (bumps its version: older entries become stale)."""
-    if g[G_HSIZE] == hp.shape[0]:
+    if g[G_HSIZE] + HOFF == hp.shape[1]:
         _compact(bk, hp, g)
-    bk[x, VER] += 1
-    i = g[G_HSIZE]
-    g[G_HSIZE] = i + 1
-    hp[i, KEY1] = k1
-    hp[i, KEY2] = k2
-    hp[i, HID] = x
-    hp[i, HVER] = bk[x, VER]
-    while i > 0:
-        p = (i - 1) // ARITY
-        if _less(hp, i, p):
-            _swap(hp, i, p)
-            i = p
-        else:
-            break
+    bk[x, HVER] += 1
+    i = g[G_HSIZE] + HOFF
+    g[G_HSIZE] += 1
+    hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i] = k1, k2, x, bk[x, HVER]
+    _sift_up(hp, i)
 
 
 @njit(cache=True)
-def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray) -> int:
-    """Remove and return the valid block with the smallest key (its key1 -> gf[GF_LAST_KEY]), or -1."""
+def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> tuple[int, int]:
+    """Remove the valid block with the smallest key: (block, its key1), or (-1, 0) when there is none."""
     while g[G_HSIZE] > 0:
-        n = g[G_HSIZE] - 1
-        ok = _valid(bk, hp, 0)
-        x = hp[0, HID]
-        k1 = hp[0, KEY1]
-        _swap(hp, 0, n)
-        g[G_HSIZE] = n
-        _sift_down(hp, 0, n)
+        ok = _valid(bk, hp, HOFF)
+        x = hp[HID, HOFF]
+        k1 = hp[KEY1, HOFF]
+        _pop_root(hp, g[G_HSIZE])
+        g[G_HSIZE] -= 1
         if ok:
-            gf[GF_LAST_KEY] = float(k1)
-            return x
-    return -1
+            return x, k1
+    return -1, 0
 
 
 # ---------------------------------------------------------------- cycle counter

@@ -1,9 +1,9 @@
 """FIFO: evict the block that entered the cache first; hits do not reorder.
 
     access(x):  nothing (x keeps its place; it is pinned so eviction skips it)
-    release(x): if x is new (in no queue): append x at the newest end (deepest-first)
-    evict():    walk from the oldest end, skipping pinned blocks (a per-request cursor
-                remembers the pinned run already skipped), unlink and return the first unpinned one
+    release(x): forget the cursor; if x is new (in no queue): append x at the newest end (deepest-first)
+    evict():    walk from the oldest end, skipping pinned blocks (a cursor remembers the pinned run
+                already skipped while the request runs), unlink and return the first unpinned one
 
 Definition: first-in-first-out replacement (textbook; libCacheSim FIFO.c).
 """
@@ -16,42 +16,51 @@ import sys
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import NoParams, PolicySpec
-from tongyi_trace.sim.structs import G_CURSOR, PINNED, QID, q_append, q_head, q_next, q_unlink
+from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.structs import PINNED, QID, q_append, q_head, q_next, q_unlink
 
 SPEC = PolicySpec("fifo", NoParams, "first in, first out; hits do not reorder")
+STATE = StateDecl(slots={"CURSOR": "the last pinned block the eviction walk of the running request skipped "
+                                   "(-1 = walk from the head); release (the request is served) resets it"})
+CURSOR = STATE.slot("CURSOR")
+
+
+def init(params: NoParams, ctx: InitContext) -> Setup:
+    """One queue, no cursor."""
+    return Setup(*params.to_arrays(), g0=np.array([-1], np.int64))
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
+    g[CURSOR] = -1
     if bk[x, QID] < 0:
         q_append(bk, qs, 0, x)
 
 
 @njit(cache=True)
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    cur = g[G_CURSOR]
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    cur = g[CURSOR]
     x = q_head(bk, qs, 0) if cur < 0 else q_next(bk, qs, cur)
     while x >= 0:
         if bk[x, PINNED] == 0:
             q_unlink(bk, qs, x)
             return x
-        g[G_CURSOR] = x
+        g[CURSOR] = x
         x = q_next(bk, qs, x)
     return -1
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import PolicySpec
-from tongyi_trace.sim.structs import FREQ, G_STAMP, GF_CLOCK, GF_LAST_KEY, heap_pop_valid, heap_push
+from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.structs import heap_pop_valid, heap_push
 
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
@@ -47,26 +47,40 @@ class GdsfParams:
             raise UsageError("policy gdsf: attn_scale_tokens must be > 0 and block_size_tokens >= 0")
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ip, fp) for the kernel."""
-        fp = np.zeros(8, np.float64)
-        fp[0] = self.attn_scale_tokens
-        fp[1] = self.block_size_tokens
-        return np.zeros(8, np.int64), fp
+        """(ip, fp) for the kernel: fp[FP_ATTN_SCALE], fp[FP_BLOCK_SIZE]."""
+        fp = np.zeros(NUM_PARAMS, np.float64)
+        fp[FP_ATTN_SCALE] = self.attn_scale_tokens
+        fp[FP_BLOCK_SIZE] = self.block_size_tokens
+        return np.zeros(NUM_PARAMS, np.int64), fp
 
 
-SPEC = PolicySpec("gdsf", GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position",
-                  uses_heap=True)
+FP_ATTN_SCALE, FP_BLOCK_SIZE = 0, 1  # fp slots
+SPEC = PolicySpec("gdsf", GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position")
+STATE = StateDecl(columns={"FREQ": "references since the block entered the cache (1 on insertion)"},
+                  slots={"STAMP": "releases so far (the tie-break of equal priorities: the earlier first)"},
+                  fslots={"CLOCK": "the inflation value L: the priority of the last victim"})
+FREQ = STATE.col("FREQ")
+STAMP = STATE.slot("STAMP")
+CLOCK = STATE.fslot("CLOCK")
+
+
+def init(params: GdsfParams, ctx: InitContext) -> Setup:
+    """A heap over the cached blocks; block_size_tokens 0 becomes the stream's block size."""
+    ip, fp = params.to_arrays()
+    if fp[FP_BLOCK_SIZE] <= 0:
+        fp[FP_BLOCK_SIZE] = float(ctx.stream.block_size)
+    return Setup(ip, fp, heap_size=ctx.lazy_heap_entries, g0=np.zeros(1, np.int64), gf0=np.zeros(1))
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 1
 
 
@@ -78,19 +92,19 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    h = gf[GF_CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[1], fp[0])
-    g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, int(h * KEY_SCALE), g[G_STAMP])
+    h = gf[CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[FP_BLOCK_SIZE], fp[FP_ATTN_SCALE])
+    g[STAMP] += 1
+    heap_push(bk, hp, g, x, int(h * KEY_SCALE), g[STAMP])
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    x = heap_pop_valid(bk, hp, g, gf)
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    x, key1 = heap_pop_valid(bk, hp, g)
     if x >= 0:
-        gf[GF_CLOCK] = gf[GF_LAST_KEY] / KEY_SCALE
+        gf[CLOCK] = float(key1) / KEY_SCALE
     return x
 
 

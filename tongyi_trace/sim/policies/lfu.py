@@ -19,47 +19,56 @@ import sys
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import NoParams, PolicySpec
-from tongyi_trace.sim.structs import FREQ, G_MINF, q_append, q_head, q_unlink
+from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.structs import q_append, q_head, q_unlink
 
-SPEC = PolicySpec("lfu", NoParams, "least frequently used (in-cache count), LRU among equal counts",
-                  queues_per_count=True)
+SPEC = PolicySpec("lfu", NoParams, "least frequently used (in-cache count), LRU among equal counts")
+STATE = StateDecl(columns={"FREQ": "references since the block entered the cache (1 on insertion)"},
+                  slots={"MINF": "no non-empty bucket below this count"})
+FREQ = STATE.col("FREQ")
+MINF = STATE.slot("MINF")
+
+
+def init(params: NoParams, ctx: InitContext) -> Setup:
+    """One bucket (queue) per possible count: the stream's largest per-block reference count + 2."""
+    num_queues = int(np.bincount(ctx.stream.blk, minlength=1).max()) + 2
+    return Setup(*params.to_arrays(), num_queues=num_queues, g0=np.zeros(1, np.int64))
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] += 1
     q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 1
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     f = min(bk[x, FREQ], qs.shape[0] - 1)
     q_append(bk, qs, f, x)
-    if f < g[G_MINF]:
-        g[G_MINF] = f
+    if f < g[MINF]:
+        g[MINF] = f
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    m = g[G_MINF]
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    m = g[MINF]
     nq = qs.shape[0]
     while m < nq and qs[m] == 0:
         m += 1
     if m == nq:
-        g[G_MINF] = nq
+        g[MINF] = nq
         return -1
-    g[G_MINF] = m
+    g[MINF] = m
     x = q_head(bk, qs, m)
     q_unlink(bk, qs, x)
     return x

@@ -17,34 +17,40 @@ import sys
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import NoParams, PolicySpec
+from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import q_append, q_head, q_unlink
 
 SPEC = PolicySpec("lru", NoParams, "least recently used (vLLM's order)")
+STATE = StateDecl()  # one queue, no fields of its own
+
+
+def init(params: NoParams, ctx: InitContext) -> Setup:
+    """One queue."""
+    return Setup(*params.to_arrays())
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     q_append(bk, qs, 0, x)
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     x = q_head(bk, qs, 0)
     if x >= 0:
         q_unlink(bk, qs, x)

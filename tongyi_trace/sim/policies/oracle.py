@@ -22,37 +22,47 @@ import sys
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import NoParams, PolicySpec
-from tongyi_trace.sim.structs import G_STAMP, heap_pop_valid, heap_push
+from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.stream import next_request_of_refs
+from tongyi_trace.sim.structs import heap_pop_valid, heap_push
 
-SPEC = PolicySpec("oracle", NoParams, "Belady/MIN with prefix semantics (upper bound)",
-                  uses_heap=True, needs_next_use=True)
+SPEC = PolicySpec("oracle", NoParams, "Belady/MIN with prefix semantics (upper bound)")
+STATE = StateDecl(slots={"STAMP": "releases so far (the tie-break of equal next uses)"})
+STAMP = STATE.slot("STAMP")
+
+
+def init(params: NoParams, ctx: InitContext) -> Setup:
+    """A heap over the cached blocks; `it` = the next use of each reference (ctx.next_req, computed when
+    absent)."""
+    s = ctx.stream
+    nxt = ctx.next_req if ctx.next_req is not None else next_request_of_refs(s.req_off, s.blk, s.num_ids)
+    return Setup(*params.to_arrays(), it=nxt, heap_size=ctx.lazy_heap_entries, g0=np.zeros(1, np.int64))
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    g[G_STAMP] += 1
-    heap_push(bk, hp, g, x, -nxt[ref], g[G_STAMP])
+    g[STAMP] += 1
+    heap_push(bk, hp, g, x, -it[ref], g[STAMP])
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    return heap_pop_valid(bk, hp, g, gf)
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    return heap_pop_valid(bk, hp, g)[0]
 
 
 SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from tongyi_trace.sim.policy_base import PolicySpec
-from tongyi_trace.sim.structs import AUX, AUX2, FREQ, G_GHOST, PINNED, QID, q_append, q_head, q_unlink
+from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.structs import PINNED, QID, q_append, q_head, q_unlink
 
 _S = 0
 _M = 1
@@ -61,52 +61,65 @@ class S3FifoParams:
             raise UsageError("policy s3fifo: parameters move_to_main_threshold and freq_cap must be >= 1")
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ip, fp) for the kernel."""
-        ip = np.zeros(8, np.int64)
-        fp = np.zeros(8, np.float64)
-        ip[0] = self.move_to_main_threshold
-        ip[1] = self.freq_cap
-        fp[0] = self.small_ratio
-        fp[1] = self.ghost_ratio
-        return ip, fp
+        """(ip, fp) for the kernel: the thresholds (the sizes in blocks are init's)."""
+        ip = np.zeros(NUM_PARAMS, np.int64)
+        ip[IP_MOVE] = self.move_to_main_threshold
+        ip[IP_FREQ_CAP] = self.freq_cap
+        return ip, np.zeros(NUM_PARAMS, np.float64)
 
 
-SPEC = PolicySpec("s3fifo", S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost",
-                  num_queues=2)
+# ip slots: the thresholds, then the queue sizes in blocks for one capacity (init)
+IP_MOVE, IP_FREQ_CAP, IP_SMALL_BLOCKS, IP_GHOST_BLOCKS = range(4)
+SPEC = PolicySpec("s3fifo", S3FifoParams, "S3-FIFO (SOSP'23): small + main FIFO + ghost")
+STATE = StateDecl(columns={"FREQ": "hits since insertion, capped at freq_cap (0 on insertion)",
+                           "GHOST": "ghost stamp: the value of GHOSTS when evicted from S (0 = never)",
+                           "DEST": "the queue it joins at release: S (0) or M (1, it was in the ghost)"},
+                  slots={"GHOSTS": "ids added to the ghost so far"})
+FREQ = STATE.col("FREQ")
+GHOST = STATE.col("GHOST")
+DEST = STATE.col("DEST")
+GHOSTS = STATE.slot("GHOSTS")
+
+
+def init(params: S3FifoParams, ctx: InitContext) -> Setup:
+    """Two queues (S, M); the small FIFO's target size and the ghost's size in blocks for this capacity."""
+    ip, fp = params.to_arrays()
+    ip[IP_SMALL_BLOCKS] = max(1, int(params.small_ratio * ctx.capacity_blocks))
+    ip[IP_GHOST_BLOCKS] = max(1, int(params.ghost_ratio * ctx.capacity_blocks))
+    return Setup(ip, fp, num_queues=2, g0=np.zeros(1, np.int64))
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
-    if bk[x, FREQ] < ip[1]:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
+    if bk[x, FREQ] < ip[IP_FREQ_CAP]:
         bk[x, FREQ] += 1
 
 
 @njit(cache=True, inline="always")
-def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, fp: np.ndarray, x: int) -> bool:
-    if bk[x, AUX] == 0:
+def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, x: int) -> bool:
+    if bk[x, GHOST] == 0:
         return False
-    ghost_size = max(1, int(fp[1] * ip[7]))  # ip[7] = capacity (set by the kernel)
-    return g[G_GHOST] - bk[x, AUX] < ghost_size
+    return g[GHOSTS] - bk[x, GHOST] < ip[IP_GHOST_BLOCKS]
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 0
-    if _in_ghost(bk, g, ip, fp, x):
-        bk[x, AUX2] = _M
-        bk[x, AUX] = 0
+    if _in_ghost(bk, g, ip, x):
+        bk[x, DEST] = _M
+        bk[x, GHOST] = 0
     else:
-        bk[x, AUX2] = _S
+        bk[x, DEST] = _S
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     if bk[x, QID] < 0:
-        q_append(bk, qs, bk[x, AUX2], x)
+        q_append(bk, qs, bk[x, DEST], x)
 
 
 @njit(cache=True)
@@ -121,18 +134,18 @@ def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) 
             if guard < 0:
                 return -1
             continue
-        if bk[t, FREQ] >= ip[0]:
+        if bk[t, FREQ] >= ip[IP_MOVE]:
             q_append(bk, qs, _M, t)
             continue
-        g[G_GHOST] += 1
-        bk[t, AUX] = g[G_GHOST]
+        g[GHOSTS] += 1
+        bk[t, GHOST] = g[GHOSTS]
         return t
     return -1
 
 
 @njit(cache=True)
 def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
-    guard = qs[_M] * (ip[1] + 2)
+    guard = qs[_M] * (ip[IP_FREQ_CAP] + 2)
     while qs[_M] > 0:
         t = q_head(bk, qs, _M)
         q_unlink(bk, qs, t)
@@ -153,9 +166,8 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
 
 @njit(cache=True)
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
-    small_target = max(1, int(fp[0] * ip[7]))
-    if qs[_S] >= small_target or qs[_M] == 0:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    if qs[_S] >= ip[IP_SMALL_BLOCKS] or qs[_M] == 0:
         x = _evict_small(bk, g, qs, ip)
         if x < 0:
             x = _evict_main(bk, qs, ip)

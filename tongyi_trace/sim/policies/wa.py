@@ -27,41 +27,36 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FunctionType
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 from tongyi_trace import wa_priority
 from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.sim.policy_base import PolicySpec
-from tongyi_trace.sim.structs import (
-    AUX,
-    BPOS,
-    CAT,
-    G_QCACHE,
-    G_STAMP,
-    GF_NOW,
-    GF_QCACHE,
-    LAST,
-    q_append,
-    q_head,
-    q_unlink,
-)
+from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
+from tongyi_trace.sim.structs import LAST, q_append, q_head, q_unlink
+
+if TYPE_CHECKING:
+    from tongyi_trace.fit.params import PolicyParams
 
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 # log_reuse_prob calls km_cdf: compile it with the compiled km_cdf bound in its globals
 log_reuse_prob = njit(cache=True, inline="always")(FunctionType(
     wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf}, "log_reuse_prob"))
 evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
-# rows of the kernel's cw array (one column per category): p, rate, life, then the km table of F
+# rows of WA's float table ft (sim.simulate.Cache.cw; one column per category): p, rate, life, then the
+# km table of F
 CW_P, CW_RATE, CW_LIFE, CW_TABLE = 0, 1, 2, 3
 NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
 # ip slots: switches (to_arrays), and IP_LRU_ORDER: 1 = evict in LRU order across the queue heads (the
-# head released longest ago: AUX holds each block's release stamp) instead of by priority; a driver (a
-# guard) may flip it between slices of requests (sim.simulate.Cache.ip)
+# head released longest ago: the STAMP column) instead of by priority; a driver (a guard) may flip it
+# between slices of requests (sim.simulate.Cache.ip); fp[FP_LIFE] = life_s
 IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER = 0, 1, 2, 3, 4
+FP_LIFE = 0
 
 
 _GUARD = GuardSettings()
@@ -115,51 +110,86 @@ class WaParams:
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""
-        ip = np.zeros(8, np.int64)
+        ip = np.zeros(NUM_PARAMS, np.int64)
         ip[IP_USE_LIFE] = int(self.use_life)
         ip[IP_CONDITIONAL] = int(self.conditional)
         ip[IP_USE_OFFSET] = int(self.use_offset)
         ip[IP_MODEL] = wa_priority.MODELS.index(self.model)
-        fp = np.zeros(8, np.float64)
-        fp[0] = self.life_s
+        fp = np.zeros(NUM_PARAMS, np.float64)
+        fp[FP_LIFE] = self.life_s
         return ip, fp
 
 
 SPEC = PolicySpec("wa", WaParams, "workload-aware (paper 4.2): per-category ReuseProb queues",
-                  queues_per_category=True, needs_fit=True, leaf_only_default=True)
+                  needs_fit=True, leaf_only_default=True)
+STATE = StateDecl(
+    columns={"CAT": "category of the last request that released the block (its queue)",
+             "BPOS": "block position (offset) in that request",
+             "STAMP": "release stamp: the value of RELEASES when released (the LRU order IP_LRU_ORDER uses)"},
+    slots={"RELEASES": "releases so far",
+           "QHEAD": "per queue: the head whose priority is cached in QPRIO (-1 = none)"},
+    fslots={"NOW": "the time the cached head priorities were computed for (nan = never)",
+            "QPRIO": "per queue: the cached priority of its head"})
+CAT = STATE.col("CAT")
+BPOS = STATE.col("BPOS")
+STAMP = STATE.col("STAMP")
+RELEASES = STATE.slot("RELEASES")
+QHEAD = STATE.slot("QHEAD")
+NOW = STATE.fslot("NOW")
+QPRIO = STATE.fslot("QPRIO")
+
+
+def init(params: WaParams, ctx: InitContext) -> Setup:
+    """One queue per category of the stream; ft = category_table (the policy file's parameters)."""
+    nq = max(len(ctx.stream.categories), 1)
+    return Setup(*params.to_arrays(), ft=category_table(ctx.stream.categories, ctx.fit), num_queues=nq,
+                 g0=np.concatenate([[0], np.full(nq, -1)]).astype(np.int64),
+                 gf0=np.concatenate([[np.nan], np.zeros(nq)]))
+
+
+def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.ndarray:
+    """WA's per-category parameters as its float table: rows p, rate_per_s, life_s and the km table of F
+    (CW_*), one column per category of CATEGORIES (the fit's `default` when unknown to it)."""
+    cw = np.zeros((NUM_CW_ROWS, max(len(categories), 1)))
+    if fit is not None:
+        for i, name in enumerate(categories):
+            c = fit.for_category(name)
+            cw[CW_P, i], cw[CW_RATE, i], cw[CW_LIFE, i] = c.reuse_prob, c.rate_per_s, c.life_s
+            cw[CW_TABLE:, i] = c.km_cdf_table()
+    return cw
 
 
 @njit(cache=True, inline="always")
 def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, x: int) -> None:
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     pass
 
 
 @njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray,
+            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     bk[x, CAT] = c
     bk[x, BPOS] = pos
-    g[G_STAMP] += 1
-    bk[x, AUX] = g[G_STAMP]  # release order (the LRU order a guard may switch to)
+    g[RELEASES] += 1
+    bk[x, STAMP] = g[RELEASES]
     q_append(bk, qs, c, x)
 
 
 @njit(cache=True)
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, cw: np.ndarray, nxt: np.ndarray, now: float) -> int:
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     use_life = ip[IP_USE_LIFE] == 1
     conditional = ip[IP_CONDITIONAL] == 1
     use_offset = ip[IP_USE_OFFSET] == 1
     model = ip[IP_MODEL]
-    life_all = fp[0]
+    life_all = fp[FP_LIFE]
     nq = qs.shape[0]
     if ip[IP_LRU_ORDER] == 1:  # LRU across the queue heads (each queue is ordered by last access)
         best = -1
@@ -167,29 +197,29 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             if qs[w] == 0:
                 continue
             h = q_head(bk, qs, w)
-            if best < 0 or bk[h, AUX] < bk[best, AUX]:  # released longest ago
+            if best < 0 or bk[h, STAMP] < bk[best, STAMP]:  # released longest ago
                 best = h
         if best >= 0:
             q_unlink(bk, qs, best)
         return best
-    if gf[GF_NOW] != now:  # a new request: every cached head priority is stale
-        gf[GF_NOW] = now
+    if gf[NOW] != now:  # a new request: every cached head priority is stale
+        gf[NOW] = now
         for w in range(nq):
-            g[G_QCACHE + w] = -1
+            g[QHEAD + w] = -1
     best = -1
     best_prio = 0.0
     for w in range(nq):
         if qs[w] == 0:
             continue
         h = q_head(bk, qs, w)
-        if g[G_QCACHE + w] == h:  # same head at the same time: same priority
-            prio = gf[GF_QCACHE + w]
+        if g[QHEAD + w] == h:  # same head at the same time: same priority
+            prio = gf[QPRIO + w]
         else:
-            life = life_all if life_all > 0.0 else cw[CW_LIFE, w]
-            prio = log_reuse_prob(model, cw[CW_P, w], cw[CW_RATE, w], cw[CW_TABLE:, w],
+            life = life_all if life_all > 0.0 else ft[CW_LIFE, w]
+            prio = log_reuse_prob(model, ft[CW_P, w], ft[CW_RATE, w], ft[CW_TABLE:, w],
                                   now - bk[h, LAST] * 1e-6, life, use_life, conditional)
-            g[G_QCACHE + w] = h
-            gf[GF_QCACHE + w] = prio
+            g[QHEAD + w] = h
+            gf[QPRIO + w] = prio
         if best < 0 or evicts_before(prio, bk[h, BPOS], bk[h, LAST], h,
                                      best_prio, bk[best, BPOS], bk[best, LAST], best, use_offset):
             best = h
