@@ -1,6 +1,6 @@
-"""The user's pace class in the categories (`kvtrace fit --user-pace`): golden classes on a hand-made table,
-causality, the policy file round trip and the fallbacks a mismatched tag takes, and the path through fit,
-the simulator's stream and the replay's tags on a real synthetic run."""
+"""Context classes in the categories (`kvtrace fit --context`): golden gap and pace classes on a hand-made
+table, causality, the policy file round trip and the fallback a mismatched tag takes, and the path through
+fit, the simulator's stream and the replay's tags on a real synthetic run."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import polars as pl
 import pytest
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, UserPace, load_policy, save_policy
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
 from tongyi_trace.fit.policy_fit import fit_policy
 from tongyi_trace.replay.schedule import tagged_requests
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.stream import load_stream
-from tongyi_trace.trace.categories import pace_split_s, user_pace_categories
+from tongyi_trace.trace.categories import context_categories, follow_up_gaps_s
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import synth_to_file
 
@@ -51,8 +51,12 @@ TABLE = _requests([
 ])
 
 
+def pace(split_s: float, min_gaps: int) -> RequestContext:
+    return RequestContext(pace_split_s=split_s, pace_min_gaps=min_gaps)
+
+
 def test_pace_classes_golden() -> None:
-    got = user_pace_categories(TABLE, split_s=60.0, min_gaps=2).to_list()
+    got = context_categories(TABLE, pace(60.0, 2)).to_list()
     assert got == [
         "text-1|p?",  # a: no gap yet
         "text-2|p?",  # a: its own gap (10 s) does not count, only EARLIER requests' gaps
@@ -68,49 +72,75 @@ def test_pace_classes_golden() -> None:
         "file-3+|p?",  # c: one earlier gap
     ]
     # with one gap enough, c's third request knows c's 10 s gap and b's third knows 300 s
-    one = user_pace_categories(TABLE, split_s=60.0, min_gaps=1).to_list()
+    one = context_categories(TABLE, pace(60.0, 1)).to_list()
     assert one[11] == "file-3+|pf" and one[8] == "text-3+|ps" and one[2] == "text-3+|pf"
 
 
-def test_pace_classes_use_only_earlier_requests() -> None:
+def test_gap_classes_golden() -> None:
+    both = RequestContext(gap_splits_s=(30.0, 120.0, 600.0), pace_split_s=60.0, pace_min_gaps=1)
+    got = context_categories(TABLE, both).to_list()
+    assert got == [
+        "text-1|p?",  # a first turn has no gap class
+        "text-2|g0|p?",  # 10 s < 30 s
+        "text-3+|g0|pf",  # 20 s
+        "text-1|p?",
+        "text-1|pf",
+        "text-2|g2|p?",  # 300 s in [120, 600)
+        "file-1|p?",
+        "file-2|g0|p?",
+        "text-3+|g2|ps",  # 500 s
+        "text-1|p?",
+        "text-3+|g0|ps",  # 10 s
+        "file-3+|g0|pf",
+    ]
+    only_gap = context_categories(TABLE, RequestContext(gap_splits_s=(15.0,))).to_list()
+    assert only_gap[:3] == ["text-1", "text-2|g0", "text-3+|g1"]
+
+
+def test_context_classes_use_only_earlier_requests() -> None:
     """Changing a later request's gap never changes an earlier request's class."""
-    base = user_pace_categories(TABLE, 60.0, 1).to_list()
+    ctx = RequestContext(gap_splits_s=(30.0,), pace_split_s=60.0, pace_min_gaps=1)
+    base = context_categories(TABLE, ctx).to_list()
     later = TABLE.with_columns(arrival_s=pl.when(pl.col("chat_id") == 10).then(5000.0).otherwise(pl.col("arrival_s")))
-    changed = user_pace_categories(later, 60.0, 1).to_list()
-    assert changed[:10] == base[:10] and changed[11] == base[11]
+    changed = context_categories(later, ctx).to_list()
+    assert changed[:10] == base[:10] and changed[11] == base[11] and changed[10] != base[10]
 
 
-def test_pace_split_is_the_median_follow_up_gap() -> None:
-    # gaps: 10, 20, 300, 10, 500, 10, 10 -> median 10
-    assert pace_split_s(TABLE) == pytest.approx(10.0)
+def test_follow_up_gaps() -> None:
+    assert sorted(follow_up_gaps_s(TABLE).tolist()) == [10.0, 10.0, 10.0, 10.0, 20.0, 300.0, 500.0]
 
 
-def _params(pace: UserPace | None) -> PolicyParams:
+def _params(ctx: RequestContext | None) -> PolicyParams:
     cat = CategoryParams(0.5, 0.1, 10.0, 30.0)
     return PolicyParams(categories={"text-2|pf": cat, "text-2|p?": CategoryParams(0.2, 0.1, 10.0, 30.0),
                                     "file-1": CategoryParams(0.9, 1.0, 1.0, 5.0)},
-                        default=CategoryParams(0.1, 0.01, 100.0, 60.0), user_pace=pace)
+                        default=CategoryParams(0.1, 0.01, 100.0, 60.0), context=ctx)
 
 
 def test_policy_file_round_trip_and_fallbacks(tmp_path: Path) -> None:
     p = tmp_path / "policy.json"
-    save_policy(_params(UserPace(42.5, 3)), p)
+    ctx = RequestContext((30.0, 120.0), 42.5, 3)
+    save_policy(_params(ctx), p)
     back = load_policy(p)
-    assert back.user_pace == UserPace(42.5, 3)
+    assert back.context == ctx
     assert back.for_category("text-2|pf").reuse_prob == 0.5
-    assert back.for_category("text-2").reuse_prob == 0.2  # untagged request -> its unknown-pace class
-    assert back.for_category("file-1|ps").reuse_prob == 0.9  # a tag the file lacks -> the base category
+    assert back.for_category("file-1|g1|ps").reuse_prob == 0.9  # classes the file lacks -> the base category
     assert back.for_category("image-1|pf").reuse_prob == 0.1  # neither -> default
+    assert back.for_category("text-2").reuse_prob == 0.1
     save_policy(_params(None), p)
-    assert load_policy(p).user_pace is None
+    assert load_policy(p).context is None
     doc = json.loads(p.read_text())
-    del doc["user_pace"]  # files written before the field existed
+    del doc["context"]  # files written before the field existed
     p.write_text(json.dumps(doc))
-    assert load_policy(p).user_pace is None
-    doc["user_pace"] = {"split_s": 10.0, "min_gaps": 0}
-    p.write_text(json.dumps(doc))
-    with pytest.raises(InputError, match=r"user_pace.min_gaps"):
-        load_policy(p)
+    assert load_policy(p).context is None
+    for bad, field in (({"pace_split_s": 10.0, "pace_min_gaps": 0}, "context.pace_min_gaps"),
+                       ({"gap_splits_s": [120, 30]}, "context.gap_splits_s"),
+                       ({"gap_splits_s": [-1]}, "context.gap_splits_s"),
+                       ({"pace_split_s": "x"}, "context.pace_split_s"), ([1], "'context'")):
+        doc["context"] = bad
+        p.write_text(json.dumps(doc))
+        with pytest.raises(InputError, match=field):
+            load_policy(p)
 
 
 @pytest.fixture(scope="module")
@@ -122,30 +152,36 @@ def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "run"
 
 
-def test_fit_with_user_pace_tags_every_consumer_alike(synth_run: Path, tmp_path: Path) -> None:
+def test_fit_with_context_tags_every_consumer_alike(synth_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    fit_policy(synth_run, out, capacities=None, user_pace="on", min_samples=50)
+    fit_policy(synth_run, out, capacities=None, context="gap,pace", min_samples=50)
     pol = load_policy(out)
-    assert pol.user_pace is not None and pol.user_pace.split_s > 0
-    assert any(name.endswith("|pf") for name in pol.categories) and any(n.endswith("|ps") for n in pol.categories)
+    assert pol.context is not None and pol.context.pace_split_s is not None and pol.context.pace_split_s > 0
+    assert pol.context.gap_splits_s == (30.0, 120.0, 600.0)
+    for part in ("|g0", "|g3", "|pf", "|ps", "|p?"):
+        assert any(part in name for name in pol.categories), part
     run = open_run(synth_run)
-    expected = user_pace_categories(run.requests(), pol.user_pace.split_s, pol.user_pace.min_gaps).to_list()
-    stream = load_stream(run, user_pace=pol.user_pace)
+    expected = context_categories(run.requests(), pol.context).to_list()
+    stream = load_stream(run, context=pol.context)
     assert [stream.categories[c] for c in stream.req_cat] == expected
     assert tagged_requests(run, out)["category"].to_list() == expected
+    auto = tmp_path / "auto.json"
+    fit_policy(synth_run, auto, capacities=None, min_samples=50)
+    assert load_policy(auto).context == pol.context  # auto on a trace with users and follow-ups: both
     off = tmp_path / "off.json"
-    fit_policy(synth_run, off, capacities=None, user_pace="off", min_samples=50)
-    assert load_policy(off).user_pace is None
+    fit_policy(synth_run, off, capacities=None, context="none", min_samples=50)
+    assert load_policy(off).context is None
     assert all("|" not in n for n in load_policy(off).categories)
     assert tagged_requests(run, off)["category"].to_list() == run.requests()["category"].to_list()
 
 
-def test_user_pace_on_needs_user_ids(tmp_path: Path, tiny_bailian_path: Path) -> None:
+def test_context_needs_follow_ups(tmp_path: Path, tiny_bailian_path: Path) -> None:
     run = tmp_path / "run"
     ingest_trace(tiny_bailian_path, run)
-    with pytest.raises(UsageError, match=r"--user-pace on: the train window has"):
-        fit_policy(run, tmp_path / "p.json", capacities=None, user_pace="on")
-    fit_policy(run, tmp_path / "p.json", capacities=None)  # auto: off on a trace this small
-    assert load_policy(tmp_path / "p.json").user_pace is None
-    with pytest.raises(UsageError, match=r"--user-pace 'maybe'"):
-        fit_policy(run, tmp_path / "p.json", capacities=None, user_pace="maybe")
+    with pytest.raises(UsageError, match=r"--context pace: the train window has only \d+ follow-up turns"):
+        fit_policy(run, tmp_path / "p.json", capacities=None, context="pace")
+    fit_policy(run, tmp_path / "p.json", capacities=None)  # auto: none on a trace this small
+    assert load_policy(tmp_path / "p.json").context is None
+    for bad in ("maybe", "auto,gap", "gap,,nothing"):
+        with pytest.raises(UsageError, match=r"--context '"):
+            fit_policy(run, tmp_path / "p.json", capacities=None, context=bad)

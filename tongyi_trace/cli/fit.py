@@ -42,9 +42,9 @@ def fit(
                                  "simulations of the capacity-aware choice."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (--executor ray; "
                                            "default $RAY_ADDRESS, else a local Ray instance)."),
-    user_pace: str = typer.Option("auto", "--user-pace", help="Append the user's pace class (fast/slow/unknown, "
-                                  "from their earlier follow-up gaps) to the categories: auto (when the trace has "
-                                  "user ids and follow-up turns), on or off."),
+    context: str = typer.Option("auto", "--context", help="Context classes appended to WA's categories: gap (a "
+                                "follow-up's gap to its previous turn), pace (the user's pace so far), a list "
+                                "(gap,pace), none, or auto (what the trace supports)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
@@ -63,7 +63,7 @@ def fit(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
-                jobs=jobs, executor=executor, ray_address=ray_address, user_pace=user_pace,
+                jobs=jobs, executor=executor, ray_address=ray_address, context=context,
                 on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))

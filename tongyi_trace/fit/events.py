@@ -25,9 +25,9 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import UserPace
+from tongyi_trace.fit.params import RequestContext
 from tongyi_trace.run import RunDir
-from tongyi_trace.trace.categories import PACE_COLUMNS, policy_categories
+from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
 
 T = TypeVar("T")
 
@@ -118,11 +118,11 @@ class Accesses:
         return float(self.arrival_s.max()) if len(self.arrival_s) else 0.0
 
 
-def load_accesses(run: RunDir, user_pace: UserPace | None = None) -> Accesses:
+def load_accesses(run: RunDir, context: RequestContext | None = None) -> Accesses:
     """Read RUN's tables and link every block access to the block's next access (vectorized). Categories
-    are the run's, with the user's pace class appended when USER_PACE is set."""
-    req = pl.read_parquet(run.requests_path, columns=[*PACE_COLUMNS, "type"]).sort("req_idx")
-    req = req.with_columns(category=policy_categories(req, user_pace)).select(
+    are the run's, with CONTEXT's classes appended when it is set."""
+    req = pl.read_parquet(run.requests_path, columns=[*CONTEXT_COLUMNS, "type"]).sort("req_idx")
+    req = req.with_columns(category=context_categories(req, context)).select(
         "req_idx", "arrival_s", "category", "type")
     num_requests = req.height
     if num_requests and not np.array_equal(req["req_idx"].to_numpy(), np.arange(num_requests)):

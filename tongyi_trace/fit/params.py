@@ -6,9 +6,9 @@ engine's environment. The whole schema is validated here, in one place, with one
     trace         where the fit came from (source, sha256, format, block_size)
     window        the train window
     turn_buckets  the turn buckets of the category names (sorted positive integers)
-    user_pace     null, or {split_s, min_gaps}: the category names carry the user's pace class
-                  (`text-2|pf`, tongyi_trace.trace.categories.user_pace_categories), and whoever runs the
-                  policy tags each request the same way
+    context       null, or {gap_splits_s, pace_split_s, pace_min_gaps}: the category names carry context
+                  classes (`text-3+|g1|pf`: tongyi_trace.trace.categories.context_categories), and whoever
+                  runs the policy tags each request the same way
     km_grid_s     the time grid of every km_cdf table (tongyi_trace.wa_priority.km_grid_s())
     categories    name -> {reuse_prob, rate_per_s, mean_reuse_s, life_s, num_samples, ks, fallback,
                            km_cdf: [F at km_grid_s]}: the exponential model F(d) = p (1 - e^(-rate d)),
@@ -71,12 +71,14 @@ class PolicyChoice:
 
 
 @dataclass(frozen=True)
-class UserPace:
-    """The user's pace class in the category names: fast when the geometric mean of the user's earlier
-    follow-up gaps is under split_s seconds, unknown with fewer than min_gaps of them."""
+class RequestContext:
+    """Context classes in the category names (tongyi_trace.trace.categories.context_categories): the gap of a
+    follow-up turn to its parent against gap_splits_s (empty: none), and the user's pace (the geometric mean
+    of their earlier follow-up gaps) against pace_split_s (None: none), known after pace_min_gaps turns."""
 
-    split_s: float
-    min_gaps: int = 2
+    gap_splits_s: tuple[float, ...] = ()
+    pace_split_s: float | None = None
+    pace_min_gaps: int = 2
 
 
 @dataclass(frozen=True)
@@ -90,19 +92,16 @@ class PolicyParams:
     turn_buckets: list[int] = field(default_factory=lambda: [1, 2, 3])
     choices: list[PolicyChoice] = field(default_factory=list)
     schema: str = POLICY_SCHEMA
-    user_pace: UserPace | None = None
+    context: RequestContext | None = None
 
     def for_category(self, name: str | None) -> CategoryParams:
-        """Parameters of category NAME; else, for a name the fit does not know, those of its base category
-        (`text-2` for `text-2|pf`: a request tagged with a pace class this file was not fitted with) or of
-        its unknown-pace class (`text-2|p?` for `text-2`: an untagged request to a file fitted with pace);
-        else `default`."""
+        """Parameters of category NAME; else, for a name with context classes this file was not fitted
+        with (`text-2|g1|pf` to a file fitted without context), those of its base category; else `default`."""
         if name is None:
             return self.default
         if name in self.categories:
             return self.categories[name]
-        alt = name.split("|", 1)[0] if "|" in name else f"{name}|p?"
-        return self.categories.get(alt, self.default)
+        return self.categories.get(name.split("|", 1)[0], self.default)
 
     @property
     def block_size(self) -> int:
@@ -125,7 +124,7 @@ class PolicyParams:
             "trace": self.trace,
             "window": self.window,
             "turn_buckets": list(self.turn_buckets),
-            "user_pace": asdict(self.user_pace) if self.user_pace else None,
+            "context": asdict(self.context) if self.context else None,
             "km_grid_s": km_grid_s(),
             "categories": {k: _cat_json(v) for k, v in self.categories.items()},
             "default": _cat_json(self.default),
@@ -250,21 +249,27 @@ def parse_policy(doc: Any, path: Path) -> PolicyParams:
         turn_buckets=_parse_buckets(path, doc.get("turn_buckets")),
         choices=[_parse_choice(path, i, c) for i, c in enumerate(choices)],
         schema=str(schema),
-        user_pace=_parse_pace(path, doc.get("user_pace")),
+        context=_parse_context(path, doc.get("context")),
     )
 
 
-def _parse_pace(path: Path, raw: Any) -> UserPace | None:
+def _parse_context(path: Path, raw: Any) -> RequestContext | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise InputError(f"{path}: field 'user_pace' must be null or an object {{split_s, min_gaps}}")
-    split = _number(path, "user_pace", raw, "split_s")
-    gaps = raw.get("min_gaps", 2)
+        raise InputError(f"{path}: field 'context' must be null or an object {{gap_splits_s, pace_split_s, "
+                         "pace_min_gaps}; regenerate it with 'kvtrace fit'")
+    splits = raw.get("gap_splits_s") or []
+    if not isinstance(splits, list) or any(not isinstance(v, int | float) or isinstance(v, bool) or not
+                                           math.isfinite(v) or v <= 0 for v in splits) or splits != sorted(set(splits)):
+        raise InputError(f"{path}: field 'context.gap_splits_s' must be an increasing list of positive seconds, "
+                         f"got {splits!r}; regenerate it with 'kvtrace fit'")
+    pace = None if raw.get("pace_split_s") is None else _number(path, "context", raw, "pace_split_s")
+    gaps = raw.get("pace_min_gaps", 2)
     if not isinstance(gaps, int) or isinstance(gaps, bool) or gaps < 1:
-        raise InputError(f"{path}: field 'user_pace.min_gaps' must be an integer >= 1, got {gaps!r}; "
+        raise InputError(f"{path}: field 'context.pace_min_gaps' must be an integer >= 1, got {gaps!r}; "
                          "regenerate it with 'kvtrace fit'")
-    return UserPace(split, gaps)
+    return RequestContext(tuple(float(v) for v in splits), pace, gaps)
 
 
 def load_policy(path: str | Path) -> PolicyParams:

@@ -42,20 +42,24 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, UserPace, save_policy
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, save_policy
 from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
-from tongyi_trace.trace.categories import pace_split_s
+from tongyi_trace.trace.categories import follow_up_gaps_s
 from tongyi_trace.trace.synth_like import workload_summary
 from tongyi_trace.wa_priority import km_grid_s
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
-MIN_PACE_GAPS = 1000  # follow-up turns in the train window below which --user-pace auto stays off
-PACE_MIN_GAPS = 2  # a user's earlier follow-up gaps needed before their pace class is known
+CONTEXT_PARTS = ("gap", "pace")
+CONTEXT_WORDS = ("auto", "none", *CONTEXT_PARTS)
+CONTEXT_AUTO = ("gap", "pace")  # --context auto: each part the trace supports (docs/artifacts/fit.md: measured)
+MIN_CONTEXT_GAPS = 1000  # follow-up turns in the train window below which no context class is fitted
+GAP_SPLITS_S = (30.0, 120.0, 600.0)  # a follow-up's gap: a quick reply, typing, a return, back after a break
+PACE_MIN_GAPS = 2  # a user's earlier follow-up turns needed before their pace class is known
 _NUM_GRID = 120
 
 
@@ -98,14 +102,14 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                test: str | None = None, min_samples: int = DEFAULT_MIN_SAMPLES,
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
-               executor: str = "local", ray_address: str | None = None, user_pace: str = "auto",
+               executor: str = "local", ray_address: str | None = None, context: str = "auto",
                on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
     TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace). ON_STEP names each
     step; ON_PROGRESS counts the categories fitted and the candidate simulations against their number.
-    USER_PACE: "on" appends the user's pace class to the categories (pace_split), "off" does not, "auto"
-    does when the train window has user ids and at least MIN_PACE_GAPS follow-up turns."""
+    CONTEXT: the context classes appended to the categories (fit_context): "none", "gap", "pace", "gap,pace",
+    or "auto" (those the train window supports)."""
     check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
@@ -123,9 +127,9 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         trace_end_s = max(last_s, float(prov.get("duration_s") or 0.0))
         train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
         test_w = parse_window(test, trace_end_s, "--test") if test else None
-        pace = pace_split(requests, train_w, user_pace)
+        ctx = fit_context(requests, train_w, context)
         step("linking block accesses")
-        acc = load_accesses(run, pace)
+        acc = load_accesses(run, ctx)
 
         step("fitting the train window")
         train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"),
@@ -146,7 +150,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size", "run_id")},
             window=train_w.to_json() | {"trace_end_s": trace_end_s},
             turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
-            user_pace=pace,
+            context=ctx,
         )
         fit_dir = run.subdir("fit")
         if capacities:
@@ -175,23 +179,32 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
 
 
-def pace_split(requests: pl.DataFrame, train: Window, mode: str) -> UserPace | None:
-    """The user-pace class of the categories (`--user-pace`, see fit_policy), split at the median follow-up
-    gap of the train window's requests; None when off."""
-    if mode not in ("auto", "on", "off"):
-        raise UsageError(f"--user-pace {mode!r}: must be auto, on or off")
-    if mode == "off":
+def fit_context(requests: pl.DataFrame, train: Window, spec: str) -> RequestContext | None:
+    """The context classes of the categories (`--context`, see fit_policy) on the train window's requests:
+    gap classes split at GAP_SPLITS_S, the pace class split at the median follow-up gap; None when none."""
+    words = [w.strip() for w in spec.lower().split(",") if w.strip()]
+    if not words or any(w not in CONTEXT_WORDS for w in words) or (len(words) > 1 and {"auto", "none"} & set(words)):
+        raise UsageError(f"--context {spec!r}: give auto, none, or a comma-separated list of "
+                         f"{', '.join(CONTEXT_PARTS)}")
+    if words == ["none"]:
         return None
     reqs = requests.filter(pl.Series(train.contains(requests["arrival_s"].to_numpy())))
+    gaps = follow_up_gaps_s(reqs)
     has_users = bool(reqs["user_id"].is_not_null().any())
-    num_gaps = int(reqs["parent_chat_id"].is_in(reqs["chat_id"].implode()).sum())
-    if not has_users or num_gaps < MIN_PACE_GAPS:
-        if mode == "on":
-            why = "no user ids" if not has_users else f"only {num_gaps} follow-up turns"
-            raise UsageError(f"--user-pace on: the train window has {why}; a pace class needs user ids and "
-                             f"at least {MIN_PACE_GAPS} follow-up turns (use auto or off)")
+    parts = set(CONTEXT_AUTO if words == ["auto"] else words)
+    if len(gaps) < MIN_CONTEXT_GAPS:
+        if words != ["auto"]:
+            raise UsageError(f"--context {spec}: the train window has only {len(gaps)} follow-up turns; context "
+                             f"classes need at least {MIN_CONTEXT_GAPS} (use auto or none)")
         return None
-    return UserPace(pace_split_s(reqs), PACE_MIN_GAPS)
+    if "pace" in parts and not has_users:
+        if words != ["auto"]:
+            raise UsageError(f"--context {spec}: the trace has no user ids, which the pace class needs "
+                             "(use gap, auto or none)")
+        parts.discard("pace")
+    return RequestContext(gap_splits_s=GAP_SPLITS_S if "gap" in parts else (),
+                          pace_split_s=float(np.median(gaps)) if "pace" in parts else None,
+                          pace_min_gaps=PACE_MIN_GAPS)
 
 
 def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option: str) -> dict[str, Samples]:

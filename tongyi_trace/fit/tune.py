@@ -38,7 +38,7 @@ import numpy as np
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.events import Window
-from tongyi_trace.fit.params import PolicyChoice, PolicyParams, UserPace
+from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
@@ -87,13 +87,13 @@ def second_round(best_wa: Candidate, eviction_age_s: float) -> list[Candidate]:
     return [Candidate("wa", {**best_wa.params, "life_s": life}) for life in lives]
 
 
-def window_stream(run: RunDir, w: Window, user_pace: UserPace | None = None) -> Stream:
+def window_stream(run: RunDir, w: Window, context: RequestContext | None = None) -> Stream:
     """The run's requests that arrive inside window W, as a stream (cold cache at W's start), categories
-    as a policy fitted with USER_PACE sees them."""
+    as a policy fitted with CONTEXT sees them."""
     reqs = run.requests().select("req_idx", "arrival_s")
     t = reqs["arrival_s"].to_numpy()
     idx = reqs["req_idx"].to_numpy()[w.contains(t)]
-    return load_stream(run, np.sort(idx).astype(np.int64), user_pace)
+    return load_stream(run, np.sort(idx).astype(np.int64), context)
 
 
 _STREAMS: dict[str, Stream] = {}  # "<tune id>.<window>" -> the stream rebuilt over the shared arrays
@@ -129,9 +129,9 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
                             model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
     del full, nxt
-    windows = {"train": window_stream(run, train, policy.user_pace)}
+    windows = {"train": window_stream(run, train, policy.context)}
     if test is not None:
-        windows["test"] = window_stream(run, test, policy.user_pace)
+        windows["test"] = window_stream(run, test, policy.context)
     shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
                               for f in dataclasses.fields(st)}
     shared.update(fit=policy, tune_id=uuid.uuid4().hex)

@@ -22,7 +22,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import load_policy
 from tongyi_trace.run import RunDir
 from tongyi_trace.splitmix import splitmix64
-from tongyi_trace.trace.categories import policy_categories
+from tongyi_trace.trace.categories import context_categories
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,13 @@ class ScheduleOptions:
 
 def tagged_requests(run: RunDir, policy_file: Path | None) -> pl.DataFrame:
     """RUN's requests with the category each is tagged with (kv_category): the one POLICY_FILE's policy keys
-    on (its user-pace class appended when it was fitted with one), by default the run's fitted policy
+    on (its context classes appended when it was fitted with some), by default the run's fitted policy
     (RUN/fit/policy.json) when there is one, else the run's category."""
     requests = run.requests()
     path = policy_file if policy_file is not None else run.path / "fit" / "policy.json"
     if policy_file is None and not path.is_file():
         return requests
-    return requests.with_columns(category=policy_categories(requests, load_policy(path).user_pace))
+    return requests.with_columns(category=context_categories(requests, load_policy(path).context))
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: in
     "wa" = the kvtrace plugin, which needs PARAMS); OUTPUT_TOKENS = tokens generated per request
     (None: one token, no output block)."""
     sel = np.asarray(req_idx, np.int64)
-    stream = load_stream(run, sel, params.user_pace if params else None)
+    stream = load_stream(run, sel, params.context if params else None)
     input_tokens = run.requests()["input_tokens"].to_numpy()[sel]
     full, shape = engine_stream(stream, engine_block_size, output_tokens, input_tokens)
     if num_engine_blocks is None:

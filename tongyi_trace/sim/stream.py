@@ -19,9 +19,9 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import UserPace
+from tongyi_trace.fit.params import RequestContext
 from tongyi_trace.run import RunDir
-from tongyi_trace.trace.categories import policy_categories
+from tongyi_trace.trace.categories import context_categories
 from tongyi_trace.trace.dense import DenseIds
 
 
@@ -61,16 +61,16 @@ class Stream:
         return int(self.num_refs - self.num_ids)
 
 
-def load_stream(run: RunDir, req_idx: np.ndarray | None = None, user_pace: UserPace | None = None) -> Stream:
+def load_stream(run: RunDir, req_idx: np.ndarray | None = None, context: RequestContext | None = None) -> Stream:
     """The run's requests (all in arrival order, or REQ_IDX in the given order) as a Stream; categories are
-    the run's, with the user's pace class appended when USER_PACE (a policy file's) is set."""
+    the run's, with the context classes of CONTEXT (a policy file's) appended when it is set."""
     prov = run.provenance()
     block_size = int(prov.get("block_size") or 0)
     if block_size <= 0:
         raise InputError(f"{run.provenance_path}: field 'block_size' is missing; re-run 'kvtrace ingest'")
     blocks = run.blocks(["req_idx", "pos", "chain_idx", "num_tokens"])
     reqs = run.requests()
-    reqs = reqs.with_columns(category=policy_categories(reqs, user_pace)).select(
+    reqs = reqs.with_columns(category=context_categories(reqs, context)).select(
         "req_idx", "arrival_s", "category", "input_tokens")
     n_all = reqs.height
     counts = np.bincount(blocks["req_idx"].to_numpy(), minlength=n_all).astype(np.int64)

@@ -93,7 +93,7 @@ def _resolve_task(name: str, base: str, params: dict[str, Any], cap: Capacity, f
 
 def prepare_stream(run: RunDir, engine_block_size: int | None, fit: PolicyParams | None = None) -> Stream:
     """The run's stream, regrouped to ENGINE_BLOCK_SIZE when given, with the categories FIT keys on."""
-    stream = load_stream(run, user_pace=fit.user_pace if fit else None)
+    stream = load_stream(run, context=fit.context if fit else None)
     return regroup(stream, engine_block_size) if engine_block_size else stream
 
 

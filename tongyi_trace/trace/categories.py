@@ -15,7 +15,7 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import UserPace
+    from tongyi_trace.fit.params import RequestContext
 
 NO_CATEGORY = "all"
 
@@ -52,51 +52,53 @@ def categories(types: pl.Series, turns: pl.Series, buckets: list[int]) -> pl.Ser
     return names.rename("category")
 
 
-# The user's pace class a workload-aware policy may append to a category (`kvtrace fit --pace`):
+# Context classes a workload-aware policy may append to a category (`kvtrace fit --context`), from what a
+# gateway knows when a request arrives: `text-3+|g1|pf`.
 PACE_FAST, PACE_SLOW, PACE_UNKNOWN = "pf", "ps", "p?"
-PACE_SEP = "|"
+SEP = "|"
+CONTEXT_COLUMNS = ("req_idx", "chat_id", "parent_chat_id", "user_id", "arrival_s", "category")
 
 
-def user_pace_categories(requests: pl.DataFrame, split_s: float, min_gaps: int) -> pl.Series:
-    """Category per request (REQUESTS' row order) with the user's pace class appended: `text-2|pf`.
+def context_categories(requests: pl.DataFrame, context: RequestContext | None) -> pl.Series:
+    """The category a workload-aware policy fitted with CONTEXT keys on, per request (REQUESTS' row order;
+    needs CONTEXT_COLUMNS): the run's category, then with CONTEXT.gap_splits_s the conversation's gap class
+    and with CONTEXT.pace_split_s the user's pace class:
 
-    A user's pace is the geometric mean of the gaps they took before a follow-up turn (a request's arrival
-    minus its parent's: the answer's generation plus the user's think time), over their requests that
-    arrived STRICTLY BEFORE this one, so the class uses only what a gateway knows at arrival: `pf` when
-    it is under SPLIT_S seconds, `ps` otherwise, `p?` with fewer than MIN_GAPS such gaps or no user id.
-    Needs the columns req_idx, chat_id, parent_chat_id, user_id, arrival_s, category."""
-    parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
-    df = (requests.select("req_idx", "chat_id", "parent_chat_id", "user_id", "arrival_s", "category")
-          .with_row_index("_row")
-          .join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="left")
-          .sort("arrival_s", "req_idx"))
-    log_gap = (pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0).log1p()
-    has_gap = log_gap.is_not_null().cast(pl.Int64)
-    df = df.with_columns(
-        _num=(has_gap.cum_sum().over("user_id") - has_gap),
-        _sum=(log_gap.fill_null(0.0).cum_sum().over("user_id") - log_gap.fill_null(0.0)))
-    cls = (pl.when(pl.col("user_id").is_null() | (pl.col("_num") < min_gaps)).then(pl.lit(PACE_UNKNOWN))
-           .when(pl.col("_sum") / pl.col("_num") < math.log1p(split_s)).then(pl.lit(PACE_FAST))
-           .otherwise(pl.lit(PACE_SLOW)))
-    out = df.with_columns(category=pl.col("category") + PACE_SEP + cls).sort("_row")
-    return out["category"].rename("category")
-
-
-def pace_split_s(requests: pl.DataFrame) -> float:
-    """The median over follow-up turns of the gap to their parent (seconds): the default fast/slow split of
-    user_pace_categories, fitted on the train window's requests."""
-    parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
-    gaps = (requests.join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="inner")
-            .select((pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0))).to_series()
-    return float(np.median(gaps.to_numpy())) if gaps.len() else 0.0
-
-
-PACE_COLUMNS = ("req_idx", "chat_id", "parent_chat_id", "user_id", "arrival_s", "category")
-
-
-def policy_categories(requests: pl.DataFrame, user_pace: UserPace | None) -> pl.Series:
-    """The category a workload-aware policy fitted with USER_PACE keys on, per request (REQUESTS' row
-    order): the run's category, with the user's pace class appended when USER_PACE is set."""
-    if user_pace is None:
+    gap   `g0`..`gK`: the request's gap to its parent turn (its arrival minus the parent's: the answer's
+          generation plus the user's think time) against the ascending splits; first turns get no class.
+    pace  the geometric mean of (1 + gap) over the user's follow-up turns that arrived STRICTLY BEFORE
+          this request, against 1 + pace_split_s: `pf` (fast) under it, `ps` (slow) above, `p?` with fewer
+          than pace_min_gaps such turns or no user id.
+    Both use only what is known at the request's arrival."""
+    if context is None or (context.pace_split_s is None and not context.gap_splits_s):
         return requests["category"]
-    return user_pace_categories(requests, user_pace.split_s, user_pace.min_gaps)
+    parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
+    df = (requests.select(*CONTEXT_COLUMNS).with_row_index("_row")
+          .join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="left")
+          .sort("arrival_s", "req_idx")
+          .with_columns(_gap=(pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0)))
+    name = pl.col("category")
+    if context.gap_splits_s:
+        cls = pl.lit(f"{SEP}g0")
+        for i, split in enumerate(sorted(context.gap_splits_s)):  # the largest split met wins (outermost)
+            cls = pl.when(pl.col("_gap") >= split).then(pl.lit(f"{SEP}g{i + 1}")).otherwise(cls)
+        cls = pl.when(pl.col("_gap").is_null()).then(pl.lit("")).otherwise(cls)
+        name = name + cls
+    if context.pace_split_s is not None:
+        log_gap = pl.col("_gap").log1p()
+        has_gap = log_gap.is_not_null().cast(pl.Int64)
+        df = df.with_columns(_num=has_gap.cum_sum().over("user_id") - has_gap,
+                             _sum=log_gap.fill_null(0.0).cum_sum().over("user_id") - log_gap.fill_null(0.0))
+        pace = (pl.when(pl.col("user_id").is_null() | (pl.col("_num") < context.pace_min_gaps))
+                .then(pl.lit(PACE_UNKNOWN))
+                .when(pl.col("_sum") / pl.col("_num") < math.log1p(context.pace_split_s)).then(pl.lit(PACE_FAST))
+                .otherwise(pl.lit(PACE_SLOW)))
+        name = name + SEP + pace
+    return df.with_columns(category=name).sort("_row")["category"].rename("category")
+
+
+def follow_up_gaps_s(requests: pl.DataFrame) -> np.ndarray:
+    """The gap (seconds) of every follow-up turn of REQUESTS to its parent turn (parents inside REQUESTS)."""
+    parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
+    return (requests.join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="inner")
+            .select((pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0)).to_series().to_numpy())
