@@ -141,7 +141,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         if base != FITTED:
             get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     assert cfg.cost is not None
-    stream = prepare_stream(run, cfg.engine_block_size)
+    stream = prepare_stream(run, cfg.engine_block_size, fit)
     if stream.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
