@@ -34,7 +34,7 @@ $K engine stop --name demo-lru
 step "7/9 replay the same slice with the fitted policy inside vLLM (kvtrace plugin: the file's choice for this cache)"
 URL=$($K engine start --num-blocks "$ENGINE_BLOCKS" --name demo-wa --policy-file "$OUT/policy.json" \
     --time-scale "$SPEEDUP" --quiet)
-$K replay "$OUT/run" --server "$URL" --name fitted --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
+$K replay "$OUT/run" --server "$URL" --name fitted --policy-file "$OUT/policy.json" --max-requests "$REPLAY_REQUESTS" --max-in-flight 1 \
     --max-output 4 --speedup "$SPEEDUP" --overwrite
 $K engine stop --name demo-wa
 step "8/9 compare: engine vs simulator, LRU vs the fitted policy"

@@ -12,7 +12,8 @@ import pytest
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
-from tongyi_trace.fit.policy_fit import fit_policy
+from tongyi_trace.fit.events import Window
+from tongyi_trace.fit.policy_fit import fit_context, fit_policy
 from tongyi_trace.replay.schedule import tagged_requests
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.stream import load_stream
@@ -178,10 +179,16 @@ def test_fit_with_context_tags_every_consumer_alike(synth_run: Path, tmp_path: P
 def test_context_needs_follow_ups(tmp_path: Path, tiny_bailian_path: Path) -> None:
     run = tmp_path / "run"
     ingest_trace(tiny_bailian_path, run)
-    with pytest.raises(UsageError, match=r"--context pace: the train window has only \d+ follow-up turns"):
-        fit_policy(run, tmp_path / "p.json", capacities=None, context="pace")
     fit_policy(run, tmp_path / "p.json", capacities=None)  # auto: none on a trace this small
     assert load_policy(tmp_path / "p.json").context is None
+    fit_policy(run, tmp_path / "p.json", capacities=None, context="gap")  # asked for: fitted on what there is
+    assert load_policy(tmp_path / "p.json").context == RequestContext(gap_splits_s=(30.0, 120.0, 600.0))
+    flat = TABLE.with_columns(parent_chat_id=pl.lit(-1))
+    with pytest.raises(UsageError, match=r"--context gap: the train window has no follow-up turn"):
+        fit_context(flat, Window(0.0, 1e9, True), "gap")
+    with pytest.raises(UsageError, match=r"--context pace: the trace has no user ids"):
+        fit_context(TABLE.with_columns(user_id=pl.lit(None, pl.Utf8)), Window(0.0, 1e9, True), "pace")
+    assert fit_context(flat, Window(0.0, 1e9, True), "auto") is None
     for bad in ("maybe", "auto,gap", "gap,,nothing"):
         with pytest.raises(UsageError, match=r"--context '"):
             fit_policy(run, tmp_path / "p.json", capacities=None, context=bad)

@@ -200,7 +200,8 @@ SIM_SPEEDUP = 20.0
 @pytest.fixture(scope="module")
 def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
-    (255 blocks of 32 tokens = 510 trace blocks): (run folder, policy file)."""
+    (255 blocks of 32 tokens = 510 trace blocks) and both context classes in its categories: (run folder,
+    policy file)."""
     from dataclasses import replace
 
     from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
@@ -212,7 +213,7 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     synth_to_file("to-c", 3, d / "toc.jsonl", num_requests=160, duration_s=400.0)
     ingest_trace(d / "toc.jsonl", d / "run")
     policy = d / "policy.json"
-    fit_policy(d / "run", policy, capacities="510")
+    fit_policy(d / "run", policy, capacities="510", context="gap,pace")
     # The exactness checked below is the WA plugin's (LRU's is tests/replay/test_engine.py's): the plugin's
     # FIFO and S3-FIFO orders are not yet the simulator's, so when the fit chose one of those on this small
     # slice, the choice is pinned to a prefix-closed WA setting (km model, conditional, 30 s window).
@@ -247,7 +248,7 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
                           name="test-plugin-sim", time_scale=SIM_SPEEDUP)
     try:
         opts = ReplayOptions(name="fitted", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
-                             max_in_flight=1, overwrite=True)
+                             max_in_flight=1, overwrite=True, policy_file=policy)
         run_replay(run, st.url, opts)
         subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
     finally:
@@ -257,6 +258,7 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
     recs = read_records(run / "replay" / "fitted" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     assert recs.height > 100
+    assert recs["category"].str.contains(r"\|g\d").any() and recs["category"].str.contains(r"\|p[fs]").any()
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
     predicted = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
                                      policy="fitted", params=load_policy(policy), output_tokens=out_tok)

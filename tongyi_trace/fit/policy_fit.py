@@ -57,7 +57,7 @@ DEFAULT_LIFE_QUANTILE = 0.9
 CONTEXT_PARTS = ("gap", "pace")
 CONTEXT_WORDS = ("auto", "none", *CONTEXT_PARTS)
 CONTEXT_AUTO = ("gap", "pace")  # --context auto: each part the trace supports (docs/artifacts/fit.md: measured)
-MIN_CONTEXT_GAPS = 1000  # follow-up turns in the train window below which no context class is fitted
+MIN_CONTEXT_GAPS = 1000  # follow-up turns in the train window below which --context auto fits none
 GAP_SPLITS_S = (30.0, 120.0, 600.0)  # a follow-up's gap: a quick reply, typing, a return, back after a break
 PACE_MIN_GAPS = 2  # a user's earlier follow-up turns needed before their pace class is known
 _NUM_GRID = 120
@@ -192,11 +192,11 @@ def fit_context(requests: pl.DataFrame, train: Window, spec: str) -> RequestCont
     gaps = follow_up_gaps_s(reqs)
     has_users = bool(reqs["user_id"].is_not_null().any())
     parts = set(CONTEXT_AUTO if words == ["auto"] else words)
-    if len(gaps) < MIN_CONTEXT_GAPS:
-        if words != ["auto"]:
-            raise UsageError(f"--context {spec}: the train window has only {len(gaps)} follow-up turns; context "
-                             f"classes need at least {MIN_CONTEXT_GAPS} (use auto or none)")
+    if words == ["auto"] and len(gaps) < MIN_CONTEXT_GAPS:
         return None
+    if len(gaps) == 0:
+        raise UsageError(f"--context {spec}: the train window has no follow-up turn (parent_chat_id), which "
+                         "context classes need (use auto or none)")
     if "pace" in parts and not has_users:
         if words != ["auto"]:
             raise UsageError(f"--context {spec}: the trace has no user ids, which the pace class needs "
