@@ -175,3 +175,23 @@ def test_reused_caches_give_the_same_results(policy: str) -> None:
             assert np.array_equal(reused.req_hit_blocks, new.req_hit_blocks), router
             assert (reused.num_hbm_hits, reused.duplication) == (new.num_hbm_hits, new.duplication)
     assert sum(len(v) for v in pool.free.values()) == 6 + (3 if policy != "lru" else 0)
+
+
+@pytest.mark.parametrize("policy", [p.value for p in REGISTRY])
+def test_the_queue_walk_counts_the_cached_blocks_as_the_table_scan_does(policy: str) -> None:
+    from tongyi_trace.fleet.simulate import _add_present, _add_queued
+    from tongyi_trace.sim.structs import G_SIZE
+
+    stream = _stream(6, n=80)
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    walked, scanned = np.zeros(stream.num_ids, np.int8), np.zeros(stream.num_ids, np.int8)
+    caches = [Cache(stream, policy, 10 + 3 * i, fit=FIT, next_req=nxt, timing=False) for i in range(3)]
+    for c in caches:
+        c.serve(0, stream.num_requests)
+        bk, _, g, _, qs, _ = c.state
+        assert 0 < g[G_SIZE] <= c.capacity_blocks
+        if not _add_queued(walked, bk, qs, int(g[G_SIZE])):
+            assert policy not in ("lru", "fifo")  # their queues hold every cached block
+            _add_present(walked, bk)
+        _add_present(scanned, bk)
+    assert np.array_equal(walked, scanned) and (scanned == 2).sum() > 0

@@ -38,7 +38,7 @@ from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.kernel import cached_prefix_len
 from tongyi_trace.sim.simulate import Cache, EngineShape
 from tongyi_trace.sim.stream import Stream
-from tongyi_trace.sim.structs import PRESENT
+from tongyi_trace.sim.structs import G_SIZE, PRESENT, q_head, q_next
 
 DUP_SAMPLES = 4  # request boundaries at which duplication across instances is measured
 
@@ -320,7 +320,9 @@ class Fleet:
         order of first reference, so only those below the largest id of requests 0..R can be cached)."""
         count = np.zeros(int(self.max_id[r]) + 1, np.int8)
         for c in self.local:
-            _add_present(count, c.state[0])
+            bk, _, g, _, qs, _ = c.state
+            if not _add_queued(count, bk, qs, int(g[G_SIZE])):
+                _add_present(count, bk)
         return int((count >= 2).sum()), int((count >= 1).sum())
 
 
@@ -330,6 +332,28 @@ def _prefixes(req_off: np.ndarray, blk: np.ndarray, states: List, r: int, out: n
     for i in range(len(states)):
         out[i] = cached_prefix_len(req_off, blk, states[i], r)
     return out
+
+
+@njit(cache=True)
+def _add_queued(count: np.ndarray, bk: np.ndarray, qs: np.ndarray, num_cached: int) -> bool:
+    """COUNT[x] += 1 (saturating at 2) for every cached block x when the state's queues hold all NUM_CACHED
+    of them (LRU, FIFO: a walk of the cached blocks instead of the whole table) and return True; else
+    change nothing and return False (the caller scans the table: _add_present)."""
+    found = 0
+    for q in range(qs.shape[0]):
+        x = q_head(bk, qs, q)
+        while x >= 0:
+            found += bk[x, PRESENT] == 1
+            x = q_next(bk, qs, x)
+    if found != num_cached:
+        return False
+    for q in range(qs.shape[0]):
+        x = q_head(bk, qs, q)
+        while x >= 0:
+            if bk[x, PRESENT] == 1 and count[x] < 2:
+                count[x] += 1
+            x = q_next(bk, qs, x)
+    return True
 
 
 @njit(cache=True)
