@@ -96,3 +96,20 @@ def test_option_mistakes_are_one_line_before_anything_starts(fresh_tiny_run: Pat
     with pytest.raises(UsageError, match=r"the engines differ.*64 blocks"):
         run_replay(fresh_tiny_run, f"{url},{small}", ReplayOptions(name="x", router="prefix"))
     assert not (fresh_tiny_run / "replay" / "x").exists()
+
+
+def test_the_cli_routes_over_several_servers_and_refuses_a_lone_router(fresh_tiny_run: Path,
+                                                                       standin: Standin) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    urls, _ = _fleet(standin)
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls, "--router", "rr", "--name", "c",
+                                 "--speedup", "1000", "--max-in-flight", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["fleet"]["router"] == "rr" and s["fleet"]["routed_per_instance"] == [3, 3]
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls.split(",")[0], "--router", "rr"])
+    assert r.exit_code == 2 and "--router routes across several engines" in r.output
+    assert len(r.output.strip().splitlines()) == 1
