@@ -151,12 +151,13 @@ class StreamArrays:
     cum_tok: np.ndarray  # int64[refs + 1]: tokens of the blocks before each reference
     first_block: np.ndarray  # int64[N]: first_blocks
     max_id: np.ndarray  # int64[N]: max_id_so_far
+    req_tokens: list[int]  # the stream's req_tokens, read per request
 
     @classmethod
     def of(cls, stream: Stream) -> StreamArrays:
         """The arrays of STREAM."""
         return cls(np.concatenate([[0], np.cumsum(stream.ntok)]).astype(np.int64), first_blocks(stream),
-                   max_id_so_far(stream))
+                   max_id_so_far(stream), stream.req_tokens.tolist())
 
 
 def _pool_key(stream: Stream, policy: str, capacity_blocks: int, params: dict[str, Any] | None,
@@ -246,6 +247,8 @@ class Fleet:
         self.prefix_out = np.zeros(num_instances, np.int64)
         self.cum_tok = arrays.cum_tok
         self.arrival_s = stream.req_time_s * cost.arrival_scale
+        self.arrival: list[float] = self.arrival_s.tolist()  # the same, read per request
+        self.req_tokens: list[int] = arrays.req_tokens
         self.max_id = arrays.max_id
         self.free_at = np.full(num_instances, -np.inf)
         self.routed = np.zeros(num_instances, np.int64)
@@ -300,8 +303,8 @@ class Fleet:
         load_s = self.cost.s_per_loaded_token * (local_tok - hbm_tok)
         if remote_tok:
             load_s += self.tiers.remote_s_per_token * remote_tok
-        service = self.cost.overhead_s + self.cost.s_per_token * float(self.stream.req_tokens[r] - tok) + load_s
-        self.free_at[i] = max(self.arrival_s[r], self.free_at[i]) + service
+        service = self.cost.overhead_s + self.cost.s_per_token * float(self.req_tokens[r] - tok) + load_s
+        self.free_at[i] = max(self.arrival[r], float(self.free_at[i])) + service
         self.routed[i] += 1
         return hits, hbm_hits, local_hits - hbm_hits, remote_hits, tok, load_s, service
 
@@ -397,22 +400,24 @@ def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, pol
     fleet = Fleet(stream, num_instances, policy, capacity_blocks, params=params, fit=fit, next_req=next_req,
                   tiers=tiers, cost=cost, session=session, with_index=rt.uses_index, engine=engine, pool=pool)
     n = stream.num_requests
-    inst = np.zeros(n, np.int64)
-    hits = np.zeros((n, 5), np.int64)  # hits, hbm, dram, remote, hit tokens
-    load_s = np.zeros(n)
-    service_s = np.zeros(n)
+    chosen: list[int] = []
+    served: list[tuple[int, int, int, int, int, float, float]] = []
     samples = set(np.linspace(0, n, DUP_SAMPLES + 1).astype(np.int64)[1:].tolist()) if num_instances > 1 else set()
     num_dup = num_held = 0
     for r in range(n):
         i = rt.choose(r, fleet)
         if not 0 <= i < num_instances:
             raise UsageError(f"router {rt.name} chose instance {i} of {num_instances}")
-        inst[r] = i
-        *hits[r], load_s[r], service_s[r] = fleet.serve(r, i)
+        chosen.append(i)
+        served.append(fleet.serve(r, i))
         if r + 1 in samples:
             d, h = fleet.duplication_counts(r)
             num_dup += d
             num_held += h
+    inst = np.array(chosen, np.int64)
+    hits = np.array([row[:5] for row in served], np.int64).reshape(n, 5)  # hits, hbm, dram, remote, hit tokens
+    load_s = np.array([row[5] for row in served], np.float64)
+    service_s = np.array([row[6] for row in served], np.float64)
     policy_name, params_used = fleet.local[0].spec.name, dict(fleet.local[0].params)
     if pool is not None:
         fleet.give_back(inst)

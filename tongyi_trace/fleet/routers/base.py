@@ -55,13 +55,22 @@ class Router(Protocol):
         ...
 
 
-def least_loaded_of(view: FleetView, r: int, among: np.ndarray | None = None) -> int:
+def least_loaded_of(view: FleetView, r: int, among: list[int] | None = None) -> int:
     """The instance with the least outstanding work at R's arrival (of AMONG, default all); ties go to
     the one with the fewest requests routed so far, then the lowest index."""
+    if among is not None and len(among) == 1:
+        return among[0]
     work = view.outstanding_s(r).tolist()
     routed = view.num_routed().tolist()
-    cand = range(view.num_instances) if among is None else among.tolist()
+    cand = range(view.num_instances) if among is None else among
     return min(cand, key=lambda i: (work[i], routed[i], i))
+
+
+def best_of(values: np.ndarray, *, largest: bool) -> list[int]:
+    """The indices of the largest (or smallest) of VALUES, in order."""
+    v = values.tolist()
+    m = max(v) if largest else min(v)
+    return [i for i, x in enumerate(v) if x == m]
 
 
 def check_params(router: str, given: dict[str, Any], known: dict[str, type]) -> dict[str, Any]:

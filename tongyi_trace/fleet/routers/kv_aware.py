@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from tongyi_trace.fleet.routers.base import FleetView, check_params, least_loaded_of
+from tongyi_trace.fleet.routers.base import FleetView, best_of, check_params, least_loaded_of
 
 
 class KvAware:
@@ -27,4 +25,4 @@ class KvAware:
         """The instance of least cost."""
         unc = view.uncached_tokens(r, view.cached_prefix(r))
         cost = self.weight * view.s_per_token * unc + view.outstanding_s(r)
-        return least_loaded_of(view, r, np.flatnonzero(cost == cost.min()))
+        return least_loaded_of(view, r, best_of(cost, largest=False))

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from tongyi_trace.fleet.routers.base import FleetView, check_params, least_loaded_of
+from tongyi_trace.fleet.routers.base import FleetView, best_of, check_params, least_loaded_of
 
 
 class OracleAffinity:
@@ -24,4 +22,4 @@ class OracleAffinity:
     def choose(self, r: int, view: FleetView) -> int:
         """The instance with the longest cached prefix of R."""
         h = view.cached_prefix(r)
-        return least_loaded_of(view, r, np.flatnonzero(h == h.max()))
+        return least_loaded_of(view, r, best_of(h, largest=True))

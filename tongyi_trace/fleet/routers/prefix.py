@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from tongyi_trace.fleet.routers.base import FleetView, check_params, least_loaded_of
+from tongyi_trace.fleet.routers.base import FleetView, best_of, check_params, least_loaded_of
 
 
 class PrefixAware:
@@ -24,4 +22,4 @@ class PrefixAware:
     def choose(self, r: int, view: FleetView) -> int:
         """The instance with the longest indexed prefix of R."""
         h = view.indexed_prefix(r)
-        return least_loaded_of(view, r, np.flatnonzero(h == h.max()))
+        return least_loaded_of(view, r, best_of(h, largest=True))

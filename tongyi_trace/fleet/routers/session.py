@@ -28,6 +28,7 @@ class SessionAffinity:
         self.ring_keys = np.zeros(0, np.uint64)
         self.ring_inst = np.zeros(0, np.int64)
         self.moved: dict[int, int] = {}
+        self.homes: dict[tuple[int, int], int] = {}  # (session, instances) -> home, as computed once
 
     def _ring(self, n: int) -> None:
         pts = [(mix64(i * 1_000_003 + v), i) for i in range(n) for v in range(self.vnodes)]
@@ -37,10 +38,13 @@ class SessionAffinity:
 
     def home(self, session: int, n: int) -> int:
         """The instance SESSION hashes to on a ring of N instances."""
-        if self.ring_inst.size != n * self.vnodes:
-            self._ring(n)
-        k = np.searchsorted(self.ring_keys, np.uint64(mix64(session & MASK)))
-        return int(self.ring_inst[k % self.ring_inst.size])
+        got = self.homes.get((session, n))
+        if got is None:
+            if self.ring_inst.size != n * self.vnodes:
+                self._ring(n)
+            k = np.searchsorted(self.ring_keys, np.uint64(mix64(session & MASK)))
+            got = self.homes[(session, n)] = int(self.ring_inst[k % self.ring_inst.size])
+        return got
 
     def choose(self, r: int, view: FleetView) -> int:
         """The conversation's instance, unless it is saturated."""
