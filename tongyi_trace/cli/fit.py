@@ -45,6 +45,9 @@ def fit(
     context: str = typer.Option("auto", "--context", help="Context classes appended to WA's categories: gap (a "
                                 "follow-up's gap to its previous turn), pace (the user's pace so far), a list "
                                 "(gap,pace), none, or auto (what the trace supports)."),
+    holdout: float = typer.Option(source_value("fit.policy_fit", "DEFAULT_HOLDOUT"), "--holdout",
+                                  help="Share of the train window (its end) on which the setting per capacity "
+                                       "is chosen, with parameters fitted on the rest (0: in-sample)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
@@ -63,7 +66,7 @@ def fit(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
-                jobs=jobs, executor=executor, ray_address=ray_address, context=context,
+                jobs=jobs, executor=executor, ray_address=ray_address, context=context, holdout=holdout,
                 on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))

@@ -54,6 +54,7 @@ from tongyi_trace.wa_priority import km_grid_s
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
+DEFAULT_HOLDOUT = 0.5  # the train window's end held out to choose the setting per capacity
 CONTEXT_PARTS = ("gap", "pace")
 CONTEXT_WORDS = ("auto", "none", *CONTEXT_PARTS)
 CONTEXT_AUTO = ("gap", "pace")  # --context auto: each part the trace supports (docs/artifacts/fit.md: measured)
@@ -103,13 +104,16 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
                executor: str = "local", ray_address: str | None = None, context: str = "auto",
+               holdout: float = DEFAULT_HOLDOUT,
                on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
     TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace). ON_STEP names each
     step; ON_PROGRESS counts the categories fitted and the candidate simulations against their number.
     CONTEXT: the context classes appended to the categories (fit_context): "none", "gap", "pace", "gap,pace",
-    or "auto" (those the train window supports)."""
+    or "auto" (those the train window supports). HOLDOUT: the share of the train window (its end) on which
+    the setting per capacity is chosen, with parameters fitted on the rest (0: chosen on the whole train
+    window with its own parameters, in-sample); the file's parameters are fitted on the whole window."""
     check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
@@ -117,6 +121,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         raise UsageError(f"--life-quantile {life_quantile}: must be within [0, 1]")
     if life_s is not None and (not math.isfinite(life_s) or life_s < 0):
         raise UsageError(f"--life-s {life_s}: must be a finite number of seconds >= 0")
+    if not 0.0 <= holdout <= 0.9:
+        raise UsageError(f"--holdout {holdout}: must be within [0, 0.9] (the share of the train window)")
     step = on_step or (lambda _msg: None)
     count = on_progress or (lambda _what, _done, _total: None)
     run = open_run(run_path)
@@ -154,8 +160,18 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         )
         fit_dir = run.subdir("fit")
         if capacities:
+            select = None
+            if holdout > 0:
+                step("fitting the train window without its held-out end")
+                cut_s = train_w.start_s + (1.0 - holdout) * (train_w.end_s - train_w.start_s)
+                part_w, held_w = Window(train_w.start_s, cut_s), Window(cut_s, train_w.end_s, train_w.include_end)
+                part = _own_fits(_nonempty(window_samples(acc, part_w), part_w, trace_end_s, "--holdout"),
+                                 lambda done, total: count("fitting categories (held-out choice)", done, total))
+                cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
+                                                life_quantile, life_s)
+                select = (replace(policy, categories=cats, default=dflt, window=part_w.to_json()), held_w)
             choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
-                                      on_progress=on_progress,
+                                      on_progress=on_progress, select=select,
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
             write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
@@ -171,7 +187,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             "train": train_w.to_json(),
             "test": test_w.to_json() if test_w else None,
             "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
-                        "capacities": capacities},
+                        "capacities": capacities, "context": context, "holdout": holdout},
             "rows": rows,
         })
         write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),

@@ -107,7 +107,8 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
         for old in [k for k in _STREAMS if not k.startswith(f"{shared['tune_id']}.")]:
             del _STREAMS[old]
         _STREAMS[key] = Stream(**{k.split(".", 1)[1]: v for k, v in shared.items() if k.startswith(f"{window}.")})
-    r = simulate_policy(_STREAMS[key], pol, blocks, params=dict(params), fit=shared["fit"], timing=False)
+    fit = shared[f"fit.{window}"]
+    r = simulate_policy(_STREAMS[key], pol, blocks, params=dict(params), fit=fit, timing=False)
     return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
             "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs,
             "req_hit_blocks": r.req_hit_blocks if window == "train" else None}
@@ -116,10 +117,12 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
 def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
          model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
          on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None,
-         ) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
-    """Choose a setting per capacity on TRAIN, check it on TEST; returns (choices, every evaluated row).
-    The simulations of each round run on EXECUTOR (tongyi_trace.executor: the local pool or Ray);
-    ON_PROGRESS counts them, round by round."""
+         select: tuple[PolicyParams, Window] | None = None) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
+    """Choose a setting per capacity on TRAIN with POLICY, check it on TEST; returns (choices, every
+    evaluated row). SELECT = (a policy fitted on part of TRAIN, the held-out rest of TRAIN): choose there
+    instead, with that policy (rows of window "train" are then the held-out part's), so the choice is made
+    on requests its parameters have not seen. The simulations of each round run on EXECUTOR
+    (tongyi_trace.executor: the local pool or Ray); ON_PROGRESS counts them, round by round."""
     step = on_step or (lambda _msg: None)
     count = on_progress or (lambda _what, _done, _total: None)
     full = load_stream(run)
@@ -129,12 +132,13 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
                             model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
     del full, nxt
-    windows = {"train": window_stream(run, train, policy.context)}
+    choose_with, choose_on = select if select is not None else (policy, train)
+    windows = {"train": window_stream(run, choose_on, policy.context)}
     if test is not None:
         windows["test"] = window_stream(run, test, policy.context)
     shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
                               for f in dataclasses.fields(st)}
-    shared.update(fit=policy, tune_id=uuid.uuid4().hex)
+    shared.update({"fit.train": choose_with, "fit.test": policy, "tune_id": uuid.uuid4().hex})
     opts = executor or ExecutorOptions()
     if opts.kind == "local" and opts.jobs == 0 and windows["train"].num_refs < INLINE_BELOW_REFS:
         opts = ExecutorOptions("local", None, 1)  # a small window: starting worker processes costs more
@@ -165,7 +169,7 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
 
     lru = Candidate("lru", {})
     lru_rows = run_round([(i, "train", lru) for i in range(len(caps))], "LRU on the train window")
-    ages = [r["mean_eviction_age_s"] or max(train.end_s - train.start_s, 1.0) for r in lru_rows]
+    ages = [r["mean_eviction_age_s"] or max(choose_on.end_s - choose_on.start_s, 1.0) for r in lru_rows]
     first = [first_round(a)[1:] for a in ages]  # LRU is done
     items1 = [(i, "train", c) for i in range(len(caps)) for c in first[i]]
     per_cap: list[list[dict[str, Any]]] = [[lru_rows[i]] for i in range(len(caps))]
