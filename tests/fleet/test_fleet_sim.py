@@ -195,3 +195,20 @@ def test_the_queue_walk_counts_the_cached_blocks_as_the_table_scan_does(policy: 
             _add_present(walked, bk)
         _add_present(scanned, bk)
     assert np.array_equal(walked, scanned) and (scanned == 2).sum() > 0
+
+
+def test_sweep_tasks_share_caches_per_configuration_and_keep_every_worker_busy() -> None:
+    from tongyi_trace.fleet.sweep import task_groups
+    from tongyi_trace.sim.capacity import Capacity
+
+    routers = ["rr", "least-loaded", "session", "prefix", "kv-aware", "oracle-affinity"]
+    caps = [Capacity("1%", 10), Capacity("5%", 50)]
+    tasks = [("lru", "lru", {}, rt, n, cap) for cap in caps for rt in routers for n in (2, 8)]
+    groups = task_groups(tasks, workers=2)
+    assert len(groups) == 4 and all(len(g) == 6 for g in groups)  # 4 configurations >= 2 workers: whole
+    assert [(g[0][4], g[0][5].label) for g in groups] == [(8, "5%"), (8, "1%"), (2, "5%"), (2, "1%")]
+    assert all(len({(t[4], t[5].label) for t in g}) == 1 for g in groups)
+    one = [t for t in tasks if t[4] == 8 and t[5].label == "5%"]
+    split = task_groups(one, workers=4)  # one configuration, 4 workers: 4 parts of its 6 routers
+    assert sorted(len(g) for g in split) == [1, 1, 2, 2]
+    assert sorted(t[3] for g in split for t in g) == sorted(routers)

@@ -177,11 +177,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         out_dir.mkdir(exist_ok=True)
     sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
     rows, failed = sink.rows, sink.failed
-    groups: dict[tuple[Any, ...], list[int]] = {}  # one task per policy x instance count x capacity
-    for k, (name, _, _, _, n, cap) in enumerate(tasks):
-        groups.setdefault((name, n, cap.label), []).append(k)
-    # biggest fleets first: the pool ends evenly
-    queue = sorted(([tasks[k] for k in ks] for ks in groups.values()), key=lambda g: (-g[0][4], -g[0][5].num_blocks))
+    queue = task_groups(tasks, cfg.jobs or os.cpu_count() or 1)
 
     def done(out: TaskOutcome) -> None:
         group = queue[out.index]
@@ -217,6 +213,19 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         pl.DataFrame(flat).write_parquet(out_dir / "results.parquet")
         write_json(out_dir / "summary.json", summary)
     return FleetSweepResult(rows, summary)
+
+
+def task_groups(tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]], workers: int
+                ) -> list[list[tuple[str, str, dict[str, Any], str, int, Capacity]]]:
+    """TASKS as the executor's tasks: the routers of one policy x instance count x capacity together (they
+    share the caches), split into up to WORKERS parts when there are fewer such groups than workers (every
+    worker busy); biggest fleets first, so the pool ends evenly."""
+    groups: dict[tuple[Any, ...], list[tuple[str, str, dict[str, Any], str, int, Capacity]]] = {}
+    for t in tasks:
+        groups.setdefault((t[0], t[4], t[5].label), []).append(t)
+    parts = max(1, -(-workers // len(groups))) if groups else 1
+    out = [g[k::parts] for g in groups.values() for k in range(min(parts, len(g)))]
+    return sorted(out, key=lambda g: (-g[0][4], -g[0][5].num_blocks))
 
 
 def _worker_task(group: list[tuple[str, str, dict[str, Any], str, int, Capacity]], shared: Mapping[str, Any]
