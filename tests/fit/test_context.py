@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
 from tongyi_trace.fit.events import Window
+from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
 from tongyi_trace.fit.policy_fit import fit_context, fit_policy
 from tongyi_trace.replay.schedule import tagged_requests
 from tongyi_trace.run import open_run
@@ -192,3 +192,20 @@ def test_context_needs_follow_ups(tmp_path: Path, tiny_bailian_path: Path) -> No
     for bad in ("maybe", "auto,gap", "gap,,nothing"):
         with pytest.raises(UsageError, match=r"--context '"):
             fit_policy(run, tmp_path / "p.json", capacities=None, context=bad)
+
+
+def test_holdout_chooses_on_the_train_windows_end(synth_run: Path, tmp_path: Path) -> None:
+    """--holdout H: candidates are simulated on the last H of the train window (with parameters fitted on
+    the rest) and the choice never loses to LRU there; --holdout 0 chooses on the whole window."""
+    reqs = open_run(synth_run).requests()
+    for holdout in (0.5, 0.0):
+        out = tmp_path / f"h{holdout}.json"
+        fit_policy(synth_run, out, capacities="0.5L", holdout=holdout, min_samples=50)
+        rows = pl.read_parquet(synth_run / "fit" / "tuning.parquet").filter(pl.col("window") == "train")
+        end_s = load_policy(out).window["end_s"]  # the train window: the whole trace
+        held = reqs.filter(pl.col("arrival_s") >= (1.0 - holdout) * end_s) if holdout else reqs
+        assert set(rows["num_refs"].to_list()) == {int(held["num_blocks"].sum())}
+        choice = load_policy(out).choices[0]
+        assert choice.train["gain_vs_lru"] >= 0 and choice.train["num_refs"] == int(held["num_blocks"].sum())
+    with pytest.raises(UsageError, match=r"--holdout 0.95: must be within \[0, 0.9\]"):
+        fit_policy(synth_run, tmp_path / "x.json", capacities="0.5L", holdout=0.95)
