@@ -130,9 +130,12 @@ def sampled_prefix_counts(keep: np.ndarray) -> np.ndarray:
 def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None = None,
                      fit: PolicyParams | None = None, engine: EngineShape | None = None,
                      next_req: np.ndarray | None = None, slice_s: float = DEFAULT_SLICE_S,
-                     timing: bool = True) -> GuardedRun:
+                     timing: bool = True, per_request: bool = False) -> GuardedRun:
     """POLICY (wa, or fitted resolving to wa) at CAPACITY_BLOCKS over STREAM with the guard and refit
-    that PARAMS ask for (WaParams.guard, refit_s, ...); any other policy, or neither asked, runs plain."""
+    that PARAMS ask for (WaParams.guard, refit_s, ...); any other policy, or neither asked, runs plain.
+    PER_REQUEST: the engine's guard (vllm_plugin/guard.py) instead of the simulator's: one step per
+    request at its trace time (none for a request without sampled references), both orders measured on
+    their shadows."""
     t0 = time.perf_counter()
     cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, next_req=next_req,
                   timing=timing)
@@ -155,13 +158,16 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
     times = stream.req_time_s
     start_s = float(times[0])
-    edges = np.searchsorted(times, start_s + slice_s * np.arange(1, int((times[-1] - start_s) // slice_s) + 2),
-                            side="left")
-    edges = np.unique(np.concatenate([[0], edges, [n]]))
+    if per_request:
+        edges = np.arange(n + 1)
+    else:
+        edges = np.searchsorted(times, start_s + slice_s * np.arange(1, int((times[-1] - start_s) // slice_s) + 2),
+                                side="left")
+        edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
     next_refit_s = start_s + wa.refit_s
     for a, b in itertools.pairwise(edges):
-        end_s = start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
+        end_s = float(times[a]) if per_request else start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
         req_hits = cache.serve(int(a), int(b))
         hits = int(req_hits.sum())
         lh = int(lru.serve(int(a), int(b)).sum())
@@ -172,7 +178,10 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         if window is not None:
             _feed(window, sub, int(a), int(b))
         switch = None
-        if guard is not None and lru.stats[S_EVICTIONS] > 0:  # warm: see tongyi_trace.guard.decide
+        if per_request:
+            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see guard.decide
+                switch = guard.observe(end_s, refs, ph, lh)
+        elif guard is not None and lru.stats[S_EVICTIONS] > 0:
             # the running order is measured exactly, the other one by its shadow
             in_lru = guard.mode == LRU
             switch = guard.observe(end_s, refs, ph if in_lru else own, own if in_lru else lh)

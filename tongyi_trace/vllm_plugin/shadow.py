@@ -25,16 +25,18 @@ class ShadowCache:
     """CAPACITY_BLOCKS blocks of sampled keys under POLICY (its mode: wa or lru)."""
 
     def __init__(self, capacity_blocks: int, policy: QueuePolicy) -> None:
-        slots = [_Slot(i) for i in range(capacity_blocks + 1)]  # the queue keeps one as vLLM's null block
+        slots = [_Slot(i) for i in range(capacity_blocks + 1)]  # one more: vLLM's null block, taken below
         self.queue = PolicyFreeQueue(slots, policy, PluginStats(mode=policy.mode))
+        self.queue.popleft()
         self._cached: dict[int, _Slot] = {}
 
     @classmethod
     def over(cls, queue: PolicyFreeQueue) -> ShadowCache:
         """This pool logic over an existing QUEUE of free blocks (all free, none cached): a stand-in for
-        vLLM's BlockPool in tests."""
+        vLLM's BlockPool in tests (it takes the null block, as BlockPool does)."""
         shadow = cls.__new__(cls)
         shadow.queue, shadow._cached = queue, {}
+        queue.popleft()
         return shadow
 
     def serve(self, keys: list[int], category: object, time_s: float) -> int:

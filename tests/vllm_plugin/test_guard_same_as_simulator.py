@@ -1,0 +1,67 @@
+"""The engine's guard, request for request: the plugin's queue with the guard on, driven as vLLM's BlockPool
+drives it (shadow.ShadowCache.over), against the simulator's guarded driver in its engine mode
+(simulate_guarded(per_request=True)) on the same stream. Both must hit the same blocks per request and
+switch at the same requests with the same windowed estimates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
+from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.guard.decide import LRU, GuardSettings
+from tongyi_trace.guard.simulate import simulate_guarded
+from tongyi_trace.sim.stream import Stream
+from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.shadow import ShadowCache
+
+
+@dataclass
+class Block:
+    block_id: int
+    block_hash: int | None = None
+
+
+def _cat(p: float, rate: float) -> CategoryParams:
+    return CategoryParams(reuse_prob=p, rate_per_s=rate, mean_reuse_s=1 / rate, life_s=30.0)
+
+
+# what a fit of the first half of the shifted stream says: "a" is reused, "b" almost never
+FIT = PolicyParams(categories={"a": _cat(0.9, 0.01), "b": _cat(0.01, 0.001)}, default=_cat(0.5, 0.01))
+
+
+def _plugin(stream: Stream, settings: GuardSettings) -> tuple[list[int], PolicyFreeQueue]:
+    """STREAM through the plugin's queue (block identity = the stream's dense id, so both sides sample the
+    same blocks); hits per request and the queue."""
+    def prio(c: CategoryParams) -> CategoryPriority:
+        return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
+
+    policy = QueuePolicy(mode="wa", categories={k: prio(v) for k, v in FIT.categories.items()},
+                         default=prio(FIT.default), guard=settings)
+    queue = PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], policy)
+    pool = ShadowCache.over(queue)
+    hits = []
+    for r in range(stream.num_requests):
+        keys = [int(k) for k in stream.blk[stream.req_off[r]:stream.req_off[r + 1]]]
+        hits.append(pool.serve(keys, stream.categories[stream.req_cat[r]], float(stream.req_time_s[r])))
+    return hits, queue
+
+
+@pytest.mark.parametrize(("sample_rate", "window_s"), [(1.0, 30.0), (0.25, 60.0)])
+def test_plugin_guard_switches_and_hits_as_the_simulators_engine_mode(sample_rate: float, window_s: float) -> None:
+    settings = GuardSettings(guard=True, guard_margin=0.2, guard_window_s=window_s, sample_rate=sample_rate)
+    st = shifted()
+    hits, queue = _plugin(st, settings)
+    sim = simulate_guarded(st, "wa", CAPACITY, params={"guard": True, "guard_margin": 0.2,
+                                                       "guard_window_s": window_s, "sample_rate": sample_rate},
+                           fit=FIT, per_request=True, timing=False)
+    g = queue.guard_ctl.guard
+    assert g.switches == sim.switches  # time, mode and both windowed estimates (ratios of whole counts)
+    assert sim.switches and sim.switches[0].to_mode == LRU and sim.switches[0].time_s > T_SHIFT_S
+    assert g.time_in_mode_s == pytest.approx(sim.time_in_mode_s)
+    assert hits == sim.result.req_hit_blocks.tolist()
+    plain = simulate_guarded(st, "wa", CAPACITY, fit=FIT, timing=False).result.req_hit_blocks
+    assert sum(hits) > int(plain.sum()), "the switch to LRU must change the cache's hits"
+    assert g.mode == LRU
