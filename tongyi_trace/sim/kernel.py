@@ -49,10 +49,12 @@ from tongyi_trace.sim.structs import (
     read_cycles,
 )
 
-# stats vector layout
+# stats vector layout; with timing, one eviction run in TIMED_EVERY is timed (S_EVICT_CYCLES over
+# S_TIMED_EVICTIONS evictions): reading the cycle counter around each would cost more than an LRU eviction
 (S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S_TOUCHED, S_ORPHANED,
- S_PARKED, S_EVICT_AGE_US, S_ORPHANING) = range(12)
-NUM_STATS = 12
+ S_PARKED, S_EVICT_AGE_US, S_ORPHANING, S_EVICT_RUNS, S_TIMED_EVICTIONS) = range(14)
+NUM_STATS = 14
+TIMED_EVERY = 16
 
 
 def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
@@ -129,7 +131,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 stats[S_BYPASS] += 1
                 continue
             if g[G_SIZE] >= cap:
-                t0 = read_cycles() if timing else np.uint64(0)  # type: ignore[call-arg]
+                timed = timing and stats[S_EVICT_RUNS] % TIMED_EVERY == 0
+                stats[S_EVICT_RUNS] += 1
+                ev0 = stats[S_EVICTIONS]
+                t0 = read_cycles() if timed else np.uint64(0)  # type: ignore[call-arg]
                 while g[G_SIZE] >= cap:
                     v = rnext[d]  # a held-back block that became a leaf goes first
                     if v < d:
@@ -160,8 +165,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                             bk[p, PARK] = 2
                             _append(rnext, rprev, d, p)
                     bk[v, PGEN] = 0
-                if timing:
+                if timed:
                     stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
+                    stats[S_TIMED_EVICTIONS] += stats[S_EVICTIONS] - ev0
                 if g[G_SIZE] >= cap:
                     full = True
                     stats[S_BYPASS] += 1
@@ -245,7 +251,9 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     policy gets its own function object whose globals bind the hook names to that policy, under its own
     name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
     simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
-    structs.py would keep running the stale cached machine code."""
+    structs.py would keep running the stale cached machine code. For the same reason every function of a
+    policy file is inlined (inline="always"): its columns and slots come from policy_base and structs,
+    which a separately cached function would not see change."""
     if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict)
@@ -261,8 +269,8 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
 def _sources_digest() -> str:
     """8 hex digits over the sources compiled into the kernels."""
     here = Path(__file__).parent
-    files = [here / "kernel.py", here / "structs.py", *sorted((here / "policies").glob("*.py")),
-             here.parent / "wa_priority.py"]
+    files = [here / "kernel.py", here / "structs.py", here / "policy_base.py",
+             *sorted((here / "policies").glob("*.py")), here.parent / "wa_priority.py"]
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.sim.structs import G_POLICY, POLICY_COL0, POLICY_COLUMNS
+from tongyi_trace.sim.structs import G_POLICY, MAX_HEAP_IDS, MAX_HEAP_PUSHES, POLICY_COL0, POLICY_COLUMNS
 
 if TYPE_CHECKING:
     from tongyi_trace.fit.params import PolicyParams
@@ -83,7 +83,12 @@ class InitContext:
     def lazy_heap_entries(self) -> int:
         """Heap entries for a lazy heap (structs.heap_push) over this cache: the cached blocks, the longest
         request, and as many stale entries between compactions."""
-        max_req = int(np.diff(self.stream.req_off).max()) if self.stream.num_requests else 0
+        s = self.stream
+        if s.num_refs > MAX_HEAP_PUSHES or s.num_ids > MAX_HEAP_IDS:
+            raise UsageError(f"the simulator's heap takes at most {MAX_HEAP_PUSHES:,} references and "
+                             f"{MAX_HEAP_IDS:,} distinct blocks; this stream has {s.num_refs:,} and {s.num_ids:,}: "
+                             "simulate a shorter window of the trace")
+        max_req = int(np.diff(s.req_off).max()) if s.num_requests else 0
         return 2 * self.max_cached + 2 * max_req + 64
 
 

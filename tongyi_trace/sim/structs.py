@@ -18,10 +18,10 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                  the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
                                  and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
                                  documents in its own file (policy_base.StateDecl)
-    hp  int64[4, Hn]             heap entries by rows KEY1, KEY2 (the key, compared as a pair), HID (the
-                                 block) and HENT (its version): one array per field, so the keys of a
-                                 node's 4 children share a cache line
-    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE, G_HSIZE), then the policy's
+    hp  int64[Hn, 2]             heap entries (HKEY, HTIE), 16 bytes each: a node's 4 children fill one
+                                 cache line
+    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE; G_HSIZE, G_HSTAMP), then
+                                 the policy's
     gf  float64[...]             the policy's float scalars (policy_base.StateDecl)
     qs  int64[NQ]                queue sizes
     rl  int64[2, D + 2]          the kernel's two FIFOs of held-back blocks (kernel.py): next and previous
@@ -30,8 +30,9 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
 
-Lazy 4-ary min-heap: keys are int64 pairs (policies scale float priorities to integers); a block's newest
-entry is its key, older ones are skipped when popped (see the heap's section).
+Lazy 4-ary min-heap: keys are int64 (policies scale float priorities to integers), ties pop in push
+order; a block's newest entry is its key, older ones are skipped when popped (see the heap's section).
+Stamps and block ids share one int64: at most MAX_HEAP_PUSHES pushes and MAX_HEAP_IDS blocks.
 """
 
 from __future__ import annotations
@@ -47,15 +48,19 @@ PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, NCHILD, PGEN, GEN, HVER = range(
 POLICY_COL0 = 11  # the first column a policy may declare (policy_base.StateDecl)
 POLICY_COLUMNS = 5
 NUM_ROWS = POLICY_COL0 + POLICY_COLUMNS
-# rows of hp
-KEY1, KEY2, HID, HENT = range(4)  # HENT: the entry's version (HVER of its block when pushed)
+# columns of hp
+HKEY, HTIE = 0, 1  # the key; push stamp << 32 | block id (the tie-break, and the entry's block and version)
+ID_MASK = (1 << 32) - 1
+MAX_HEAP_IDS = 1 << 32
+MAX_HEAP_PUSHES = (1 << 31) - 1
 ARITY = 4  # a 4-ary heap: half the depth of a binary one
-HOFF = 3  # logical entry i is at column i + HOFF, so the 4 children of a node start on a 32-byte boundary
+HOFF = 3  # logical entry i is at row i + HOFF, so the 4 children of a node fill one cache line
 # indices into g: the kernel's and the heap's scalars, then the policy's (policy_base.StateDecl)
 G_SIZE = 0  # cached blocks (the kernel's)
 G_HSIZE = 1  # entries in the heap
-G_POLICY = 2
-LINE_BYTES = 64
+G_HSTAMP = 2  # heap pushes so far
+G_POLICY = 3
+LINE_BYTES = 128  # two cache lines: a row of bk is one aligned pair (the adjacent-line prefetcher)
 
 
 def _aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
@@ -83,8 +88,7 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     gf = np.array(gf0, np.float64) if len(gf0) else np.zeros(1, np.float64)
     rl = np.full((2, d + 2), d, np.int64)
     rl[:, d + 1] = d + 1
-    width = -(-(max(heap_size, 1) + HOFF) // 8) * 8  # rows start on a line too
-    hp = _aligned_zeros((4, width))
+    hp = _aligned_zeros((max(heap_size, 1) + HOFF, 2))
     return bk, hp, g, gf, np.zeros(nq, np.int64), rl
 
 
@@ -132,35 +136,64 @@ def q_next(bk: np.ndarray, qs: np.ndarray, x: int) -> int:
 
 
 # ---------------------------------------------------------------- lazy heap
-# Lazy 4-ary min-heap: an entry is valid while its version still equals its block's HVER and the block is
-# cached and not pinned; a block's version is bumped whenever it is re-pushed, so stale entries are skipped
-# on pop. When the heap is full it is compacted to its valid entries (at most the capacity).
+# An entry is (KEY, TIE = push stamp << 32 | block): compared as a pair, so equal keys pop in push order.
+# It is valid while its stamp is still its block's HVER (the stamp of the block's newest push) and the
+# block is cached and not pinned; stale entries are skipped on pop. When the heap is full it is compacted
+# to its valid entries (at most the capacity).
 @njit(cache=True, inline="always")
 def _less(hp: np.ndarray, i: int, j: int) -> bool:
-    if hp[KEY1, i] != hp[KEY1, j]:
-        return hp[KEY1, i] < hp[KEY1, j]
-    return hp[KEY2, i] < hp[KEY2, j]
+    if hp[i, HKEY] != hp[j, HKEY]:
+        return hp[i, HKEY] < hp[j, HKEY]
+    return hp[i, HTIE] < hp[j, HTIE]
 
 
 @njit(cache=True, inline="always")
 def _move(hp: np.ndarray, dst: int, src: int) -> None:
-    for r in range(4):
-        hp[r, dst] = hp[r, src]
+    hp[dst, HKEY] = hp[src, HKEY]
+    hp[dst, HTIE] = hp[src, HTIE]
 
 
 @njit(cache=True)
 def _sift_up(hp: np.ndarray, i: int) -> None:
-    """The entry at column I moves up to its place (columns are logical index + HOFF)."""
-    k1, k2, x, v = hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i]
+    """The entry at row I moves up to its place (rows are logical index + HOFF)."""
+    key, tie = hp[i, HKEY], hp[i, HTIE]
     while i > HOFF:
         p = (i - HOFF - 1) // ARITY + HOFF
-        pk1 = hp[KEY1, p]
-        if k1 < pk1 or (k1 == pk1 and k2 < hp[KEY2, p]):
+        pk = hp[p, HKEY]
+        if key < pk or (key == pk and tie < hp[p, HTIE]):
             _move(hp, i, p)
             i = p
         else:
             break
-    hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i] = k1, k2, x, v
+    hp[i, HKEY] = key
+    hp[i, HTIE] = tie
+
+
+@intrinsic
+def _prefetch_row(typingctx, hp, row):
+    """Start loading row ROW of the C-contiguous 2-column int64 array HP into the cache (llvm.prefetch)."""
+    sig = types.void(hp, row)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [builder.mul(args[1], ir.Constant(args[1].type, 2))])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _min_entry(hp: np.ndarray, c: int, m: int, mk: int, mt: int) -> tuple[int, int, int]:
+    """(row, key, tie) of the smaller of entry C and (M, MK, MT), by selects rather than branches."""
+    ck = hp[c, HKEY]
+    ct = hp[c, HTIE]
+    lt = (ck < mk) | ((ck == mk) & (ct < mt))
+    return (c if lt else m), (ck if lt else mk), (ct if lt else mt)
 
 
 @njit(cache=True)
@@ -173,11 +206,19 @@ def _pop_root(hp: np.ndarray, n: int) -> None:
         first = ARITY * (i - HOFF) + 1 + HOFF
         if first >= end:
             break
-        m = first
-        for c in range(first + 1, min(first + ARITY, end)):
-            if _less(hp, c, m):
-                m = c
-        _move(hp, i, m)
+        nxt = ARITY * (first - HOFF) + 1 + HOFF  # the children's children: start loading them
+        for c in range(ARITY):
+            if nxt + ARITY * c < end:
+                _prefetch_row(hp, nxt + ARITY * c)  # type: ignore[call-arg]
+        m, mk, mt = first, hp[first, HKEY], hp[first, HTIE]
+        if first + ARITY <= end:  # all children present: a fixed count, compiled without branches
+            for c in range(first + 1, first + ARITY):
+                m, mk, mt = _min_entry(hp, c, m, mk, mt)
+        else:
+            for c in range(first + 1, end):
+                m, mk, mt = _min_entry(hp, c, m, mk, mt)
+        hp[i, HKEY] = mk
+        hp[i, HTIE] = mt
         i = m
     last = end - 1
     if i != last:
@@ -187,8 +228,8 @@ def _pop_root(hp: np.ndarray, n: int) -> None:
 
 @njit(cache=True, inline="always")
 def _valid(bk: np.ndarray, hp: np.ndarray, i: int) -> bool:
-    x = hp[HID, i]
-    return hp[HENT, i] == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
+    x = hp[i, HTIE] & ID_MASK
+    return hp[i, HTIE] >> 32 == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
 
 
 @njit(cache=True)
@@ -205,28 +246,30 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> None:
 
 
 @njit(cache=True)
-def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, k1: int, k2: int) -> None:
-    """Make (K1, K2) the key of block X (bumps its version: older entries become stale)."""
-    if g[G_HSIZE] + HOFF == hp.shape[1]:
+def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, key: int) -> None:
+    """Make KEY the key of block X (its older entries become stale; equal keys pop in push order)."""
+    if g[G_HSIZE] + HOFF == hp.shape[0]:
         _compact(bk, hp, g)
-    bk[x, HVER] += 1
+    g[G_HSTAMP] += 1
+    bk[x, HVER] = g[G_HSTAMP]
     i = g[G_HSIZE] + HOFF
     g[G_HSIZE] += 1
-    hp[KEY1, i], hp[KEY2, i], hp[HID, i], hp[HENT, i] = k1, k2, x, bk[x, HVER]
+    hp[i, HKEY] = key
+    hp[i, HTIE] = (g[G_HSTAMP] << 32) | x
     _sift_up(hp, i)
 
 
 @njit(cache=True)
 def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> tuple[int, int]:
-    """Remove the valid block with the smallest key: (block, its key1), or (-1, 0) when there is none."""
+    """Remove the valid block with the smallest key: (block, its key), or (-1, 0) when there is none."""
     while g[G_HSIZE] > 0:
         ok = _valid(bk, hp, HOFF)
-        x = hp[HID, HOFF]
-        k1 = hp[KEY1, HOFF]
+        x = hp[HOFF, HTIE] & ID_MASK
+        key = hp[HOFF, HKEY]
         _pop_root(hp, g[G_HSIZE])
         g[G_HSIZE] -= 1
         if ok:
-            return x, k1
+            return x, key
     return -1, 0
 
 

@@ -18,13 +18,12 @@ from tongyi_trace.report.figures import Fig, downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import SIM_SCHEMA
+from tongyi_trace.sim import registry
+from tongyi_trace.sim.registry import COLORS, FITTED, OTHER_COLOR, PAPER_WA_GAIN_POINTS, WA_ABLATION, Policy
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR'"
-BASELINES = ["lru", "fifo", "lfu", "s3fifo", "gdsf"]
-ABLATION = ["wa", "wa-no-life", "wa-conditional", "wa-no-offset"]
-COLORS = {"lru": "#1f77b4", "fifo": "#ff7f0e", "lfu": "#8c564b", "s3fifo": "#9467bd", "gdsf": "#e377c2",
-          "wa": "#d62728", "oracle": "#2ca02c", "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5",
-          "wa-no-offset": "#f7b6d2", "fitted": "#000000"}
+BASELINES = [p.value for p in registry.BASELINES]
+ABLATION = [Policy.WA.value, *WA_ABLATION]
 COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_ratio", "num_evictions",
            "evict_decision_ns", "refs_per_s", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
 OPTIONAL = ["orphaned_refs", "num_refs", "base_policy"]  # absent from sweeps of older kvtrace versions
@@ -51,7 +50,7 @@ def build(run: RunDir) -> list[Section]:
     policies = [p for p in _policy_order(results["policy"].unique().to_list()) if p not in ABLATION[1:]]
     s.tables["hit"] = _pivot(results, caps, policies, "hit_ratio")
     gains = _wa_gains(results, caps)
-    exported = "fitted" if "fitted" in set(results["policy"].to_list()) else "wa"
+    exported = FITTED if FITTED in set(results["policy"].to_list()) else Policy.WA.value
     policy_gain = _policy_gains(results, caps, exported)
     if policy_gain:
         s.figures["gain"] = _gain_figure(policy_gain, exported)
@@ -76,7 +75,7 @@ def build(run: RunDir) -> list[Section]:
                                rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["wa"]), g["best"],
                                       fmt.ratio(g["best_hit"]), f"{100 * g['gain']:+.2f} points"] for g in gains])
     abl = [p for p in ABLATION if p in set(results["policy"].to_list())]
-    if len(abl) > 1 and abl[0] == "wa":
+    if len(abl) > 1 and abl[0] == Policy.WA:
         s.tables["ablation"] = _ablation(results, caps, abl)
     per_cat = read_parquet(d / "per_category.parquet", REMEDY)
     if per_cat is not None and gains:
@@ -95,7 +94,8 @@ def build(run: RunDir) -> list[Section]:
     if gains:
         s.headline = [
             Headline(f"WA - best baseline, smallest capacity ({gains[0]['capacity']})",
-                     f"{s.values['gain_small']} points", "+1.5 to +3.9 points, shrinking with capacity"),
+                     f"{s.values['gain_small']} points",
+                     f"+{PAPER_WA_GAIN_POINTS[0]} to +{PAPER_WA_GAIN_POINTS[1]} points, shrinking with capacity"),
             Headline(f"WA - best baseline, largest capacity ({gains[-1]['capacity']})",
                      f"{s.values['gain_large']} points"),
         ]
@@ -108,7 +108,7 @@ def _results(d: Path) -> pl.DataFrame | None:
 
 
 def _policy_order(names: list[str]) -> list[str]:
-    known = [*BASELINES, "wa", "fitted", "oracle", *ABLATION[1:]]
+    known = [*BASELINES, Policy.WA.value, FITTED, Policy.ORACLE.value, *ABLATION[1:]]
     return [p for p in known if p in names] + sorted(set(names) - set(known))
 
 
@@ -122,22 +122,22 @@ def _hit_figure(results: pl.DataFrame, curve: pl.DataFrame | None, ideal: float 
         c = curve.filter(pl.col("capacity_blocks").is_between(max(lo, 1), hi))
         x, y = downsample(c["capacity_blocks"].to_numpy(), c["hit_ratio"].to_numpy())
         fig.add_scatter(x=x, y=y, mode="lines", name="LRU, exact one-pass curve",
-                        line={"color": COLORS["lru"], "width": 1, "shape": "hv"}, opacity=0.5)
+                        line={"color": COLORS[Policy.LRU], "width": 1, "shape": "hv"}, opacity=0.5)
     for pol in _policy_order(results["policy"].unique().to_list()):
         part = results.filter(pl.col("policy") == pol).sort("capacity_blocks")
         fig.add_scatter(x=part["capacity_blocks"].to_numpy(), y=part["hit_ratio"].to_numpy(), mode="lines+markers",
-                        name=label(pol), line={"color": COLORS.get(pol, "#7f7f7f"),
+                        name=label(pol), line={"color": COLORS.get(pol, OTHER_COLOR),
                                                "dash": "dot" if pol in ABLATION[1:] else "solid",
-                                               "width": 3 if pol in ("wa", "fitted", "oracle") else 1.5})
+                                               "width": 3 if pol in (Policy.WA, FITTED, Policy.ORACLE) else 1.5})
     if ideal is not None:
         fig.add_hline(y=float(ideal), line={"dash": "dash", "color": "#444"}, annotation_text="ideal (infinite cache)")
     if peak_live:
         fig.update_layout(shapes=[*fig.layout.get("shapes", []), {
             "type": "line", "xref": "x", "x0": float(peak_live), "x1": float(peak_live), "yref": "paper",
-            "y0": 0, "y1": 1, "line": {"dash": "dot", "color": "#2ca02c"}}],
+            "y0": 0, "y1": 1, "line": {"dash": "dot", "color": COLORS[Policy.ORACLE]}}],
             annotations=[*fig.layout.get("annotations", []), {
                 "xref": "x", "x": float(np.log10(float(peak_live))), "yref": "paper", "y": 0.02, "xanchor": "left",
-                "text": "oracle peak live set", "showarrow": False, "font": {"color": "#2ca02c"}}])
+                "text": "oracle peak live set", "showarrow": False, "font": {"color": COLORS[Policy.ORACLE]}}])
     return fig
 
 
@@ -150,7 +150,7 @@ def _qttft_figure(results: pl.DataFrame) -> Fig:
             continue
         part = results.filter(pl.col("policy") == pol).sort("capacity_blocks")
         fig.add_scatter(x=part["capacity_blocks"].to_numpy(), y=part["qttft_mean_s"].to_numpy(), mode="lines+markers",
-                        name=label(pol), line={"color": COLORS.get(pol, "#7f7f7f")})
+                        name=label(pol), line={"color": COLORS.get(pol, OTHER_COLOR)})
     return fig
 
 
@@ -231,12 +231,12 @@ def _gain_figure(gains: list[dict[str, Any]], exported: str) -> Fig:
     fig.update_xaxes(type="log")
     x = [g["blocks"] for g in gains]
     fig.add_scatter(x=x, y=[100 * g["vs_lru"] for g in gains], mode="lines+markers", name=f"{exported} - LRU",
-                    line={"color": COLORS["lru"], "width": 3})
+                    line={"color": COLORS[Policy.LRU], "width": 3})
     fig.add_scatter(x=x, y=[100 * g["vs_best"] for g in gains], mode="lines+markers",
-                    name=f"{exported} - best baseline", line={"color": COLORS["wa"], "width": 3})
+                    name=f"{exported} - best baseline", line={"color": COLORS[Policy.WA], "width": 3})
     if all(g["headroom"] is not None for g in gains):
         fig.add_scatter(x=x, y=[100 * g["headroom"] for g in gains], mode="lines", name="oracle - LRU (headroom)",
-                        line={"color": COLORS["oracle"], "dash": "dash"})
+                        line={"color": COLORS[Policy.ORACLE], "dash": "dash"})
     fig.add_hline(y=0.0, line={"color": "#444", "width": 1})
     return fig
 

@@ -51,7 +51,7 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         q_append(bk, qs, 0, x)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     cur = g[CURSOR]

@@ -57,19 +57,18 @@ class GdsfParams:
 FP_ATTN_SCALE, FP_BLOCK_SIZE = 0, 1  # fp slots
 SPEC = PolicySpec("gdsf", GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position")
 STATE = StateDecl(columns={"FREQ": "references since the block entered the cache (1 on insertion)"},
-                  slots={"STAMP": "releases so far (the tie-break of equal priorities: the earlier first)"},
                   fslots={"CLOCK": "the inflation value L: the priority of the last victim"})
 FREQ = STATE.col("FREQ")
-STAMP = STATE.slot("STAMP")
 CLOCK = STATE.fslot("CLOCK")
 
 
 def init(params: GdsfParams, ctx: InitContext) -> Setup:
-    """A heap over the cached blocks; block_size_tokens 0 becomes the stream's block size."""
+    """A heap over the cached blocks (equal priorities: the earlier released first); block_size_tokens 0
+    becomes the stream's block size."""
     ip, fp = params.to_arrays()
     if fp[FP_BLOCK_SIZE] <= 0:
         fp[FP_BLOCK_SIZE] = float(ctx.stream.block_size)
-    return Setup(ip, fp, heap_size=ctx.lazy_heap_entries, g0=np.zeros(1, np.int64), gf0=np.zeros(1))
+    return Setup(ip, fp, heap_size=ctx.lazy_heap_entries, gf0=np.zeros(1))
 
 
 @njit(cache=True, inline="always")
@@ -95,8 +94,7 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     h = gf[CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[FP_BLOCK_SIZE], fp[FP_ATTN_SCALE])
-    g[STAMP] += 1
-    heap_push(bk, hp, g, x, int(h * KEY_SCALE), g[STAMP])
+    heap_push(bk, hp, g, x, int(h * KEY_SCALE))
 
 
 @njit(cache=True, inline="always")

@@ -27,8 +27,7 @@ from tongyi_trace.sim.stream import next_request_of_refs
 from tongyi_trace.sim.structs import heap_pop_valid, heap_push
 
 SPEC = PolicySpec("oracle", NoParams, "Belady/MIN with prefix semantics (upper bound)")
-STATE = StateDecl(slots={"STAMP": "releases so far (the tie-break of equal next uses)"})
-STAMP = STATE.slot("STAMP")
+STATE = StateDecl()  # its heap (structs.py) breaks ties of equal next uses: the earlier released first
 
 
 def init(params: NoParams, ctx: InitContext) -> Setup:
@@ -36,7 +35,7 @@ def init(params: NoParams, ctx: InitContext) -> Setup:
     absent)."""
     s = ctx.stream
     nxt = ctx.next_req if ctx.next_req is not None else next_request_of_refs(s.req_off, s.blk, s.num_ids)
-    return Setup(*params.to_arrays(), it=nxt, heap_size=ctx.lazy_heap_entries, g0=np.zeros(1, np.int64))
+    return Setup(*params.to_arrays(), it=nxt, heap_size=ctx.lazy_heap_entries)
 
 
 @njit(cache=True, inline="always")
@@ -55,8 +54,7 @@ def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    g[STAMP] += 1
-    heap_push(bk, hp, g, x, -it[ref], g[STAMP])
+    heap_push(bk, hp, g, x, -it[ref])
 
 
 @njit(cache=True, inline="always")

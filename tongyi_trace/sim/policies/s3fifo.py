@@ -122,7 +122,7 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         q_append(bk, qs, bk[x, DEST], x)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
     guard = qs[_S]
     while qs[_S] > 0:
@@ -143,7 +143,7 @@ def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) 
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
     guard = qs[_M] * (ip[IP_FREQ_CAP] + 2)
     while qs[_M] > 0:
@@ -164,7 +164,7 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     if qs[_S] >= ip[IP_SMALL_BLOCKS] or qs[_M] == 0:
