@@ -32,6 +32,8 @@ from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.guard.decide import LRU, Guard, Switch
 from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
 from tongyi_trace.guard.sampling import sampled_mask, threshold
+from tongyi_trace.run import RunDir
+from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS
 from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
 from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult
@@ -243,3 +245,14 @@ def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tu
                      "new_reuse_prob": (new or old).reuse_prob, "new_rate_per_s": (new or old).rate_per_s,
                      **metrics[c]})
     return rows
+
+
+def predict_guarded(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int,
+                    policy: str, fit: PolicyParams, wa_params: dict[str, Any],
+                    output_tokens: np.ndarray | None = None) -> GuardedRun:
+    """predict_request_hits (sim.engine_model) for the vLLM plugin running POLICY (wa, or fitted resolving
+    to wa) with the guard and refit of WA_PARAMS (WaParams names: what the plugin's KVTRACE_GUARD*
+    variables set): the engine's guard (per_request), its run with the hit tokens per request."""
+    full, shape, capacity = engine_case(run, req_idx, engine_block_size, num_engine_blocks, fit, output_tokens)
+    return simulate_guarded(full, policy, capacity, params=wa_params, fit=fit, engine=shape, timing=False,
+                            per_request=True)

@@ -74,6 +74,16 @@ def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: in
     (None = unlimited cache, the ideal). POLICY is the engine's eviction policy ("lru" = stock vLLM,
     "wa" = the kvtrace plugin, which needs PARAMS); OUTPUT_TOKENS = tokens generated per request
     (None: one token, no output block)."""
+    full, shape, capacity = engine_case(run, req_idx, engine_block_size, num_engine_blocks, params, output_tokens)
+    res = simulate_policy(full, policy, capacity, fit=params, engine=shape, timing=False)
+    return res.req_hit_tokens
+
+
+def engine_case(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int | None,
+                params: PolicyParams | None = None, output_tokens: np.ndarray | None = None,
+                ) -> tuple[Stream, EngineShape, int]:
+    """What the engine serves when the requests REQ_IDX of RUN are replayed in that order (the arguments
+    of predict_request_hits): the engine stream, its shape and the cache's capacity in engine blocks."""
     sel = np.asarray(req_idx, np.int64)
     stream = load_stream(run, sel, params.context if params else None)
     input_tokens = run.requests()["input_tokens"].to_numpy()[sel]
@@ -84,5 +94,4 @@ def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: in
         if num_engine_blocks < 2:
             raise UsageError(f"num_engine_blocks must be >= 2 (one is vLLM's null block), got {num_engine_blocks}")
         capacity = int(num_engine_blocks) - 1
-    res = simulate_policy(full, policy, capacity, fit=params, engine=shape, timing=False)
-    return res.req_hit_tokens
+    return full, shape, capacity

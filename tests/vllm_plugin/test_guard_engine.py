@@ -1,0 +1,101 @@
+"""The guard inside the real CPU vLLM engine: the plugin runs WA with the guard on (KVTRACE_GUARD*), a
+to-C slice is replayed one request at a time on trace time, and the engine's cached tokens and the guard's
+counters equal the simulator's guarded prediction (tongyi_trace.guard.simulate.predict_guarded, the
+engine's guard: one step per request, both orders on their shadows)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tests.vllm_plugin.test_engine import SIM_SPEEDUP, require_engine, toc_slice  # noqa: F401 (fixture)
+from tongyi_trace import engine
+from tongyi_trace.vllm_plugin.stats import read_stats
+
+pytestmark = pytest.mark.engine
+
+NUM_BLOCKS, BLOCK_SIZE = 256, 32
+GUARD = {"guard": True, "guard_margin": 0.2, "guard_window_s": 20.0, "sample_rate": 1.0}
+GUARD_ENV = {"KVTRACE_GUARD": "1", "KVTRACE_GUARD_MARGIN": "0.2", "KVTRACE_GUARD_WINDOW_S": "20",
+             "KVTRACE_SAMPLE_RATE": "1"}
+
+
+def _start(policy: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The server as `kvtrace engine start` runs it, with the guard's variables set (engine.start passes
+    no KVTRACE_GUARD*); its url once healthy."""
+    port = engine.free_port()
+    cmd = [str(engine.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(engine.write_model_dir(4096)), "--served-model-name", "m",
+           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", str(BLOCK_SIZE),
+           "--max-model-len", "4096", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+           "--host", "127.0.0.1", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_") or k == "KVTRACE_CACHE_DIR"}
+    for k in ("PYTHONPATH", "VIRTUAL_ENV"):
+        env.pop(k, None)
+    env.update(KVTRACE_POLICY=str(policy), KVTRACE_STATS_DIR=str(state / "stats"),
+               KVTRACE_TIME_SCALE=repr(SIM_SPEEDUP), KVTRACE_BLOCK_SIZE=str(BLOCK_SIZE),
+               VLLM_CPU_KVCACHE_SPACE="1", **GUARD_ENV)
+    env["PATH"] = f"{engine.venv_python().parent}{os.pathsep}{env.get('PATH', '')}"
+    (state / "cwd").mkdir(parents=True)
+    with (state / "engine.log").open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=state / "cwd", env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        if proc.poll() is not None or engine._healthy(url):
+            break
+        subprocess.run(["sleep", "0.5"], check=True)
+    return proc, url
+
+
+def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[Path, Path],  # noqa: F811
+                                                               tmp_path: Path) -> None:
+    require_engine()
+    from tongyi_trace.fit.params import load_policy
+    from tongyi_trace.guard.simulate import predict_guarded
+    from tongyi_trace.replay.records import read_records
+    from tongyi_trace.replay.runner import ReplayOptions, run_replay
+    from tongyi_trace.replay.schedule import ScheduleOptions
+    from tongyi_trace.run import open_run
+
+    run, policy = toc_slice
+    proc, url = _start(policy, tmp_path)
+    try:
+        assert proc.poll() is None, f"engine died: {engine.tail_text(tmp_path / 'engine.log')}"
+        opts = ReplayOptions(name="guard", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
+                             max_in_flight=1, overwrite=True, policy_file=policy)
+        run_replay(run, url, opts)
+        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
+    finally:
+        engine._kill_group(proc.pid)
+        proc.wait(timeout=120)
+    stats = read_stats(tmp_path / "stats")
+    assert stats is not None and stats["mode"] == "fitted" and stats["fallbacks"] == 0
+    recs = read_records(run / "replay" / "guard" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
+    assert recs.height > 100
+    out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
+    sim = predict_guarded(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), BLOCK_SIZE, NUM_BLOCKS,
+                          "fitted", load_policy(policy), GUARD, out_tok)
+    g = stats["guard"]
+    assert g["enabled"] and g["sample_rate"] == 1.0 and g["shadow_capacity_blocks"] == sim.shadow_capacity_blocks
+    # the guard's inputs: every sampled reference and both shadows' hits
+    tl = sim.timeline
+    assert g["sampled_refs"] == sum(r["num_sampled_refs"] for r in tl)
+    assert g["shadow_hits"] == {
+        "policy": round(sum(r["shadow_policy_hit_ratio"] * r["num_sampled_refs"] for r in tl if r["num_sampled_refs"])),
+        "lru": round(sum(r["shadow_lru_hit_ratio"] * r["num_sampled_refs"] for r in tl if r["num_sampled_refs"]))}
+    assert g["shadow_hits"]["policy"] != g["shadow_hits"]["lru"]
+    # its decisions
+    assert g["switches"] == len(sim.switches)
+    assert [(s["time_s"], s["to_mode"]) for s in g["switch_log"]] == [(s.time_s, s.to_mode) for s in sim.switches]
+    assert g["time_in_mode_s"] == pytest.approx(sim.time_in_mode_s)
+    assert g["window_policy_hit_ratio"] == pytest.approx(tl[-1]["window_policy_hit_ratio"])
+    assert g["window_lru_hit_ratio"] == pytest.approx(tl[-1]["window_lru_hit_ratio"])
+    # and the cache's hits, request for request
+    assert recs["cached_tokens"].to_numpy().astype(np.int64).tolist() == sim.result.req_hit_tokens.tolist()
