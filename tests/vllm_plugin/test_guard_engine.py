@@ -15,6 +15,7 @@ import pytest
 
 from tests.vllm_plugin.test_engine import SIM_SPEEDUP, require_engine, toc_slice  # noqa: F401 (fixture)
 from tongyi_trace import engine
+from tongyi_trace.engine.process import _healthy, _kill_group
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine
@@ -48,7 +49,7 @@ def _start(policy: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
                                 cwd=state / "cwd", env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):
-        if proc.poll() is not None or engine._healthy(url):
+        if proc.poll() is not None or _healthy(url):
             break
         subprocess.run(["sleep", "0.5"], check=True)
     return proc, url
@@ -73,7 +74,7 @@ def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[
         run_replay(run, url, opts)
         subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
     finally:
-        engine._kill_group(proc.pid)
+        _kill_group(proc.pid)
         proc.wait(timeout=120)
     stats = read_stats(tmp_path / "stats")
     assert stats is not None and stats["mode"] == "fitted" and stats["fallbacks"] == 0
