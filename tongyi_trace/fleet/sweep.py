@@ -135,8 +135,8 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
     needy = [base for base, _ in variants if base in ("wa", FITTED)]
     if fit is None and needy:
-        raise UsageError(f"policy {needy[0]} needs fitted parameters: pass --params policy.json "
-                         "(from 'kvtrace fit')")
+        raise UsageError(f"policy {needy[0]} needs fitted parameters: run 'kvtrace fit {run.path}' first "
+                         "(simulate then uses its fit/policy.json) or pass --policy-file FILE")
     for base, _ in variants:
         if base != FITTED:
             get_policy(base).make_params({**cfg.policy_params.get(base, {})})
