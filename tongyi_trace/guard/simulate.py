@@ -11,6 +11,10 @@ with the other order's shadow: in policy mode the cache vs the LRU shadow, in LR
 the cache. One of the two estimates is then free of shadow error (the shadows' hit ratios over short
 windows stray by points from the full cache's at 1/32, most of all while the caches warm up).
 
+`per_request=True` runs the engine's guard instead (the vLLM plugin's, vllm_plugin/guard.py: one step per
+request at its trace time, both orders on their shadows); predict_guarded serves it through the engine
+model (sim.engine_model) to predict a guarded engine's cached tokens and switches request for request.
+
 The time line (one row per slice: the cache's hit ratio, both shadows', the guard's windowed estimates
 and mode, refits) and the refit table (per refit and category: parameters before and after, observed vs
 predicted reuse, KS) are returned for the artifacts RUN/sim/guard_timeline.parquet and
