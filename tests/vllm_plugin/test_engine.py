@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from tongyi_trace import engine
+from tongyi_trace.engine import process
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine
@@ -138,12 +139,12 @@ def test_wrong_schema_policy_serves_with_lru_and_says_why_once(tmp_path: Path) -
     try:
         for _ in range(1200):
             assert proc.poll() is None, f"engine died: {engine.tail_text(log_path)}"
-            if engine._healthy(url):
+            if process._healthy(url):
                 break
             subprocess.run(["sleep", "0.5"], check=True)
         hits = cyclic_workload(url, "m")
     finally:
-        engine._kill_group(proc.pid)
+        process._kill_group(proc.pid)
         proc.wait(timeout=120)
     assert hits["text-2"] == [0] * 4, "LRU on a cyclic pattern: every repeat misses"
     lines = _plugin_lines(log_path.read_text())
