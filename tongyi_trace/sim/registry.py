@@ -29,9 +29,13 @@ class Policy(StrEnum):
 
 
 BASELINES = (Policy.LRU, Policy.FIFO, Policy.LFU, Policy.S3FIFO, Policy.GDSF)
-# `kvtrace simulate`'s WA ablation variants (sim.sweep.WA_VARIANTS); FITTED: the setting `kvtrace fit
+# `kvtrace simulate`'s WA ablation variants: name -> WA's parameters; FITTED: the setting `kvtrace fit
 # --capacity` chose, per capacity (the policy file's nearest choice, sim.simulate.resolve_fitted)
-WA_ABLATION = ("wa-no-life", "wa-conditional", "wa-no-offset")
+WA_ABLATION: dict[str, dict[str, bool]] = {
+    "wa-no-life": {"use_life": False},
+    "wa-conditional": {"conditional": True},
+    "wa-no-offset": {"use_offset": False},
+}
 FITTED = "fitted"
 # WA's gain over the best baseline the paper reports (hit-ratio points, smallest to largest capacity):
 # Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 5

@@ -32,16 +32,11 @@ from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import Policy, get_policy
+from tongyi_trace.sim.registry import WA_ABLATION, Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
 # WA ablation variants: name -> parameter overrides of wa
-WA_VARIANTS: dict[str, dict[str, bool]] = {
-    "wa-no-life": {"use_life": False},
-    "wa-conditional": {"conditional": True},
-    "wa-no-offset": {"use_offset": False},
-}
 
 
 @dataclass(frozen=True)
@@ -75,8 +70,8 @@ class SweepResult:
 def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
     """'wa-no-life' -> ('wa', {'use_life': False}); 'fitted' -> ('fitted', {}); a policy -> (name, {})."""
     low = name.lower()
-    if low in WA_VARIANTS:
-        return "wa", dict(WA_VARIANTS[low])
+    if low in WA_ABLATION:
+        return "wa", dict(WA_ABLATION[low])
     if low == FITTED:
         return FITTED, {}
     return get_policy(low).name, {}
@@ -360,7 +355,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     names: list[str] = []
     for item in (opts.policies.split(",") if opts.policies.strip() else []):
         low = item.strip().lower()
-        if low in (FITTED, *WA_VARIANTS):
+        if low in (FITTED, *WA_ABLATION):
             extra = [low]
         elif low:
             extra = [p.value for p in parse_policies(low)]
@@ -370,7 +365,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     if opts.ablation:
         if "wa" not in names:
             names.append("wa")
-        names += [v for v in WA_VARIANTS if v not in names]
+        names += [v for v in WA_ABLATION if v not in names]
     params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in parse_sets(opts.sets).items()}
     wa = params.setdefault("wa", {})
     if opts.wa_no_life:
@@ -417,5 +412,5 @@ def describe_policies() -> list[dict[str, Any]]:
     out = [{"policy": p.value, "summary": s.summary, "needs_params_file": s.needs_fit,
             "parameters": s.describe()} for p, s in REGISTRY.items()]
     out += [{"policy": v, "summary": f"WA ablation: wa with {over}", "needs_params_file": True,
-             "parameters": []} for v, over in WA_VARIANTS.items()]
+             "parameters": []} for v, over in WA_ABLATION.items()]
     return out
