@@ -32,8 +32,7 @@ from tongyi_trace.fleet.sweep import run_sessions
 from tongyi_trace.replay.reconcile import Reconciliation, aggregate_reconciliation, reconcile
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.cost_model import CostModel, preset_cost
-from tongyi_trace.sim.engine_model import engine_stream
-from tongyi_trace.sim.stream import load_stream
+from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.sweep import SimulateOptions
 
 ROUTING_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -105,17 +104,12 @@ def route_requests(run: RunDir, req_idx: list[int], output_tokens: list[int], ro
                    engine_block_size: int, num_engine_blocks: int) -> FleetRouting:
     """Route the requests REQ_IDX (send order; OUTPUT_TOKENS generated each) over NUM_INSTANCES engines of
     NUM_ENGINE_BLOCKS blocks of ENGINE_BLOCK_SIZE tokens with ROUTER, by the fleet simulator."""
-    if num_engine_blocks < 2:
-        raise UsageError(f"the engines have {num_engine_blocks} KV blocks; vLLM keeps one as its null block, so "
-                         "a fleet replay needs at least 2")
     sel = np.asarray(req_idx, np.int64)
-    stream = load_stream(run, sel)
-    input_tokens = run.requests()["input_tokens"].to_numpy()[sel]
-    full, shape = engine_stream(stream, engine_block_size, np.asarray(output_tokens, np.int64), input_tokens)
-    session, _ = run_sessions(run, stream)
+    full, shape, capacity = engine_case(run, sel, engine_block_size, num_engine_blocks,
+                                        output_tokens=np.asarray(output_tokens, np.int64))
+    session, _ = run_sessions(run, full)
     cost = routing_cost()
-    res = simulate_fleet(full, router, num_instances, "lru", num_engine_blocks - 1, engine=shape, cost=cost,
-                         session=session)
+    res = simulate_fleet(full, router, num_instances, "lru", capacity, engine=shape, cost=cost, session=session)
     table = pl.DataFrame({"order": np.arange(sel.size, dtype=np.int64), "req_idx": sel,
                           "instance": res.req_instance, "fleet_predicted_hit_tokens": res.req_hit_tokens},
                          schema=ROUTING_SCHEMA)
