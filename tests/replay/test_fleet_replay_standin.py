@@ -110,6 +110,14 @@ def test_the_cli_routes_over_several_servers_and_refuses_a_lone_router(fresh_tin
     assert r.exit_code == 0, r.output
     s = json.loads(r.output)
     assert s["fleet"]["router"] == "rr" and s["fleet"]["routed_per_instance"] == [3, 3]
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls, "--router", "rr", "--name", "c",
+                                 "--speedup", "1000", "--max-in-flight", "1", "--overwrite"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in r.output.splitlines() if "http://" in line]
+    second = json.loads((fresh_tiny_run / "replay" / "c" / "summary.json").read_text())
+    per = second["reconciliation"]["per_instance"]  # the per-engine table shows the summary's figures
+    assert [row[:4] for row in rows] == [[str(i), p["server"], "3", "3"] for i, p in enumerate(per)], r.output
+    assert [row[4] for row in rows] == [f"{100 * p['engine_hit_ratio']:.2f}%" for p in per], r.output
     r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls.split(",")[0], "--router", "rr"])
     assert r.exit_code == 2 and "--router routes across several engines" in r.output
     assert len(r.output.strip().splitlines()) == 1

@@ -53,6 +53,17 @@ def _render(res: ReplayResult) -> None:
                       f"{rec['engine_minus_predicted_pp']:+.2f} pp", highlight=False)
     elif s.get("reconciliation_note"):
         console.print(f"reconciliation skipped: {s['reconciliation_note']}", highlight=False)
+    if rec and rec.get("per_instance"):
+        fleet = Table(title=f"per engine (router {(s.get('fleet') or {}).get('router', '?')})")
+        for col in ("engine", "server", "routed", "ok", "engine hit", "fleet simulator", "engine == simulator"):
+            fleet.add_column(col, justify="left" if col == "server" else "right")
+        for inst in rec["per_instance"]:
+            exact = inst.get("exact_share")
+            fleet.add_row(str(inst["instance"]), str(inst["server"]), str(inst["num_routed"]), str(inst["num_ok"]),
+                          _fmt(inst.get("engine_hit_ratio"), pct=True),
+                          _fmt(inst.get("fleet_predicted_hit_ratio"), pct=True),
+                          "-" if exact is None else f"{100 * exact:.1f}%")
+        console.print(fleet)
     lat = Table(title="latency (ms)")
     for col in ("", "p50", "p90", "p99", "max"):
         lat.add_column(col, justify="right")
