@@ -46,9 +46,11 @@ def main() -> None:
     doc = json.loads(policy.read_text())
     print(f"fit --capacity on to-C seed 1: 6 capacities {t_fit6:.1f} s, 5 capacities {t_fit5:.1f} s "
           "(target < 60 s)")
+    print(f"  context classes: {doc.get('context')}; {len(doc['categories'])} categories; the choice per capacity "
+          "made on the train window's held-out half")
     for ch in doc["choices"]:
         print(f"  {ch['capacity']:>7} ({ch['capacity_blocks']:,} blocks): {ch['policy']} {ch['params']}  "
-              f"train gain vs LRU {100 * ch['train']['gain_vs_lru']:+.2f} pts")
+              f"held-out gain vs LRU {100 * ch['train']['gain_vs_lru']:+.2f} pts")
     worst: dict[str, float] = {}
     for seed in (2, 3):
         run = ingested_run("to-c", 1.0, seed=seed)
