@@ -212,3 +212,20 @@ def test_sweep_tasks_share_caches_per_configuration_and_keep_every_worker_busy()
     split = task_groups(one, workers=4)  # one configuration, 4 workers: 4 parts of its 6 routers
     assert sorted(len(g) for g in split) == [1, 1, 2, 2]
     assert sorted(t[3] for g in split for t in g) == sorted(routers)
+
+
+def test_the_hbm_tier_runs_its_own_policy() -> None:
+    """Tiers(hbm_policy="lru"): the whole cache runs the instance's policy, the HBM tier LRU (vLLM's)."""
+    stream = _stream(1)
+    nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
+    lru = simulate_policy(stream, "lru", 4)
+    differs = 0
+    for policy in ("fifo", "wa", "s3fifo", "gdsf"):
+        one = simulate_fleet(stream, "rr", 1, policy, 12, fit=FIT, next_req=nxt, cost=COST,
+                             tiers=Tiers(hbm_blocks=4, hbm_policy="lru"))
+        ref = simulate_policy(stream, policy, 12, fit=FIT, next_req=nxt)
+        same = simulate_policy(stream, policy, 4, fit=FIT, next_req=nxt)
+        assert one.num_hits == ref.num_hits, policy
+        assert one.num_hbm_hits == int(np.minimum(lru.req_hit_blocks, ref.req_hit_blocks).sum()), policy
+        differs += not np.array_equal(lru.req_hit_blocks, same.req_hit_blocks)
+    assert differs >= 2  # the tier's own policy matters on this stream

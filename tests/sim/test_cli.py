@@ -100,3 +100,18 @@ def test_a_policy_fitted_on_another_trace_is_flagged(make_run: Callable[..., Pat
     assert res.exit_code == 0, res.output
     [warning] = json.loads(res.stdout)["summary"]["warnings"]
     assert warning.startswith("none of this run's 2 categories is in the policy file") and "another trace" in warning
+
+
+def test_hbm_policy(make_run: Callable[..., Path]) -> None:
+    """--hbm-policy lru: the HBM tier's hits are LRU's at the HBM size while the whole cache runs -p;
+    refused without --hbm-capacity or for a policy that needs a fit."""
+    run = make_run(REQS, times_s=[0.0, 100.0, 200.0, 300.0, 400.0])
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fifo", "-c", "3", "--hbm-capacity", "2",
+                                   "--hbm-policy", "lru", "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["policy"] == "fifo" and row["hbm_policy"] == "lru" and row["hbm_hit_ratio"] == 1 / 7
+    for args, message in ((["--hbm-policy", "lru"], "--hbm-policy needs --hbm-capacity"),
+                          (["--hbm-capacity", "2", "--hbm-policy", "wa"], "--hbm-policy wa: give one of")):
+        res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fifo", "-c", "3", *args])
+        assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output

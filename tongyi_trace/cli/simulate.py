@@ -41,6 +41,8 @@ def simulate(
     hbm_capacity: str | None = typer.Option(None, "--hbm-capacity",
                                             help="HBM part of the cache (same units); the rest is a CPU "
                                                  "tier whose hits cost a load (QTTFT)."),
+    hbm_policy: str | None = typer.Option(None, "--hbm-policy", help="The HBM tier's policy (a baseline, e.g. lru "
+                                          "as vLLM runs it), the whole cache running --policies (default: the same)."),
     prefill_overhead_s: float | None = typer.Option(None, "--prefill-overhead-s", help="Cost model a (s)."),
     prefill_s_per_token: float | None = typer.Option(None, "--prefill-s-per-token",
                                                      help="Cost model b (s per uncached token)."),
@@ -85,7 +87,8 @@ def simulate(
 
     opts = SimulateOptions(
         policies=policy, capacities=capacity, params_path=params, engine_block_size=engine_block_size,
-        model=model, gpu_mem_gib=gpu_mem_gib, tp=tp, hbm_capacity=hbm_capacity, overhead_s=prefill_overhead_s,
+        model=model, gpu_mem_gib=gpu_mem_gib, tp=tp, hbm_capacity=hbm_capacity, hbm_policy=hbm_policy,
+        overhead_s=prefill_overhead_s,
         s_per_token=prefill_s_per_token, s_per_loaded_token=load_s_per_token, arrival_scale=arrival_scale,
         cost_from=cost_from, wa_no_life=wa_no_life, wa_conditional=wa_conditional, wa_no_offset=wa_no_offset,
         ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address, name=name)

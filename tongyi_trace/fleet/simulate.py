@@ -48,6 +48,7 @@ class Tiers:
     """The cache tiers below each instance's HBM (sizes in blocks; None = absent)."""
 
     hbm_blocks: int | None = None  # HBM part of each instance's cache; the rest is CPU DRAM
+    hbm_policy: str | None = None  # the HBM tier's policy, with its defaults (None: the instance's policy)
     remote_blocks: int | None = None  # one shared remote pool for the fleet
     remote_s_per_token: float = 0.0  # load cost of a remote hit, seconds per token
 
@@ -233,7 +234,9 @@ class Fleet:
         self.s_per_token = cost.s_per_token
         self.local = [cache(capacity_blocks) for _ in range(num_instances)]
         hbm = tiers.hbm_blocks
-        self.hbm = [cache(hbm) for _ in range(num_instances)] if hbm is not None and hbm < capacity_blocks else []
+        tier = (tiers.hbm_policy, None) if tiers.hbm_policy and tiers.hbm_policy != policy else (policy, params)
+        self.hbm = [cache(hbm, *tier) for _ in range(num_instances)] if hbm is not None and hbm < capacity_blocks \
+            else []
         self.remote = cache(tiers.remote_blocks) if tiers.remote_blocks else None
         self.index: list[Cache] = []
         if with_index:  # the router's LRU index of routed prompts; the caches themselves when they are LRU

@@ -169,7 +169,8 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
                 pol, chosen, _ = resolve_fitted(fit, cap.num_blocks, stream.block_size)
                 params = {**chosen, **params}
             tasks += [(name, pol, params, rt, n, cap) for rt in routers for n in counts]
-    tiers = Tiers(hbm.num_blocks if hbm else None, remote.num_blocks if remote else None, remote_cost)
+    tiers = Tiers(hbm.num_blocks if hbm else None, cfg.hbm_policy, remote.num_blocks if remote else None,
+                  remote_cost)
     if cfg.executor == "local":
         check_memory(tasks, stream.num_ids, tiers, cfg.jobs)
     out_dir = run.subdir("sim") / "fleet" if cfg.write else None
@@ -202,7 +203,8 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
         "peak_live_blocks": peak_live, "capacities_per_instance": [asdict(c) for c in caps],
         "instances": counts, "routers": routers, "policies": cfg.policies,
-        "hbm_capacity": asdict(hbm) if hbm else None, "remote_capacity": asdict(remote) if remote else None,
+        "hbm_capacity": asdict(hbm) if hbm else None, "hbm_policy": cfg.hbm_policy,
+        "remote_capacity": asdict(remote) if remote else None,
         "remote_s_per_token": remote_cost, "session_source": session_source,
         "model": cfg.model.name if cfg.model else None, "cost_model": asdict(cfg.cost),
         "params_path": cfg.params_path, "elapsed_s": time.perf_counter() - t0, "executor": cfg.executor,

@@ -32,7 +32,7 @@ from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import WA_ABLATION, Policy, get_policy
+from tongyi_trace.sim.registry import BASELINES, WA_ABLATION, Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
@@ -50,6 +50,7 @@ class SweepConfig:
     params_path: Path | None = None  # kvtrace.policy/1 file (WA)
     engine_block_size: int | None = None
     hbm_capacity: str | None = None  # splits the cache: this much is HBM, the rest a CPU tier
+    hbm_policy: str | None = None  # the HBM tier's policy (a baseline; default: each row's policy)
     cost: CostModel | None = None
     jobs: int = 0  # 0 = one per core
     write: bool = True
@@ -156,7 +157,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         sink.add(row, out.ok, len(tasks))
 
     t0 = time.perf_counter()
-    map_tasks(_worker_task, queue, _shared(stream, next_req, fit, hbm, cfg.cost), done,
+    map_tasks(_worker_task, queue, _shared(stream, next_req, fit, hbm, cfg.cost, cfg.hbm_policy), done,
               ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
     order = {(n, c.label): i for i, (n, _, _, c) in enumerate(tasks)}
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])
@@ -167,7 +168,8 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
         "peak_live_blocks": peak_live, "capacities": [asdict(c) for c in caps],
-        "hbm_capacity": asdict(hbm) if hbm else None, "model": cfg.model.name if cfg.model else None,
+        "hbm_capacity": asdict(hbm) if hbm else None, "hbm_policy": cfg.hbm_policy,
+        "model": cfg.model.name if cfg.model else None,
         "model_shape": asdict(cfg.model) if cfg.model else None,
         "cost_model": asdict(cfg.cost) if cfg.cost else None, "params_path": cfg.params_path,
         "policies": cfg.policies, "lru_curve_elapsed_s": curve.elapsed_s,
@@ -211,10 +213,10 @@ _WORKER_STREAM: dict[str, Stream] = {}  # sweep id -> the stream rebuilt over th
 
 
 def _shared(stream: Stream, next_req: np.ndarray, fit: PolicyParams | None, hbm: Capacity | None,
-            cost: CostModel | None) -> dict[str, Any]:
+            cost: CostModel | None, hbm_policy: str | None = None) -> dict[str, Any]:
     """What every task reads: the stream's fields (arrays shipped once per sweep) and the sweep's settings."""
     out = {_STREAM_FIELD + f.name: getattr(stream, f.name) for f in fields(stream)}
-    out.update(next_req=next_req, fit=fit, hbm=hbm, cost=cost, sweep_id=uuid.uuid4().hex)
+    out.update(next_req=next_req, fit=fit, hbm=hbm, hbm_policy=hbm_policy, cost=cost, sweep_id=uuid.uuid4().hex)
     return out
 
 
@@ -241,8 +243,10 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
     if cost is not None:
         loaded = None
         if hbm is not None and hbm.num_blocks < cap.num_blocks:
-            small = simulate_policy(stream, base, hbm.num_blocks, params=params, fit=shared["fit"],
-                                    next_req=nxt, timing=False)
+            tier = shared["hbm_policy"] or base  # the HBM tier's policy; its own defaults when it differs
+            small = simulate_policy(stream, tier, hbm.num_blocks, params=params if tier == base else {},
+                                    fit=shared["fit"], next_req=nxt, timing=False)
+            row["hbm_policy"] = tier
             loaded = np.maximum(res.req_hit_tokens - small.req_hit_tokens, 0)
             row["hbm_hit_ratio"] = small.hit_ratio
         row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - res.req_hit_tokens, loaded))
@@ -313,6 +317,7 @@ class SimulateOptions:
     gpu_mem_gib: float | None = None
     tp: int | None = None
     hbm_capacity: str | None = None
+    hbm_policy: str | None = None
     cost_model: str | None = None  # preset name; default = model
     overhead_s: float | None = None
     s_per_token: float | None = None
@@ -382,8 +387,22 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
         cost = calibrate_from_replay(opts.cost_from, cost)
     return SweepConfig(policies=names, capacities=opts.capacities, model=model, policy_params=params,
                        params_path=opts.params_path, engine_block_size=opts.engine_block_size,
-                       hbm_capacity=opts.hbm_capacity, cost=cost, jobs=opts.jobs, executor=opts.executor,
+                       hbm_capacity=opts.hbm_capacity, hbm_policy=hbm_policy(opts), cost=cost, jobs=opts.jobs,
+                       executor=opts.executor,
                        ray_address=opts.ray_address, name=opts.name)
+
+
+def hbm_policy(opts: SimulateOptions) -> str | None:
+    """--hbm-policy checked: a baseline policy (the tier runs it with its defaults), only with --hbm-capacity."""
+    if opts.hbm_policy is None:
+        return None
+    if not opts.hbm_capacity:
+        raise UsageError("--hbm-policy needs --hbm-capacity (the HBM tier it names the policy of)")
+    name = get_policy(opts.hbm_policy.strip().lower()).name
+    if name not in {p.value for p in BASELINES}:
+        raise UsageError(f"--hbm-policy {opts.hbm_policy}: give one of {', '.join(p.value for p in BASELINES)} "
+                         "(the HBM tier runs it with its defaults)")
+    return name
 
 
 def simulate_run(run_dir: Path, opts: SimulateOptions,
