@@ -1,13 +1,25 @@
-"""Fixtures of the replay tests: the tiny Bailian fixture ingested once, and the stand-in endpoint."""
+"""Fixtures of the replay tests: the tiny Bailian fixture ingested once, the stand-in endpoint, and the
+CLI run as a child process (kvtrace_cli)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tongyi_trace.replay.standin import StandInState, serve
+
+KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
+
+
+def kvtrace_cli(*args: str) -> str:
+    """`kvtrace ARGS` in a child process, as a user runs it; its stdout (fails the test on a non-zero exit)."""
+    proc = subprocess.run([*KVTRACE, *args], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"kvtrace {' '.join(args)}: {proc.stderr.strip()[-1500:]}"
+    return proc.stdout
 
 
 @pytest.fixture(scope="session")

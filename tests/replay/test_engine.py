@@ -5,39 +5,34 @@ differently, fix tongyi_trace/sim/engine_model.py, not this test."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.replay.conftest import kvtrace_cli
+
 pytestmark = pytest.mark.engine
 
-KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 NUM_REQUESTS = 240
 
 
-def _kvtrace(*args: str) -> str:
-    proc = subprocess.run([*KVTRACE, *args], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"kvtrace {' '.join(args)}: {proc.stderr.strip()[-1500:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def toc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A to-C synthetic trace (kvtrace synth), 400 requests over 10 minutes, ingested."""
     d = tmp_path_factory.mktemp("engine_toc")
-    _kvtrace("synth", "--profile", "to-c", "--seed", "1", "--requests", "400", "--duration", "600",
+    kvtrace_cli("synth", "--profile", "to-c", "--seed", "1", "--requests", "400", "--duration", "600",
              "-o", str(d / "toc.jsonl"), "--quiet")
-    _kvtrace("ingest", str(d / "toc.jsonl"), "-o", str(d / "run"), "--quiet")
+    kvtrace_cli("ingest", str(d / "toc.jsonl"), "-o", str(d / "run"), "--quiet")
     return d / "run"
 
 
 @pytest.fixture(scope="module")
 def lru_replay(cpu_engine: dict[str, Any], toc_run: Path) -> dict[str, Any]:
     """One replay, one request at a time, on an emptied cache; returns summary.json."""
-    out = _kvtrace("replay", str(toc_run), "--server", cpu_engine["url"], "--name", "lru", "--max-in-flight",
+    out = kvtrace_cli("replay", str(toc_run), "--server", cpu_engine["url"], "--name", "lru", "--max-in-flight",
                    "1", "--speedup", "1000", "--max-output", "4", "--max-requests", str(NUM_REQUESTS),
                    "--reset-cache", "--json")
     summary: dict[str, Any] = json.loads(out)
@@ -45,7 +40,7 @@ def lru_replay(cpu_engine: dict[str, Any], toc_run: Path) -> dict[str, Any]:
 
 
 def test_engine_status_reports_the_running_engine(cpu_engine: dict[str, Any]) -> None:
-    st = json.loads(_kvtrace("engine", "status", "--name", cpu_engine["name"], "--json"))
+    st = json.loads(kvtrace_cli("engine", "status", "--name", cpu_engine["name"], "--json"))
     assert st["running"] and st["healthy"] and st["installed"]
     assert st["state"]["pid"] == cpu_engine["pid"] and st["state"]["url"] == cpu_engine["url"]
 

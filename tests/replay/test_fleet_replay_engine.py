@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,23 +15,20 @@ from typing import Any
 import polars as pl
 import pytest
 
+from tests.replay.conftest import KVTRACE, kvtrace_cli
+
 pytestmark = pytest.mark.engine
 
-KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 NUM_REQUESTS = 160
 
 
-def _kvtrace(*args: str) -> str:
-    proc = subprocess.run([*KVTRACE, *args], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"kvtrace {' '.join(args)}: {proc.stderr.strip()[-1500:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def second_engine(cpu_engine: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A second CPU engine with the first one's cache shape; stopped at the end of the module."""
     name = f"pytest-b-{os.getpid()}"
-    out = _kvtrace("engine", "start", "--name", name, "--json", "--num-blocks", str(cpu_engine["num_blocks"]),
+    out = kvtrace_cli("engine", "start", "--name", name, "--json", "--num-blocks", str(cpu_engine["num_blocks"]),
                    "--block-size", str(cpu_engine["block_size"]), "--max-model-len", str(cpu_engine["max_model_len"]))
     try:
         yield json.loads(out)
@@ -45,10 +41,10 @@ def fleet_replay(cpu_engine: dict[str, Any], second_engine: dict[str, Any],
                  tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     """A to-C synthetic trace replayed on both engines (emptied first) with the prefix router."""
     d = tmp_path_factory.mktemp("fleet_engine")
-    _kvtrace("synth", "--profile", "to-c", "--seed", "2", "--requests", "300", "--duration", "600",
+    kvtrace_cli("synth", "--profile", "to-c", "--seed", "2", "--requests", "300", "--duration", "600",
              "-o", str(d / "toc.jsonl"), "--quiet")
-    _kvtrace("ingest", str(d / "toc.jsonl"), "-o", str(d / "run"), "--quiet")
-    out = _kvtrace("replay", str(d / "run"), "--server", f"{cpu_engine['url']},{second_engine['url']}",
+    kvtrace_cli("ingest", str(d / "toc.jsonl"), "-o", str(d / "run"), "--quiet")
+    out = kvtrace_cli("replay", str(d / "run"), "--server", f"{cpu_engine['url']},{second_engine['url']}",
                    "--router", "prefix", "--name", "fleet", "--max-in-flight", "1", "--speedup", "1000",
                    "--max-output", "4", "--max-requests", str(NUM_REQUESTS), "--reset-cache", "--json")
     return json.loads(out), d / "run" / "replay" / "fleet"
