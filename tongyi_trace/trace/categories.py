@@ -72,11 +72,7 @@ def context_categories(requests: pl.DataFrame, context: RequestContext | None) -
     Both use only what is known at the request's arrival."""
     if context is None or (context.pace_split_s is None and not context.gap_splits_s):
         return requests["category"]
-    parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
-    df = (requests.select(*CONTEXT_COLUMNS).with_row_index("_row")
-          .join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="left")
-          .sort("arrival_s", "req_idx")
-          .with_columns(_gap=(pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0)))
+    df = _with_gap(requests.select(*CONTEXT_COLUMNS).with_row_index("_row")).sort("arrival_s", "req_idx")
     name = pl.col("category")
     if context.gap_splits_s:
         cls = pl.lit(f"{SEP}g0")
@@ -99,6 +95,14 @@ def context_categories(requests: pl.DataFrame, context: RequestContext | None) -
 
 def follow_up_gaps_s(requests: pl.DataFrame) -> np.ndarray:
     """The gap (seconds) of every follow-up turn of REQUESTS to its parent turn (parents inside REQUESTS)."""
+    return _with_gap(requests)["_gap"].drop_nulls().to_numpy()
+
+
+def _with_gap(requests: pl.DataFrame) -> pl.DataFrame:
+    """REQUESTS (in their order) with `_gap`: arrival minus the parent turn's arrival (>= 0), null for a first
+    turn or a parent outside REQUESTS."""
     parents = requests.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("_parent_s"))
-    return (requests.join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="inner")
-            .select((pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0)).to_series().to_numpy())
+    return (requests.join(parents.unique("parent_chat_id", keep="first"), on="parent_chat_id", how="left",
+                          maintain_order="left")
+            .with_columns(_gap=(pl.col("arrival_s") - pl.col("_parent_s")).clip(lower_bound=0.0))
+            .drop("_parent_s"))
