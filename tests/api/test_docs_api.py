@@ -3,7 +3,6 @@ runs end to end; the API's frames match what the CLI's core wrote."""
 
 from __future__ import annotations
 
-import os
 import re
 import runpy
 import sys
@@ -23,12 +22,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     d = tmp_path_factory.mktemp("api")
     synth_to_file("to-c", 1, d / "trace.jsonl", num_requests=300, duration_s=600)
-    old = Path.cwd()
-    os.chdir(d)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
         yield d
-    finally:
-        os.chdir(old)
 
 
 def test_docs_api_examples_run(workdir: Path) -> None:

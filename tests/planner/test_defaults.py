@@ -4,8 +4,6 @@ where a run folder is (ingested once into ./<trace name>.kvtrace)."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,12 @@ RUNNER = CliRunner()
 
 
 @pytest.fixture
-def in_tmp(tmp_path: Path) -> Iterator[Path]:
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from tongyi_trace.trace.synth import synth_to_file
 
     synth_to_file("to-c", 2, tmp_path / "t.jsonl", num_requests=200, duration_s=600)
-    old = Path.cwd()
-    os.chdir(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 def _ok(*args: str) -> dict[str, object]:

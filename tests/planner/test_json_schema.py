@@ -4,7 +4,6 @@ nothing on stdout (docs/artifacts/cli-json.md)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,12 +20,9 @@ RUNNER = CliRunner()
 def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh folder as the current directory, so that relative paths in commands are relative to it."""
     d = tmp_path_factory.mktemp("json")
-    old = Path.cwd()
-    os.chdir(d)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
         yield d
-    finally:
-        os.chdir(old)
 
 
 @pytest.fixture(scope="module")
