@@ -3,11 +3,10 @@ over the same stream serving only the requests routed to it, plus its own FIFO p
 QTTFT cost model (sim/cost_model.py).
 
 Tiers per instance (docs/fleet.md): the instance's cache of CAPACITY blocks is HBM + CPU DRAM. With
-`hbm_blocks` H < CAPACITY the tiers are modelled as an exclusive hierarchy with demotion, which for
-LRU is exact: the hits of the two tiers together are those of one cache of CAPACITY blocks, and the
-HBM hits are those of a cache of H blocks serving the same requests (for other policies the same
-construction is the inclusive approximation `kvtrace simulate --hbm-capacity` uses). DRAM hits are
-loaded at the cost model's c per token. An optional shared remote pool (one for the fleet, written
+`hbm_blocks` H < CAPACITY it is a `TieredCache` (sim/simulate.py: the exact two-tier model, an
+exclusive hierarchy with demotion; HBM under `hbm_policy` or the instance's policy, DRAM under the
+instance's policy); DRAM hits are loaded at the cost model's c per token, and routers see the prefix
+cached in either tier. An optional shared remote pool (one for the fleet, written
 through by every instance) is a cache of `remote_blocks` serving every request; a request hits
 max(local prefix, remote prefix), the part beyond the local prefix loaded at `remote_s_per_token`.
 With one instance and one tier this is exactly `simulate_policy` (tested). With an `EngineShape`
@@ -36,7 +35,7 @@ from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.kernel import cached_prefix_len
-from tongyi_trace.sim.simulate import Cache, EngineShape
+from tongyi_trace.sim.simulate import Cache, EngineShape, TieredCache, tier_policies
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import G_SIZE, PRESENT, q_head, q_next
 
@@ -48,7 +47,8 @@ class Tiers:
     """The cache tiers below each instance's HBM (sizes in blocks; None = absent)."""
 
     hbm_blocks: int | None = None  # HBM part of each instance's cache; the rest is CPU DRAM
-    hbm_policy: str | None = None  # the HBM tier's policy, with its defaults (None: the instance's policy)
+    hbm_policy: str | None = None  # the HBM tier's policy, with its defaults (None: the instance's policy,
+    # which DRAM runs)
     remote_blocks: int | None = None  # one shared remote pool for the fleet
     remote_s_per_token: float = 0.0  # load cost of a remote hit, seconds per token
 
@@ -124,16 +124,17 @@ class CachePool:
         return self.per_stream[id(stream)]
 
     def take(self, stream: Stream, policy: str, capacity_blocks: int, *, params: dict[str, Any] | None,
-             fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> Cache:
-        """A cache as `Cache(stream, policy, capacity_blocks, ..., timing=False)` returns it."""
-        key = _pool_key(stream, policy, capacity_blocks, params, fit, engine, next_req)
+             fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None,
+             tiered: bool = False) -> Cache:
+        """A cache as `Cache(stream, policy, capacity_blocks, ..., timing=False, tiered=tiered)` returns it."""
+        key = _pool_key(stream, policy, capacity_blocks, params, fit, engine, next_req, tiered)
         free = self.free.get(key)
         if free:
             cache, initial = free.pop()
         else:
             self.keep.append((stream, fit, engine, next_req))
             cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine,
-                          next_req=next_req, timing=False)
+                          next_req=next_req, timing=False, tiered=tiered)
             initial = _Initial.of(cache)
         self.lent[id(cache)] = (key, initial)
         return cache
@@ -162,9 +163,11 @@ class StreamArrays:
 
 
 def _pool_key(stream: Stream, policy: str, capacity_blocks: int, params: dict[str, Any] | None,
-              fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None) -> tuple[Any, ...]:
+              fit: PolicyParams | None, engine: EngineShape | None, next_req: np.ndarray | None,
+              tiered: bool) -> tuple[Any, ...]:
     return (id(stream), str(policy), int(capacity_blocks),
-            json.dumps(params or {}, sort_keys=True, default=json_default), id(fit), id(engine), id(next_req))
+            json.dumps(params or {}, sort_keys=True, default=json_default), id(fit), id(engine), id(next_req),
+            tiered)
 
 
 @dataclass
@@ -226,26 +229,38 @@ class Fleet:
 
         self.pool = pool or CachePool()
 
-        def cache(blocks: int, pol: str = policy, pol_params: dict[str, Any] | None = params) -> Cache:
+        def cache(blocks: int, pol: str = policy, pol_params: dict[str, Any] | None = params,
+                  tiered: bool = False) -> Cache:
             return self.pool.take(stream, pol, blocks, params=pol_params, fit=fit, engine=engine,
-                                  next_req=next_req)
+                                  next_req=next_req, tiered=tiered)
 
         self.stream, self.num_instances, self.tiers, self.cost = stream, num_instances, tiers, cost
         self.s_per_token = cost.s_per_token
-        self.local = [cache(capacity_blocks) for _ in range(num_instances)]
         hbm = tiers.hbm_blocks
-        tier = (tiers.hbm_policy, None) if tiers.hbm_policy and tiers.hbm_policy != policy else (policy, params)
-        self.hbm = [cache(hbm, *tier) for _ in range(num_instances)] if hbm is not None and hbm < capacity_blocks \
-            else []
+        self.local: list[Cache | TieredCache]
+        if hbm is not None and hbm < capacity_blocks:
+            (hp, hpar), (dp, dpar) = tier_policies(policy, params, tiers.hbm_policy, fit, capacity_blocks,
+                                                   stream.block_size)
+            self.local = [TieredCache(cache(hbm, hp, hpar, True), cache(capacity_blocks - hbm, dp, dpar))
+                          for _ in range(num_instances)]
+            upper = [c.hbm for c in self.local if isinstance(c, TieredCache)]
+            lower = [c.dram for c in self.local if isinstance(c, TieredCache)]
+        else:
+            self.local = [cache(capacity_blocks) for _ in range(num_instances)]
+            upper = lower = [c for c in self.local if isinstance(c, Cache)]
+        self.caches = upper + ([] if lower is upper else lower)  # every cache of every instance
         self.remote = cache(tiers.remote_blocks) if tiers.remote_blocks else None
         self.index: list[Cache] = []
+        self.policy_cache = lower[0]  # one cache under the instance's policy (DRAM's with two tiers)
+        self.own_index = False  # the router's index is caches of its own (served and given back with the rest)
         if with_index:  # the router's LRU index of routed prompts; the caches themselves when they are LRU
-            same = self.local[0].spec.name == "lru"
-            self.index = self.local if same else [cache(capacity_blocks, "lru", None)
-                                                  for _ in range(num_instances)]
+            self.own_index = lower is not upper or upper[0].spec.name != "lru"
+            self.index = [cache(capacity_blocks, "lru", None) for _ in range(num_instances)] if self.own_index \
+                else upper
         arrays = self.pool.arrays(stream)
         self.sessions = session if session is not None else arrays.first_block
-        self.local_states = List([c.state[0] for c in self.local])
+        self.local_states = List([c.state[0] for c in upper])
+        self.lower_states = List([c.state[0] for c in lower])
         self.index_states = List([c.state[0] for c in self.index]) if self.index else self.local_states
         self.prefix_out = np.zeros(num_instances, np.int64)
         self.cum_tok = arrays.cum_tok
@@ -271,11 +286,13 @@ class Fleet:
 
     def indexed_prefix(self, r: int) -> np.ndarray:
         """R's leading blocks in the router's index, per instance."""
-        return _prefixes(self.stream.req_off, self.stream.blk, self.index_states, r, self.prefix_out).copy()
+        return _prefixes(self.stream.req_off, self.stream.blk, self.index_states, self.index_states, r,
+                         self.prefix_out).copy()
 
     def cached_prefix(self, r: int) -> np.ndarray:
         """R's leading blocks cached on each instance (HBM + DRAM)."""
-        return _prefixes(self.stream.req_off, self.stream.blk, self.local_states, r, self.prefix_out).copy()
+        return _prefixes(self.stream.req_off, self.stream.blk, self.local_states, self.lower_states, r,
+                         self.prefix_out).copy()
 
     def uncached_tokens(self, r: int, cached_blocks: np.ndarray) -> np.ndarray:
         """R's prompt tokens after CACHED_BLOCKS leading blocks."""
@@ -289,12 +306,10 @@ class Fleet:
         loc = self.local[i]
         local_hits = int(loc.serve(r, r + 1)[0])
         local_tok = int(loc.req_hit_tokens[r])
-        hbm_hits, hbm_tok = local_hits, local_tok
-        if self.hbm:
-            h = self.hbm[i]
-            hbm_hits = min(int(h.serve(r, r + 1)[0]), local_hits)
-            hbm_tok = min(int(h.req_hit_tokens[r]), local_tok)
-        if self.index and self.index is not self.local:
+        dram_hits, dram_tok = 0, 0
+        if isinstance(loc, TieredCache):
+            dram_hits, dram_tok = int(loc.req_dram_hits[r]), int(loc.req_dram_hit_tokens[r])
+        if self.own_index:
             self.index[i].serve(r, r + 1)
         hits, tok, remote_hits, remote_tok = local_hits, local_tok, 0, 0
         if self.remote is not None:
@@ -303,21 +318,21 @@ class Fleet:
                 hits, remote_hits = rh, rh - local_hits
                 tok = int(self.remote.req_hit_tokens[r])
                 remote_tok = tok - local_tok
-        load_s = self.cost.s_per_loaded_token * (local_tok - hbm_tok)
+        load_s = self.cost.s_per_loaded_token * dram_tok
         if remote_tok:
             load_s += self.tiers.remote_s_per_token * remote_tok
         service = self.cost.overhead_s + self.cost.s_per_token * float(self.req_tokens[r] - tok) + load_s
         self.free_at[i] = max(self.arrival[r], float(self.free_at[i])) + service
         self.routed[i] += 1
-        return hits, hbm_hits, local_hits - hbm_hits, remote_hits, tok, load_s, service
+        return hits, local_hits - dram_hits, dram_hits, remote_hits, tok, load_s, service
 
     def give_back(self, inst: np.ndarray) -> None:
         """Return every cache to the pool (INST: the instance that served each request)."""
         for i in range(self.num_instances):
             served = inst == i
-            for caches in (self.local, self.hbm, [] if self.index is self.local else self.index):
-                if caches:
-                    self.pool.give_back(caches[i], served)
+            loc = self.local[i]
+            for c in ([loc] if isinstance(loc, Cache) else [loc.hbm, loc.dram]) + self.index[i:i + self.own_index]:
+                self.pool.give_back(c, served)
         if self.remote is not None:
             self.pool.give_back(self.remote, np.ones(inst.shape[0], np.bool_))
 
@@ -325,7 +340,7 @@ class Fleet:
         """(blocks cached on two or more instances, blocks cached on any) after request R (ids are dense in
         order of first reference, so only those below the largest id of requests 0..R can be cached)."""
         count = np.zeros(int(self.max_id[r]) + 1, np.int8)
-        for c in self.local:
+        for c in self.caches:  # a block is in one tier of an instance at most
             bk, _, g, _, qs, _ = c.state
             if not _add_queued(count, bk, qs, int(g[G_SIZE])):
                 _add_present(count, bk)
@@ -333,10 +348,11 @@ class Fleet:
 
 
 @njit(cache=True)
-def _prefixes(req_off: np.ndarray, blk: np.ndarray, states: List, r: int, out: np.ndarray) -> np.ndarray:
-    """OUT[i] = leading blocks of request R cached in STATES[i] (each a Cache's block table)."""
+def _prefixes(req_off: np.ndarray, blk: np.ndarray, states: List, lower: List, r: int, out: np.ndarray) -> np.ndarray:
+    """OUT[i] = leading blocks of request R cached in STATES[i] or LOWER[i] (each a Cache's block table: an
+    instance's tiers, or STATES again)."""
     for i in range(len(states)):
-        out[i] = cached_prefix_len(req_off, blk, states[i], r)
+        out[i] = cached_prefix_len(req_off, blk, states[i], lower[i], r)
     return out
 
 
@@ -421,7 +437,7 @@ def simulate_fleet(stream: Stream, router: str | Router, num_instances: int, pol
     hits = np.array([row[:5] for row in served], np.int64).reshape(n, 5)  # hits, hbm, dram, remote, hit tokens
     load_s = np.array([row[5] for row in served], np.float64)
     service_s = np.array([row[6] for row in served], np.float64)
-    policy_name, params_used = fleet.local[0].spec.name, dict(fleet.local[0].params)
+    policy_name, params_used = fleet.policy_cache.spec.name, dict(fleet.policy_cache.params)
     if pool is not None:
         fleet.give_back(inst)
     uncached = stream.req_tokens - hits[:, 4]

@@ -1,5 +1,21 @@
 """Run one policy at one capacity over a Stream: the typed entry points (Cache, simulate_policy) over the
-compiled kernel."""
+compiled kernel; and two tiers, HBM over DRAM, each under its own policy (TieredCache, simulate_tiered).
+
+The two-tier model (exact; docs/fleet.md "Tiers"): a cache of C blocks is an HBM tier of H blocks under
+its policy over a DRAM tier of C - H blocks under its own, exclusive (a block is in one tier at most).
+Per request, in arrival order:
+1. every block of the request that DRAM holds leaves DRAM (it is read into HBM);
+2. the hit is the longest prefix of the request's blocks cached in either tier (capped as the kernel
+   caps it); its blocks that were in DRAM are the DRAM hits (loaded: c per token in the cost model),
+   the others HBM hits (free); blocks after the prefix are misses wherever they were (recomputed);
+3. HBM serves the request as the single-cache kernel does (hit blocks pinned, the rest inserted; the
+   promoted blocks inserted after the HBM-cached prefix is pinned), evicting by its policy;
+4. each block HBM evicted is demoted into DRAM in eviction order, ordered there by DRAM's policy as a
+   release at its last reference and last access, DRAM evicting (dropping) by its policy to make room.
+A request longer than HBM leaves the blocks that do not fit uncached (bypass), as a single cache does.
+With LRU in both tiers the tiers together hold exactly what one LRU cache of C blocks holds and HBM what
+one of H blocks holds (the LRU stack property; tested), whenever no request outgrows HBM.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +37,8 @@ from tongyi_trace.sim.kernel import (
     S_EVICTIONS,
     S_HIT_TOKENS,
     S_HITS,
+    S_LOW_HIT_TOKENS,
+    S_LOW_HITS,
     S_ORPHANED,
     S_ORPHANING,
     S_PARKED,
@@ -28,12 +46,16 @@ from tongyi_trace.sim.kernel import (
     S_TIMED_EVICTIONS,
     S_TOUCHED,
     cached_prefix_len,
+    demote_kernel,
     policy_kernel,
+    promote,
 )
 from tongyi_trace.sim.policy_base import InitContext
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import G_SIZE, cycles_now, make_state
+
+_NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays
 
 
 @dataclass(frozen=True)
@@ -126,12 +148,14 @@ class Cache:
 
     Arguments as simulate_policy's; the stream's requests are served in index order by `serve`. The
     policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
-    made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*)."""
+    made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*). TIERED:
+    the cache is a tier of a TieredCache (its kernel's two-tier copy, with the arrays `low`, `lref` and
+    `out` the TieredCache lends it)."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                  engine: EngineShape | None = None, next_req: np.ndarray | None = None,
-                 timing: bool = True) -> None:
+                 timing: bool = True, tiered: bool = False) -> None:
         if str(policy) == FITTED:
             if fit is None:
                 raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
@@ -155,7 +179,10 @@ class Cache:
             engine = EngineShape(lens, lens, np.zeros(n, np.int64))
         self.engine = engine
         self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0)
-        self.kernel = policy_kernel(spec.name, spec.hooks)
+        self.kernel = policy_kernel(spec.name, spec.hooks, tiered)
+        self.tiered = tiered
+        self.low = self.lref = self.out = _NO_TIER  # the two-tier kernel's arrays (TieredCache)
+        self.last_stats = np.zeros(NUM_STATS, np.int64)  # of the last `serve` call
         self.stats = np.zeros(NUM_STATS, np.int64)
         self.cat_stats = np.zeros((max(len(stream.categories), 1), 4), np.int64)
         self.req_hit_blocks = np.zeros(n, np.int64)
@@ -170,8 +197,10 @@ class Cache:
         stats, hits, hit_tok, cats = self.kernel(
             st.req_off[start:stop + 1], st.blk, st.ntok, st.req_cat[start:stop], st.req_time_s[start:stop],
             e.req_maxhit[start:stop], e.req_nstat[start:stop], e.req_extra[start:stop], self.capacity_blocks,
-            bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing)
+            bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing,
+            self.low, self.lref, self.out)
         self.elapsed_s += time.perf_counter() - t0
+        self.last_stats = stats
         self.stats += stats
         self.cat_stats[:len(cats)] += cats
         self.req_hit_blocks[start:stop] = hits
@@ -180,7 +209,7 @@ class Cache:
 
     def cached_prefix(self, r: int) -> int:
         """How many leading blocks of request R are cached now (what a prefix-aware router asks)."""
-        return int(cached_prefix_len(self.stream.req_off, self.stream.blk, self.state[0], r))
+        return int(cached_prefix_len(self.stream.req_off, self.stream.blk, self.state[0], self.state[0], r))
 
     @property
     def num_cached(self) -> int:
@@ -225,3 +254,135 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     return cache.result()
 
 
+
+
+def tier_policies(policy: str | Policy, params: dict[str, Any] | None, hbm_policy: str | None,
+                  fit: PolicyParams | None, capacity_blocks: int, block_size: int,
+                  ) -> tuple[tuple[str, dict[str, Any] | None], tuple[str, dict[str, Any] | None]]:
+    """((HBM policy, its params), (DRAM policy, its params)) of a two-tier cache of CAPACITY_BLOCKS blocks:
+    DRAM runs POLICY with PARAMS ("fitted": what FIT chose for the whole capacity), HBM runs HBM_POLICY
+    with its defaults, or the same as DRAM when it is None or the same policy."""
+    name, values = str(policy), params
+    if name == FITTED:
+        if fit is None:
+            raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
+                             "(from 'kvtrace fit')")
+        name, chosen, _ = resolve_fitted(fit, capacity_blocks, block_size)
+        values = {**chosen, **(params or {})}
+    dram = (get_policy(name).name, values)
+    if hbm_policy is None or get_policy(hbm_policy).name == dram[0]:
+        return dram, dram
+    return (get_policy(hbm_policy).name, None), dram
+
+
+@dataclass
+class TieredResult:
+    """Hit statistics of a two-tier cache (module doc). HBM's result counts the hits over both tiers (the
+    prefix runs through them) and its evictions are the demotions; the DRAM figures split them."""
+
+    hbm: PolicyResult
+    dram_policy: str
+    dram_capacity_blocks: int
+    dram_params: dict[str, Any]
+    num_dram_hits: int
+    num_dram_hit_tokens: int
+    num_dram_evictions: int  # blocks dropped from the cache (DRAM's victims)
+    elapsed_s: float  # both tiers
+    req_dram_hits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    req_dram_hit_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    @property
+    def num_hbm_hits(self) -> int:
+        """Hits on blocks HBM held."""
+        return self.hbm.num_hits - self.num_dram_hits
+
+    @property
+    def hit_ratio(self) -> float:
+        """Block hit ratio over both tiers."""
+        return self.hbm.hit_ratio
+
+    @property
+    def hbm_hit_ratio(self) -> float:
+        """HBM hits over references."""
+        return self.num_hbm_hits / self.hbm.num_refs if self.hbm.num_refs else 0.0
+
+    @property
+    def dram_hit_ratio(self) -> float:
+        """DRAM hits over references."""
+        return self.num_dram_hits / self.hbm.num_refs if self.hbm.num_refs else 0.0
+
+
+class TieredCache:
+    """An HBM tier over a DRAM tier, exclusive, each under its own policy (module doc), served request by
+    request like a Cache: HBM is a Cache made with tiered=True, DRAM a Cache over the same stream that
+    only `promote` and its policy's demote kernel touch."""
+
+    def __init__(self, hbm: Cache, dram: Cache) -> None:
+        if hbm.stream is not dram.stream or not hbm.tiered:
+            raise ValueError("a TieredCache needs a tiered HBM cache and a DRAM cache over the same stream")
+        st = hbm.stream
+        self.hbm, self.dram, self.stream = hbm, dram, st
+        most = int(np.diff(st.req_off).max()) if st.num_requests else 0
+        hbm.low = np.zeros(st.num_ids, np.int64)
+        hbm.lref = np.zeros(st.num_ids, np.int64)
+        hbm.out = np.zeros(hbm.capacity_blocks + most + 1, np.int64)  # a request's evictions at most
+        self.demote = demote_kernel(dram.spec.name, dram.spec.hooks)
+        self.dram_stats = np.zeros(NUM_STATS, np.int64)
+        self.req_dram_hits = np.zeros(st.num_requests, np.int64)
+        self.req_dram_hit_tokens = np.zeros(st.num_requests, np.int64)
+        self.elapsed_s = 0.0
+
+    @property
+    def req_hit_tokens(self) -> np.ndarray:
+        """Hit tokens per request served (both tiers)."""
+        return self.hbm.req_hit_tokens
+
+    def serve(self, start: int, stop: int) -> np.ndarray:
+        """Serve requests START..STOP-1 (in order); return their hit blocks (both tiers)."""
+        st, hbm, dram = self.stream, self.hbm, self.dram
+        bk, hp, g, gf, qs, rl = dram.state
+        t0 = time.perf_counter()
+        for r in range(start, stop):
+            promote(st.req_off, st.blk, r, bk, g, qs, st.parent, rl, hbm.low)
+            hbm.serve(r, r + 1)
+            done = hbm.last_stats
+            self.req_dram_hits[r] = done[S_LOW_HITS]
+            self.req_dram_hit_tokens[r] = done[S_LOW_HIT_TOKENS]
+            if done[S_EVICTIONS]:
+                self.dram_stats += self.demote(
+                    hbm.out, done[S_EVICTIONS], hbm.state[0], hbm.lref, st.req_off, st.ntok, st.req_cat,
+                    dram.capacity_blocks, bk, hp, g, gf, qs, dram.ip, dram.fp, dram.cw, dram.nxt, st.parent, rl,
+                    dram.leaf_only, st.req_time_s[r])
+        self.elapsed_s += time.perf_counter() - t0
+        return hbm.req_hit_blocks[start:stop]
+
+    def cached_prefix(self, r: int) -> int:
+        """How many leading blocks of request R are cached now in either tier."""
+        return int(cached_prefix_len(self.stream.req_off, self.stream.blk, self.hbm.state[0], self.dram.state[0], r))
+
+    def result(self) -> TieredResult:
+        """The statistics of every request served so far."""
+        return TieredResult(
+            hbm=self.hbm.result(), dram_policy=self.dram.spec.name, dram_capacity_blocks=self.dram.capacity_blocks,
+            dram_params=dict(self.dram.params), num_dram_hits=int(self.req_dram_hits.sum()),
+            num_dram_hit_tokens=int(self.req_dram_hit_tokens.sum()),
+            num_dram_evictions=int(self.dram_stats[S_EVICTIONS]), elapsed_s=self.elapsed_s,
+            req_dram_hits=self.req_dram_hits.copy(), req_dram_hit_tokens=self.req_dram_hit_tokens.copy())
+
+
+def simulate_tiered(stream: Stream, policy: str | Policy, capacity_blocks: int, hbm_blocks: int, *,
+                    hbm_policy: str | None = None, params: dict[str, Any] | None = None,
+                    fit: PolicyParams | None = None, engine: EngineShape | None = None,
+                    next_req: np.ndarray | None = None) -> TieredResult:
+    """Replay STREAM through a cache of CAPACITY_BLOCKS blocks split into HBM_BLOCKS of HBM (under
+    HBM_POLICY with its defaults; None: POLICY) over DRAM (under POLICY with PARAMS): the module doc's
+    two-tier model; arguments as simulate_policy."""
+    if not 0 <= hbm_blocks < capacity_blocks:
+        raise UsageError(f"the HBM tier needs 0 <= {hbm_blocks} < {capacity_blocks} blocks (the whole cache)")
+    (hp_, hpar), (dp, dpar) = tier_policies(policy, params, hbm_policy, fit, capacity_blocks, stream.block_size)
+    hbm = Cache(stream, hp_, hbm_blocks, params=hpar, fit=fit, engine=engine, next_req=next_req, timing=False,
+                tiered=True)
+    dram = Cache(stream, dp, capacity_blocks - hbm_blocks, params=dpar, fit=fit, next_req=next_req, timing=False)
+    cache = TieredCache(hbm, dram)
+    cache.serve(0, stream.num_requests)
+    return cache.result()

@@ -33,7 +33,7 @@ from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_bloc
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import BASELINES, WA_ABLATION, Policy, get_policy
-from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_policy
+from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_tiered
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
 # WA ablation variants: name -> parameter overrides of wa
@@ -241,15 +241,14 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
     row = guarded.summary()
     row.update(policy=name, base_policy=base, capacity=cap.label, refs_per_s=res.refs_per_s)
     if cost is not None:
-        loaded = None
-        if hbm is not None and hbm.num_blocks < cap.num_blocks:
-            tier = shared["hbm_policy"] or base  # the HBM tier's policy; its own defaults when it differs
-            small = simulate_policy(stream, tier, hbm.num_blocks, params=params if tier == base else {},
-                                    fit=shared["fit"], next_req=nxt, timing=False)
-            row["hbm_policy"] = tier
-            loaded = np.maximum(res.req_hit_tokens - small.req_hit_tokens, 0)
-            row["hbm_hit_ratio"] = small.hit_ratio
-        row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - res.req_hit_tokens, loaded))
+        hit_tok, loaded = res.req_hit_tokens, None
+        if hbm is not None and hbm.num_blocks < cap.num_blocks:  # two tiers (sim/simulate.py): exact
+            tiers = simulate_tiered(stream, base, cap.num_blocks, hbm.num_blocks, hbm_policy=shared["hbm_policy"],
+                                    params=params, fit=shared["fit"], next_req=nxt)
+            row.update(hbm_policy=tiers.hbm.policy, tiered_hit_ratio=tiers.hit_ratio,
+                       hbm_hit_ratio=tiers.hbm_hit_ratio, dram_hit_ratio=tiers.dram_hit_ratio)
+            hit_tok, loaded = tiers.hbm.req_hit_tokens, tiers.req_dram_hit_tokens
+        row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - hit_tok, loaded))
     return row
 
 
