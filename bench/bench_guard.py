@@ -65,7 +65,7 @@ def main() -> None:
     if not policy_path.exists():
         kvtrace("fit", str(run), "--train", f"0:{SHIFT_S:g}", "--capacity", CAPACITIES, "-o", str(policy_path), "-q")
     fit = load_policy(policy_path)
-    base = load_stream(open_run(run))
+    base = load_stream(open_run(run), context=fit.context)
     moved = shifted(base)
     print(f"to-C x0.25 seed 1: {base.num_requests} requests, {base.num_refs} refs; fit on 0:{SHIFT_S:g} s; "
           f"categories reversed at {SHIFT_S:g} s; guard defaults, refit {REFIT}")

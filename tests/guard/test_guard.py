@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.guard.decide import LRU, POLICY, Guard
-from tongyi_trace.guard.sampling import is_sampled, sampled_mask, threshold
+from tongyi_trace.guard.decide import BACK_FACTOR, LRU, POLICY, Z_CRIT, Guard, Switch
+from tongyi_trace.guard.sampling import MIN_SHADOW_BLOCKS, is_sampled, sampled_mask, shadow_rate, threshold
 from tongyi_trace.guard.simulate import sampled_stream, simulate_guarded
 from tongyi_trace.sim.registry import get_policy
 from tongyi_trace.sim.simulate import simulate_policy
@@ -41,21 +41,65 @@ def test_sampled_stream_keeps_requests_and_sampled_refs() -> None:
     assert sampled_stream(st, 1.0).num_refs == st.num_refs
 
 
-def test_guard_rule_switches_after_full_window_and_back() -> None:
-    g = Guard(margin_points=1.0, window_s=30.0)
-    # LRU ahead by 10 points: no switch before a full window, then one
-    assert [g.observe(float(t), 100, 50, 60) for t in (10, 20, 30)] == [None, None, None]
-    sw = g.observe(40.0, 100, 50, 60)
-    assert sw is not None and sw.to_mode == LRU and g.mode == LRU
-    assert sw.policy_hit_ratio == pytest.approx(0.5) and sw.lru_hit_ratio == pytest.approx(0.6)
-    # the policy ahead: back only after a full window since the switch
-    assert [g.observe(float(t), 100, 70, 60) for t in (50, 60)] == [None, None]
-    back = g.observe(70.0, 100, 70, 60)
-    assert back is not None and back.to_mode == POLICY
-    assert g.time_in_mode_s == {POLICY: pytest.approx(30.0), LRU: pytest.approx(30.0)}
-    # within the margin: no switch
-    g2 = Guard(margin_points=20.0, window_s=10.0)
-    assert all(g2.observe(float(t), 100, 50, 60) is None for t in range(0, 100, 5))
+def _steps(g: Guard, leads: list[int], t0_s: float = 0.0, lru_leads: bool = True) -> list[Switch | None]:
+    """One 10-s step of 100 sampled references per lead: the leading side has 50 + lead hits, the other 50."""
+    return [g.observe(t0_s + 10.0 * (i + 1), 100, 50 + (0 if lru_leads else x), 50 + (x if lru_leads else 0))
+            for i, x in enumerate(leads)]
+
+
+def test_guard_switches_on_a_full_window_of_margin_and_back_on_twice_that() -> None:
+    # evidence bar: margin 10 points x window 30 s = 300 point-seconds
+    g = Guard(margin_points=10.0, window_s=30.0)
+    # LRU ahead by ~10 points: the run starts at the first step (10 s); 100 x D x run_s after each step is
+    # 0 (one step: no test), 90 (D 9, 10 s), 200, 300 -> the switch at 40 s; z = 9, 8.7, 12.2 (>= 2)
+    out = _steps(g, [10, 8, 12, 10])
+    assert out[:3] == [None, None, None]
+    assert out[3] == Switch(40.0, LRU, 0.5, 0.6)  # both sides' hit ratios over the run
+    # the policy ahead by ~10 points: back needs BACK_FACTOR x 300 = 600 point-seconds: at 70 s after the
+    # switch (the run's D is 10 then, 9.67 at 60 s: 580)
+    back = _steps(g, [10, 8, 12, 10, 10, 8, 12], t0_s=40.0, lru_leads=False)
+    assert back[:6] == [None] * 6 and back[6] == Switch(110.0, POLICY, 0.6, 0.5)
+    assert BACK_FACTOR == 2.0
+    assert g.time_in_mode_s == {POLICY: pytest.approx(30.0), LRU: pytest.approx(70.0)}  # from the first step
+    assert [s.to_mode for s in g.switches] == [LRU, POLICY]
+
+
+def test_guard_cuts_a_large_lead_early() -> None:
+    # LRU ahead by 40 points: 400 point-seconds after two steps (10 s of run): the switch at 20 s
+    g = Guard(margin_points=10.0, window_s=30.0)
+    out = _steps(g, [42, 38, 40])
+    assert out[0] is None and out[1] == Switch(20.0, LRU, 0.5, 0.9) and out[2] is None
+
+
+def test_guard_run_restarts_when_the_running_order_leads() -> None:
+    # LRU leads for two steps (+20 hits), the policy then leads by 30: the run restarts at 30 s, so the
+    # switch waits for 300 point-seconds after that (60 s) instead of counting from 10 s
+    g = Guard(margin_points=10.0, window_s=30.0)
+    out = _steps(g, [10, 10, -30, 10, 8, 12, 10])
+    assert out[:5] == [None] * 5 and out[5] == Switch(60.0, LRU, 0.5, 0.6)
+    assert g.run_lead() == (0.0, 0.0, 0.0)  # a new run after a switch
+    # the windowed estimates (the last 30 s: 40, 50, 60 s) are the operator's view
+    assert g.estimates() == (pytest.approx(0.5), pytest.approx(0.6), 300)
+
+
+def test_guard_does_not_switch_on_noise() -> None:
+    # LRU's mean lead is 2.5 points but each step swings by +-37.5: after 100 steps (990 s, ~2,500
+    # point-seconds) z is only 0.66, below Z_CRIT: no switch
+    g = Guard(margin_points=10.0, window_s=120.0)
+    assert all(s is None for s in _steps(g, [40 if i % 2 else -35 for i in range(1, 101)]))
+    d, z, run_s = g.run_lead()
+    assert (d, run_s) == (pytest.approx(0.025), 990.0) and z == pytest.approx(0.6633, abs=1e-4) and z < Z_CRIT
+    # the same mean lead without the swings switches once 100 x D x run_s reaches 10 x 120 = 1,200: at 500 s
+    # (D 2.5, run 490 s; at 490 s: D 2.49 over 480 s, 1,195)
+    g2 = Guard(margin_points=10.0, window_s=120.0)
+    out = _steps(g2, [3 if i % 2 else 2 for i in range(60)])
+    assert [s.time_s for s in out if s is not None] == [500.0]
+
+
+def test_shadow_rate_holds_min_blocks() -> None:
+    assert shadow_rate(1 / 32, 10**6) == 1 / 32
+    assert shadow_rate(1 / 32, 4 * MIN_SHADOW_BLOCKS) == 0.25
+    assert shadow_rate(1 / 32, 100) == 1.0 and shadow_rate(0.5, 100_000) == 0.5
 
 
 def test_wa_params_validate_guard_fields() -> None:

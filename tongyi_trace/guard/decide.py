@@ -2,23 +2,33 @@
 
 Two shadow caches run on the sampled blocks (sampling.py), one in LRU order and one under the policy;
 after each step (a slice of requests in the simulator, a request in the engine) the caller reports the
-sampled references and each shadow's hits. Over the last `window_s` seconds of trace time:
+sampled references and each side's hits. The rule is a sequential test (a CUSUM, Page 1954) on the other
+order's lead over the running one, x_i = its hits minus the running order's in step i (r_i references):
 
-    mode policy -> lru    when LRU's hit ratio exceeds the policy's by more than `margin_points`
-    mode lru -> policy    when the policy's hit ratio exceeds LRU's (it is ahead again)
+- the run: the steps since the running order last led, i.e. since sum x_i over the run last fell to <= 0
+  (the run then restarts empty at that step's end), so a change is judged on the evidence after it, not
+  diluted by the window before it;
+- the evidence: the other order's mean lead over the run, D = sum x_i / sum r_i, in hit-ratio points,
+  times the run's length in seconds; the switch needs
+      D x run_s >= margin_points x window_s          (policy -> LRU)
+      D x run_s >= BACK_FACTOR x margin_points x window_s   (LRU -> policy)
+  i.e. a lead of `margin` points held for a full `window_s`, or a lead four times as large for a
+  quarter of it: the loss accepted before a switch is bounded, and a large loss is cut early;
+- and significance: D is at least Z_CRIT standard errors, the variance estimated from the run's steps as
+  a ratio estimator's, var(D) = n/(n-1) sum_i (x_i - D r_i)^2 / (sum_i r_i)^2 (at least 2 steps).
 
-and each difference must also be significant: D = sum(lru hits - policy hits) / sum(refs) over the
-window's steps, its variance estimated from the steps as a ratio estimator's,
-var(D) = n/(n-1) sum_i (x_i - D r_i)^2 / (sum_i r_i)^2 with x_i the step's hit difference and r_i its
-references, and |D| / sqrt(var(D)) >= Z_CRIT (Z_CRIT_BACK to switch back). On the sampled sub-stream
-the two estimates are noisy (a few hundred references a minute at 1/32), and without this test the
-guard flips on noise. A rule is
-tested only once a full window has passed since the start or the last switch (each decision rests on a
-full window of evidence). Every switch is kept with both estimates.
+Why not a fixed window with a margin: after a shift the window still holds the minutes before it, so the
+switch waits for the window to turn over, and a short real lead of LRU (a few points for two minutes,
+which an unshifted trace has) passes the same test as a lasting one. The evidence bar in point-seconds
+weighs both size and duration. The way back is harder (BACK_FACTOR): a policy caught losing has shown
+that its fit can be wrong here, a switch costs a refill of the cache in the other order, and a guard that
+flips back on a short lead of the stale policy pays the next detection again (on the shifted bench, the
+stale policy leads for two minutes after the shift, then loses by 15 points twenty minutes later).
 
 The callers report steps only once the LRU shadow has evicted (the caches are warm): while a cache
-fills, both orders hold everything and the difference is noise, and a switch then (measured: at 142 s on
-the to-C bench) costs minutes of the policy's gain before the evidence turns it back.
+fills, both orders hold everything and the difference is noise. Every switch is kept with the two
+sides' hit ratios over the run that decided it. `estimates()` gives both hit ratios over the last
+`window_s` seconds (the operator's view; the rule uses the run).
 """
 
 from __future__ import annotations
@@ -28,8 +38,8 @@ from collections import deque
 from dataclasses import dataclass
 
 POLICY, LRU = "policy", "lru"
-Z_CRIT = 2.0  # standard errors LRU's lead must exceed to switch to LRU
-Z_CRIT_BACK = 2.0  # and the policy's lead to switch back (the same bar)
+Z_CRIT = 2.0  # standard errors the run's lead must exceed
+BACK_FACTOR = 2.0  # the evidence to return to the policy, in multiples of the evidence to leave it
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ class GuardSettings:
     with their defaults; `check()` is their one validation (WaParams and the vLLM plugin call it)."""
 
     guard: bool = False
-    guard_margin: float = 0.2
+    guard_margin: float = 10.0
     guard_window_s: float = 120.0
     refit_s: float = 0.0
     window_s: float = 600.0
@@ -66,7 +76,8 @@ class GuardSettings:
 
 @dataclass(frozen=True)
 class Switch:
-    """One switch of the guard: when, to which mode, and the two windowed hit ratios that decided it."""
+    """One switch of the guard: when, to which mode, and both sides' hit ratios over the run that
+    decided it."""
 
     time_s: float
     to_mode: str
@@ -75,67 +86,72 @@ class Switch:
 
 
 class Guard:
-    """The switch rule over windowed shadow hit ratios (see the module doc)."""
+    """The switch rule (see the module doc)."""
 
     def __init__(self, margin_points: float, window_s: float) -> None:
-        self.margin = margin_points / 100.0
+        self.evidence_point_s = margin_points * window_s
         self.window_s = window_s
         self.mode = POLICY
         self.switches: list[Switch] = []
         self.time_in_mode_s = {POLICY: 0.0, LRU: 0.0}
         self._steps: deque[tuple[float, int, int, int]] = deque()  # (time_s, refs, policy hits, lru hits)
-        self._sums = [0, 0, 0]
-        self._moments = [0.0, 0.0, 0.0]  # sums of x^2, x r, r^2 over the window (x = lru hits - policy hits)
-        self._since_s: float | None = None  # start of the evidence: first step or last switch
+        self._sums = [0, 0, 0]  # refs, policy hits, lru hits over the window
         self._last_s: float | None = None
+        self._run_start_s = 0.0
+        self._run = [0, 0, 0, 0, 0, 0, 0]  # steps, refs, policy hits, lru hits, sums of x^2, x r, r^2 (exact ints)
 
     def estimates(self) -> tuple[float, float, int]:
-        """(policy hit ratio, LRU hit ratio, sampled references) over the current window."""
+        """(policy hit ratio, LRU hit ratio, sampled references) over the last window_s seconds."""
         refs, ph, lh = self._sums
         return (ph / refs, lh / refs, refs) if refs else (0.0, 0.0, 0)
 
-    def _add(self, sign: int, step: tuple[float, int, int, int]) -> None:
-        _, r, p, q = step
-        x = q - p
-        self._sums = [self._sums[0] + sign * r, self._sums[1] + sign * p, self._sums[2] + sign * q]
-        m = self._moments
-        self._moments = [m[0] + sign * x * x, m[1] + sign * x * r, m[2] + sign * r * r]
+    def run_lead(self) -> tuple[float, float, float]:
+        """(D, its z score, the run's seconds so far): the other order's lead over the running one on the
+        current run (see the module doc); z is 0 below 2 steps, +inf when the steps agree exactly."""
+        n, refs, ph, lh, xx, xr, rr = self._run
+        if refs == 0:
+            return 0.0, 0.0, 0.0
+        lead = lh - ph if self.mode == POLICY else ph - lh
+        d, run_s = lead / refs, (self._last_s or 0.0) - self._run_start_s
+        if n < 2:
+            return d, 0.0, run_s
+        ss = refs * refs * xx - 2 * lead * refs * xr + lead * lead * rr  # refs^2 sum (x_i - D r_i)^2, exact
+        return d, (lead * refs / math.sqrt(ss * n / (n - 1)) if ss > 0 else math.copysign(math.inf, d)), run_s
 
-    def z_score(self) -> float:
-        """D / its standard error over the window (D = LRU's hit ratio minus the policy's; see the module
-        doc); +-inf when the steps agree exactly, 0 without a difference."""
-        refs, ph, lh = self._sums
-        d = (lh - ph) / refs if refs else 0.0
-        n = len(self._steps)
-        if d == 0.0 or n < 2:
-            return 0.0
-        xx, xr, rr = self._moments
-        ss = max(xx - 2 * d * xr + d * d * rr, 0.0)  # sum (x_i - d r_i)^2
-        var = ss * n / (n - 1) / refs**2
-        return d / math.sqrt(var) if var > 0 else math.copysign(math.inf, d)
+    def _window_add(self, time_s: float, refs: int, policy_hits: int, lru_hits: int) -> None:
+        self._steps.append((time_s, refs, policy_hits, lru_hits))
+        s = self._sums
+        self._sums = [s[0] + refs, s[1] + policy_hits, s[2] + lru_hits]
+        while self._steps[0][0] <= time_s - self.window_s:
+            _, r, p, q = self._steps.popleft()
+            s = self._sums
+            self._sums = [s[0] - r, s[1] - p, s[2] - q]
+
+    def _restart_run(self, time_s: float) -> None:
+        self._run = [0, 0, 0, 0, 0, 0, 0]
+        self._run_start_s = time_s
 
     def observe(self, time_s: float, refs: int, policy_hits: int, lru_hits: int) -> Switch | None:
-        """Report one step ending at TIME_S (sampled REFS and the shadows' hits); the switch, if any."""
-        if self._since_s is None:
-            self._since_s = time_s
-        if self._last_s is not None:
+        """Report one step ending at TIME_S (sampled REFS and both sides' hits); the switch, if any."""
+        if self._last_s is None:
+            self._run_start_s = time_s
+        else:
             self.time_in_mode_s[self.mode] += max(time_s - self._last_s, 0.0)
         self._last_s = time_s
-        self._add(1, (time_s, refs, policy_hits, lru_hits))
-        self._steps.append((time_s, refs, policy_hits, lru_hits))
-        while self._steps and self._steps[0][0] <= time_s - self.window_s:
-            self._add(-1, self._steps.popleft())
-        if time_s - self._since_s < self.window_s:
+        self._window_add(time_s, refs, policy_hits, lru_hits)
+        x = lru_hits - policy_hits if self.mode == POLICY else policy_hits - lru_hits
+        n, r, p, q, xx, xr, rr = self._run
+        self._run = [n + 1, r + refs, p + policy_hits, q + lru_hits, xx + x * x, xr + x * refs, rr + refs * refs]
+        if (q - p if self.mode == POLICY else p - q) + x <= 0:  # the running order leads: a new run
+            self._restart_run(time_s)
             return None
-        pol, lru, n = self.estimates()
-        if n == 0:
+        d, z, run_s = self.run_lead()
+        need = self.evidence_point_s * (BACK_FACTOR if self.mode == LRU else 1.0)
+        if 100.0 * d * run_s < need or z < Z_CRIT:
             return None
-        z = self.z_score()
-        if (self.mode == POLICY and lru - pol > self.margin and z >= Z_CRIT) or (
-                self.mode == LRU and pol > lru and z <= -Z_CRIT_BACK):
-            self.mode = LRU if self.mode == POLICY else POLICY
-            sw = Switch(time_s, self.mode, pol, lru)
-            self.switches.append(sw)
-            self._since_s = time_s
-            return sw
-        return None
+        _, refs_run, ph, lh = self._run[:4]
+        self.mode = LRU if self.mode == POLICY else POLICY
+        sw = Switch(time_s, self.mode, ph / refs_run, lh / refs_run)
+        self.switches.append(sw)
+        self._restart_run(time_s)
+        return sw

@@ -2,7 +2,13 @@
 mix of its identity falls below R x 2^64, so every reference to a sampled block is kept and a cache of
 R x the capacity over the sampled blocks estimates the full cache's hit ratio. The mix is splitmix64's
 finalizer (tongyi_trace/splitmix.py), for python integers (the plugin: vLLM block hashes) and numpy
-arrays (the simulator: dense block ids)."""
+arrays (the simulator: dense block ids).
+
+The rate the shadows use (shadow_rate) is `sample_rate`, raised so that a shadow holds at least
+MIN_SHADOW_BLOCKS blocks: a shadow of a hundred blocks (1/32 of a small cache) estimates its hit ratio
+with errors of several points over minutes, and its eviction order over so few blocks is coarse. Large
+caches keep `sample_rate`, so the cost stays bounded: at most MIN_SHADOW_BLOCKS / capacity of the
+references reach the shadows beyond `sample_rate`'s."""
 
 from __future__ import annotations
 
@@ -11,6 +17,13 @@ import numpy as np
 from tongyi_trace.splitmix import mix64, splitmix64
 
 _M64 = (1 << 64) - 1
+MIN_SHADOW_BLOCKS = 1024
+
+
+def shadow_rate(sample_rate: float, capacity_blocks: int) -> float:
+    """The sampling rate of the shadows of a cache of CAPACITY_BLOCKS: SAMPLE_RATE, or more so that a
+    shadow holds MIN_SHADOW_BLOCKS (at most 1)."""
+    return max(sample_rate, min(1.0, MIN_SHADOW_BLOCKS / max(capacity_blocks, 1)))
 
 
 def threshold(rate: float) -> int:

@@ -1,6 +1,7 @@
 """WA with the guard and the online refit in the simulator: the stream is served in slices of `slice_s`
 trace seconds by a sim.simulate.Cache, beside two shadow Caches (LRU, and WA with the same settings) of
-sample_rate x the capacity over the hash-sampled sub-stream (sampling.py). After each slice the guard
+R x the capacity over the hash-sampled sub-stream (sampling.py; R = shadow_rate: sample_rate, raised so a
+shadow holds at least MIN_SHADOW_BLOCKS). After each slice the guard
 (decide.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
 `refit_s` seconds the reuse window of the sampled accesses (refit.py) is refitted and the new parameters
 overwrite the per-category columns of `Cache.cw` in the cache and in the WA shadow.
@@ -35,7 +36,7 @@ import numpy as np
 from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.guard.decide import LRU, Guard, Switch
 from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
-from tongyi_trace.guard.sampling import sampled_mask, threshold
+from tongyi_trace.guard.sampling import sampled_mask, shadow_rate, threshold
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS
@@ -150,10 +151,11 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     if wa is None or not wa.guarded or n == 0:
         cache.serve(0, n)
         return GuardedRun(cache.result())
-    keep = sampled_refs(stream, wa.sample_rate)
+    rate = shadow_rate(wa.sample_rate, capacity_blocks)
+    keep = sampled_refs(stream, rate)
     before = sampled_prefix_counts(keep)  # sampled references before each position
-    sub = sampled_stream(stream, wa.sample_rate, keep, before)
-    scap = max(1, round(wa.sample_rate * capacity_blocks))
+    sub = sampled_stream(stream, rate, keep, before)
+    scap = max(1, round(rate * capacity_blocks))
     shadow_params = {k: v for k, v in cache.params.items() if k in {f.name for f in dataclasses.fields(WaParams)}}
     shadow_params["leaf_only"] = cache.leaf_only
     lru = Cache(sub, "lru", scap, timing=False)

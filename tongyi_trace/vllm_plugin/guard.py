@@ -2,7 +2,8 @@
 
 Each request the plugin sees released (`PolicyFreeQueue.note_request`) is reduced to its hash-sampled
 blocks (tongyi_trace.guard.sampling on the first 8 bytes of vLLM's block hash) and served by two shadow
-caches of sample_rate x the pool (shadow.py: the plugin's own queue in LRU order and in the policy's);
+caches of R x the pool (R = guard.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
+MIN_SHADOW_BLOCKS blocks; shadow.py: the plugin's own queue in LRU order and in the policy's);
 the guard (tongyi_trace.guard.decide) compares them and the queue evicts in LRU order while the guard
 says so. In the engine both sides come from shadows (the simulator measures the running order on the
 cache itself). With refit_s > 0 the sampled accesses feed a ReuseWindow and the policy's per-category
@@ -20,7 +21,7 @@ import numpy as np
 
 from tongyi_trace.guard.decide import LRU, Guard, GuardSettings, Switch
 from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
-from tongyi_trace.guard.sampling import is_sampled, threshold
+from tongyi_trace.guard.sampling import is_sampled, shadow_rate, threshold
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PluginStats
 
@@ -44,8 +45,9 @@ class GuardControl:
     def __init__(self, settings: GuardSettings, policy: Any, capacity_blocks: int, names: list[str],
                  stats: PluginStats) -> None:
         self.settings = settings
-        self.cut = threshold(settings.sample_rate)
-        self.shadow_capacity_blocks = max(1, round(settings.sample_rate * capacity_blocks))
+        self.sample_rate = shadow_rate(settings.sample_rate, capacity_blocks)
+        self.cut = threshold(self.sample_rate)
+        self.shadow_capacity_blocks = max(1, round(self.sample_rate * capacity_blocks))
         self.lru = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="lru", leaf_only=False, guard=None))
         self.pol = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="wa", guard=None))
         self.guard = Guard(settings.guard_margin, settings.guard_window_s) if settings.guard else None
@@ -117,7 +119,7 @@ class GuardControl:
         g = self.guard
         pol, lru, n = g.estimates() if g is not None else (0.0, 0.0, 0)
         return {
-            "enabled": g is not None, "refit_s": self.settings.refit_s, "sample_rate": self.settings.sample_rate,
+            "enabled": g is not None, "refit_s": self.settings.refit_s, "sample_rate": self.sample_rate,
             "shadow_capacity_blocks": self.shadow_capacity_blocks,
             "mode": g.mode if g is not None else "policy",
             "switches": len(g.switches) if g is not None else 0,
