@@ -1,7 +1,8 @@
 """The guard and the online refit on a shifted trace (`make bench`).
 
 To-C synth (scale 0.25, seed 1, two hours). The policy is `kvtrace fit --train 0:3600 --capacity` on the
-first hour; each capacity runs the WA setting it chose. The shifted trace is the same two hours with the
+first hour; each capacity runs the WA setting it chose (WA's defaults where it chose a baseline: marked
+*). The stream carries the file's context classes. The shifted trace is the same two hours with the
 categories' behaviour changed at 3600 s: every request of the second hour takes the category of the
 reversed list (file-1 <-> text-3+, file-2 <-> text-2, ...), so each category name now behaves as another.
 Printed per capacity (hit-ratio points over the second hour, against LRU): the stale fit without guard
@@ -67,7 +68,7 @@ def main() -> None:
     fit = load_policy(policy_path)
     base = load_stream(open_run(run), context=fit.context)
     moved = shifted(base)
-    print(f"to-C x0.25 seed 1: {base.num_requests} requests, {base.num_refs} refs; fit on 0:{SHIFT_S:g} s; "
+    print(f"{run.name}: {base.num_requests} requests, {base.num_refs} refs; fit on 0:{SHIFT_S:g} s; "
           f"categories reversed at {SHIFT_S:g} s; guard defaults, refit {REFIT}")
     print("points vs LRU        | hour 1 WA | hour 2: stale  guard  refit  both | refit from +1200 s| "
           "switches | unshifted: guard cost  thr.(g+r)")
@@ -88,11 +89,15 @@ def main() -> None:
         gu = simulate_guarded(base, "wa", cap, params={**params, **GUARD}, fit=fit)
         both, t_both = timed(simulate_guarded, base, "wa", cap, params={**params, **GUARD, **REFIT}, fit=fit)
         cost = 100 * (plain.hit_ratio - gu.result.hit_ratio)
-        print(f"{choice.capacity:>6} ({cap:>6} blocks) | {h1:+9.2f} | {d2[0]:+13.2f} {d2[1]:+6.2f} {d2[2]:+6.2f} "
+        mark = " " if choice.policy == "wa" else "*"
+        print(f"{choice.capacity:>6}{mark}({cap:>6} blocks) | {h1:+9.2f} | {d2[0]:+13.2f} {d2[1]:+6.2f} {d2[2]:+6.2f} "
               f"{d2[3]:+5.2f} | {rec:+17.2f} | {len(g.switches):>3}/{len(b.switches):<4} | "
               f"{cost:+10.2f} ({len(gu.switches)} sw) {t_plain / t_both:5.0%}   "
               f"[unshifted WA-LRU {100 * (plain.hit_ratio - lru_u.hit_ratio):+.2f}, "
               f"both-LRU {100 * (both.result.hit_ratio - lru_u.hit_ratio):+.2f}]")
+    if any(c.policy != "wa" for c in fit.choices):
+        print("* the file chose a baseline there (WA's held-out gain was not significant): WA runs with its "
+              "defaults, a setting the fit advised against, so the guard meets a policy wrong from the start")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ the Kaplan-Meier table), and the per-category metrics an operator reads.
 Each access of a sampled block (sampling.py) at time a by a request of category w is one sample of w's
 reuse time, exactly as in tongyi_trace.fit.events: at refit time T, the samples are the accesses with
 T - window_s <= a < T; OBSERVED with d = next access - a when the block was accessed again by T, else
-right-censored at T - a. Memory is bounded by the sampled accesses of one window.
+right-censored at T - a. Memory is bounded by the sampled accesses of one window. The blocks are those of
+`sample_rate`, not the larger sample the shadows of a small cache take (sampling.shadow_rate; the lower
+rate's sample is a subset of it), so the refit's cost does not grow as the cache shrinks.
 
 A category is refitted only when its current model is stale: the window's KS distance to it (see
 category_metrics) exceeds KS_STALE / sqrt(samples). The blocks of one request share their reuse, so the
@@ -178,11 +180,12 @@ def category_metrics(samples: Samples, fit: CategoryFit, model: int) -> dict[str
     from tongyi_trace.fit.reuse_model import km_curve, ks_distance
     from tongyi_trace.wa_priority import km_grid_s
 
-    observed = km_curve(samples, np.asarray(HORIZONS_S))
     if model == MODEL_EXP:
+        observed = km_curve(samples, np.asarray(HORIZONS_S))
         ks = ks_distance(samples, fit.reuse_prob, fit.rate_per_s)
-    else:
-        window_km = km_curve(samples, np.asarray(km_grid_s()))
+    else:  # one Kaplan-Meier pass for the horizons and the grid
+        both = km_curve(samples, np.concatenate([HORIZONS_S, km_grid_s()]))
+        observed, window_km = both[:len(HORIZONS_S)], both[len(HORIZONS_S):]
         known = ~np.isnan(window_km)
         ks = float(np.max(np.abs(np.asarray(fit.km_cdf)[known] - window_km[known]))) if known.any() else math.nan
     out: dict[str, float] = {"num_samples": float(samples.num_samples), "ks": ks}

@@ -17,7 +17,7 @@ import numpy as np
 from tongyi_trace.splitmix import mix64, splitmix64
 
 _M64 = (1 << 64) - 1
-MIN_SHADOW_BLOCKS = 1024
+MIN_SHADOW_BLOCKS = 512
 
 
 def shadow_rate(sample_rate: float, capacity_blocks: int) -> float:

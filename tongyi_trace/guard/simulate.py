@@ -163,6 +163,8 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     pol.cw = cache.cw.copy()
     guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None
     window = ReuseWindow(wa.window_s, sub.num_ids) if wa.refit_s > 0 else None
+    # the refit reads the blocks of sample_rate only (a subset of the shadows' sample): see guard.refit
+    for_refit = sampled_refs(stream, wa.sample_rate)[keep] if window is not None and rate > wa.sample_rate else None
     run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
     times = stream.req_time_s
     start_s = float(times[0])
@@ -184,7 +186,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         own = int((before[starts + req_hits] - before[starts]).sum())  # the cache's hits on sampled refs
         refs = int(sub.req_off[b] - sub.req_off[a])
         if window is not None:
-            _feed(window, sub, int(a), int(b))
+            _feed(window, sub, int(a), int(b), for_refit)
         switch = None
         if per_request:
             if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see guard.decide
@@ -224,11 +226,17 @@ def _wa_params(cache: Cache) -> WaParams | None:
     return WaParams(**{k: v for k, v in cache.params.items() if k in names})
 
 
-def _feed(window: ReuseWindow, sub: Stream, a: int, b: int) -> None:
-    """Every sampled access of requests A..B-1 into WINDOW."""
+def _feed(window: ReuseWindow, sub: Stream, a: int, b: int, for_refit: np.ndarray | None) -> None:
+    """Every sampled access of requests A..B-1 into WINDOW (those FOR_REFIT only, a bool per reference of
+    SUB, when given)."""
     off = sub.req_off
     lens = np.diff(off[a:b + 1])
-    window.add(sub.blk[off[a]:off[b]], np.repeat(sub.req_cat[a:b], lens), np.repeat(sub.req_time_s[a:b], lens))
+    keys, cats = sub.blk[off[a]:off[b]], np.repeat(sub.req_cat[a:b], lens)
+    times = np.repeat(sub.req_time_s[a:b], lens)
+    if for_refit is not None:
+        m = for_refit[off[a]:off[b]]
+        keys, cats, times = keys[m], cats[m], times[m]
+    window.add(keys, cats, times)
 
 
 def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tuple[Cache, ...],

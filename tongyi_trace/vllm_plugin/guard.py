@@ -47,6 +47,7 @@ class GuardControl:
         self.settings = settings
         self.sample_rate = shadow_rate(settings.sample_rate, capacity_blocks)
         self.cut = threshold(self.sample_rate)
+        self.refit_cut = threshold(settings.sample_rate)  # the refit's sample: see guard.refit
         self.shadow_capacity_blocks = max(1, round(self.sample_rate * capacity_blocks))
         self.lru = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="lru", leaf_only=False, guard=None))
         self.pol = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="wa", guard=None))
@@ -85,8 +86,9 @@ class GuardControl:
                 if sw is not None:
                     self._log_switch(sw)
             if self.window is not None:
-                n = len(sampled)
-                self.window.add(np.array(sampled, np.int64), np.full(n, category_index), np.full(n, time_s))
+                mine = [k for k in sampled if is_sampled(k, self.refit_cut)]
+                n = len(mine)
+                self.window.add(np.array(mine, np.int64), np.full(n, category_index), np.full(n, time_s))
         if self.window is None:
             return {}
         if self.next_refit_s is None:
