@@ -21,7 +21,8 @@ from tongyi_trace.vllm_plugin.stats import read_stats
 pytestmark = pytest.mark.engine
 
 # At 767 usable blocks the slice's own fit (prefix-closed WA, exp model) and LRU trade the lead: with a
-# 10-s window and no margin the guard goes to LRU and back (at 202.1 and 332.3 trace seconds). At
+# 10-s window and no margin (any significant lead switches) the guard goes to LRU and back (predicted
+# with every request of the slice and 2 output tokens: at 216.8 and 273.5 trace seconds, then twice more). At
 # sample_rate 1 both sides sample every block (the engine's block hashes and the simulator's ids select
 # different blocks below 1).
 NUM_BLOCKS, BLOCK_SIZE = 768, 32

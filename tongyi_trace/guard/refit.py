@@ -162,7 +162,7 @@ def refit(samples: dict[int, Samples], current: dict[int, CategoryFit], model: i
     out, metrics = {}, {}
     for c, s in samples.items():
         old = current[c]
-        metrics[c] = category_metrics(s, old, model)
+        metrics[c] = category_metrics(s, old, model, observe=s.num_samples >= min_samples)
         if s.num_samples < min_samples or not is_stale(metrics[c]):
             continue
         if model == MODEL_EXP:
@@ -173,14 +173,19 @@ def refit(samples: dict[int, Samples], current: dict[int, CategoryFit], model: i
     return out, metrics
 
 
-def category_metrics(samples: Samples, fit: CategoryFit, model: int) -> dict[str, float]:
+def category_metrics(samples: Samples, fit: CategoryFit, model: int, observe: bool = True) -> dict[str, float]:
     """Observed reuse (Kaplan-Meier CDF of SAMPLES) vs predicted (FIT under MODEL) at HORIZONS_S, and the
     KS distance of the window to the model: sup |F - F_KM| as `kvtrace fit` reports it for exp, over
-    the km grid (up to the longest sample) for km."""
+    the km grid (up to the longest sample) for km. Without OBSERVE (refit: a category with fewer than
+    min_samples samples, which the refit does not judge) the observed CDF and the KS are NaN: a few dozen
+    samples, most from the same requests, say little, and the Kaplan-Meier passes over the many small
+    categories of a context-class fit were most of the refit's time."""
     from tongyi_trace.fit.reuse_model import km_curve, ks_distance
     from tongyi_trace.wa_priority import km_grid_s
 
-    if model == MODEL_EXP:
+    if not observe:
+        observed, ks = np.full(len(HORIZONS_S), math.nan), math.nan
+    elif model == MODEL_EXP:
         observed = km_curve(samples, np.asarray(HORIZONS_S))
         ks = ks_distance(samples, fit.reuse_prob, fit.rate_per_s)
     else:  # one Kaplan-Meier pass for the horizons and the grid

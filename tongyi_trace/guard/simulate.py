@@ -176,6 +176,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
     next_refit_s = start_s + wa.refit_s
+    fed = 0  # requests whose sampled accesses are in the reuse window
     for a, b in itertools.pairwise(edges):
         end_s = float(times[a]) if per_request else start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
         req_hits = cache.serve(int(a), int(b))
@@ -185,8 +186,6 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         starts = stream.req_off[a:b]
         own = int((before[starts + req_hits] - before[starts]).sum())  # the cache's hits on sampled refs
         refs = int(sub.req_off[b] - sub.req_off[a])
-        if window is not None:
-            _feed(window, sub, int(a), int(b), for_refit)
         switch = None
         if per_request:
             if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see guard.decide
@@ -200,6 +199,8 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
         refitted = False
         if window is not None and end_s >= next_refit_s:
+            _feed(window, sub, fed, int(b), for_refit)  # the accesses since the last refit, in one batch
+            fed = int(b)
             run.refits.extend(_refit(window, end_s, stream.categories, (cache, pol), int(cache.ip[IP_MODEL])))
             refitted = True
             next_refit_s += wa.refit_s * max(1, int((end_s - next_refit_s) // wa.refit_s) + 1)
