@@ -25,7 +25,7 @@ from tongyi_trace.trace.ingest import ingest_trace
 
 def reference(chain: np.ndarray, chunk_sizes: list[int] | None = None) -> np.ndarray:
     """DenseIds over CHAIN, fed in chunks of CHUNK_SIZES (as ingest feeds it chunk by chunk)."""
-    dense, out, start = DenseIds(capacity=4), [], 0
+    dense, out, start = DenseIds(), [], 0
     for size in [*(chunk_sizes or []), chain.size]:
         out.append(dense.assign(chain[start:start + size]))
         start = min(start + size, chain.size)

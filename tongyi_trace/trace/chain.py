@@ -4,41 +4,52 @@ chain_k = mix(chain_{k-1}, block_id_k) with chain_{-1} = a fixed seed: two block
 iff every block from position 0 up to and including them is equal (up to 64-bit hash collisions,
 probability ~ n^2 / 2^65). Bailian (Qwen) hash ids are per-block content hashes, so the engine-visible
 identity must be derived this way; for already-chained ids (Mooncake) it yields the same partition.
-Compiled with numba: one pass over the flat id array, no Python loop per block; mix is splitmix64
-(tongyi_trace/splitmix.py, compiled here from that same function).
+mix(h, b) = splitmix64(h ^ splitmix64(b)), splitmix64 as defined in tongyi_trace/splitmix.py.
+
+Vectorised with numpy (no compiler, so ingest starts fast): the chain is sequential along a request but
+independent across requests, so step p advances every request longer than p at once (the requests ordered
+longest first, those are a prefix of the order): one gather, the mix and one scatter, in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import cast
-
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
-from tongyi_trace import splitmix
+from tongyi_trace.splitmix import GOLDEN, M1, M2, splitmix64
 
 _SEED = np.uint64(0x6B76747261636521)  # "kvtrace!"
-
-
-# compiled, it mixes one uint64 (the numpy form works elementwise on arrays)
-_splitmix64 = cast(Callable[[np.uint64], np.uint64], njit(cache=True, inline="always")(splitmix.splitmix64))
-
-
-@njit(cache=True)
-def _chain(block_ids: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64], seed: np.uint64
-           ) -> npt.NDArray[np.uint64]:
-    out = np.empty(block_ids.shape[0], dtype=np.uint64)
-    for r in range(offsets.shape[0] - 1):
-        h = seed
-        for i in range(offsets[r], offsets[r + 1]):
-            h = _splitmix64(h ^ _splitmix64(block_ids[i]))
-            out[i] = h
-    return out
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def chain_ids(block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Prefix-chained 64-bit ids (as int64) for flat BLOCK_IDS split into requests at OFFSETS (len N+1)."""
-    ids = np.ascontiguousarray(block_ids, dtype=np.int64).view(np.uint64)
-    return _chain(ids, np.ascontiguousarray(offsets, dtype=np.int64), _SEED).view(np.int64)
+    out = splitmix64(np.ascontiguousarray(block_ids, dtype=np.int64).view(np.uint64))  # then chained in place
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    if out.shape[0] == 0:
+        return out.view(np.int64)
+    order = np.argsort(-lengths, kind="stable")  # requests, longest first
+    starts = offsets[:-1][order]
+    max_len = int(lengths[order[0]])
+    running = lengths.shape[0] - np.cumsum(np.bincount(lengths, minlength=max_len + 1))[:max_len]  # longer than p
+    h = np.full(int(running[0]), _SEED, dtype=np.uint64)
+    tmp = np.empty_like(h)
+    idx = np.empty(h.shape[0], dtype=np.int64)
+    for p in range(max_len):
+        n = int(running[p])
+        hp, t, ix = h[:n], tmp[:n], idx[:n]
+        np.add(starts[:n], p, out=ix)
+        np.take(out, ix, out=t)
+        hp ^= t  # h = splitmix64(h ^ splitmix64(block)): the steps of splitmix.splitmix64, in place
+        hp += GOLDEN
+        np.right_shift(hp, _S30, out=t)
+        hp ^= t
+        hp *= M1
+        np.right_shift(hp, _S27, out=t)
+        hp ^= t
+        hp *= M2
+        np.right_shift(hp, _S31, out=t)
+        hp ^= t
+        out[ix] = hp
+    return out.view(np.int64)

@@ -30,8 +30,8 @@ from tongyi_trace.errors import InputError, UsageError, located
 
 FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
-CHUNK_LINES = 20_000
-CHUNK_REFS = 1 << 20  # hash ids per chunk (held as Python ints until the chunk is built)
+CHUNK_LINES = 1 << 18
+CHUNK_REFS = 1 << 23  # hash ids per chunk (8 bytes each; ingest numbers a chunk's chain ids in one pass)
 PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
 # Ranges every later stage may rely on (validated here, once):
 MAX_TOKENS = (1 << 31) - 1          # input/output lengths: 0..MAX_TOKENS
@@ -348,24 +348,38 @@ def _mixed_format(path: Path, line_no: int, rec: Any, bailian: bool, fmt_line: i
 
 
 class _ChunkBuilder:
-    """The requests of one chunk as they are read. Hash ids of records that passed the quick check stay one
-    flat list until the chunk is built (one conversion for the chunk; any id that is not an int64 integer sends
-    the chunk through settle()); settle() converts them record by record with the precise checks, which name
-    the line, and runs before the error of a later line is reported."""
+    """The requests of one chunk as they are read. Each record's hash ids (a list of integers only, see add)
+    become an int64 array at once, so no Python int outlives its line; a record with an id outside int64
+    goes through the precise checks of _hash_array, which name the line. Negative ids are noted for the id
+    domain (ReadStats.note_ids) in file order, when the pending records are settled."""
 
     def __init__(self, path: Path, on_error: str, stats: ReadStats) -> None:
         self.path, self.on_error, self.stats = path, on_error, stats
         self.cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent", "ts", "inp", "out",
                                                             "type", "turn", "user")}
-        self.settled: list[npt.NDArray[np.int64]] = []  # hash ids of the first len(settled) records
-        self.flat: list[int] = []                       # hash ids of the later records, concatenated
-        self.lengths: list[int] = []                    # their lengths
+        self.parts: list[npt.NDArray[np.int64]] = []    # hash ids of the settled records, in order
+        self.pending: list[npt.NDArray[np.int64]] = []  # hash ids of the later records, one array each
+        self.lengths: list[int] = []                    # hash ids per record
+        self.num_refs = 0                               # their sum
 
     def __len__(self) -> int:
-        return len(self.cols["line_no"])
+        return len(self.lengths)
 
-    def add(self, line_no: int, rec: dict[str, Any], bailian: bool, hashes: list[Any]) -> None:
-        """Append a record whose fields are valid and whose HASHES list holds no boolean (ids not yet checked)."""
+    def add(self, line_no: int, rec: dict[str, Any], bailian: bool, hashes: list[int]) -> None:
+        """Append a record whose fields are valid and whose HASHES list holds integers only (their range not
+        yet checked); an id beyond 64 bits or a mix of domains raises (with --on-error skip, the record is
+        counted and dropped)."""
+        try:
+            self.pending.append(np.fromiter(hashes, np.int64, len(hashes)))  # exact: integers only
+        except OverflowError:
+            self.settle()  # the id domain of the earlier records is noted first
+            try:
+                ids = _hash_array(self.path, line_no, hashes)  # uint64, or an error naming the line
+            except InputError as e:
+                _skip_or_raise(e, self.on_error, self.stats)
+                return
+            self.stats.note_ids(self.path, line_no, ids)  # mixed id domains: never skipped, the file is wrong
+            self.parts.append(ids.view(np.int64))
         c = self.cols
         c["line_no"].append(line_no)
         c["ts"].append(rec["timestamp"] if bailian else rec["timestamp"] / 1000.0)
@@ -384,50 +398,33 @@ class _ChunkBuilder:
             c["type"].append(None)
             c["turn"].append(None)
             c["user"].append(None)
-        self.flat.extend(hashes)
         self.lengths.append(len(hashes))
+        self.num_refs += len(hashes)
 
     def settle(self) -> None:
-        """Convert the pending hash ids record by record (precise checks and id-domain tracking, in file
-        order); a bad record raises, or with --on-error skip is counted and dropped."""
-        first = len(self.settled)
-        keep = [True] * len(self)
-        start = 0
-        for i, n in enumerate(self.lengths, start=first):
-            line_no = self.cols["line_no"][i]
-            try:
-                ids = _hash_array(self.path, line_no, self.flat[start:start + n])
-            except InputError as e:
-                _skip_or_raise(e, self.on_error, self.stats)
-                keep[i] = False
-                ids = np.zeros(0, dtype=np.int64)
-            start += n
-            if keep[i]:
-                self.stats.note_ids(self.path, line_no, ids)
-            self.settled.append(ids.view(np.int64))
-        self.flat, self.lengths = [], []
-        if not all(keep):
-            self.cols = {k: [v for v, ok in zip(vs, keep, strict=True) if ok] for k, vs in self.cols.items()}
-            self.settled = [a for a, ok in zip(self.settled, keep, strict=True) if ok]
+        """Join the pending records' ids into one part, noting the first of them with a negative id."""
+        if not self.pending:
+            return
+        arr = np.concatenate(self.pending)
+        first = len(self) - len(self.pending)  # the index of the first pending record
+        if self.stats.first_negative_line is None:
+            neg = np.flatnonzero(arr < 0)
+            if neg.shape[0]:
+                ends = np.cumsum(np.asarray(self.lengths[first:], dtype=np.int64))
+                r = int(np.searchsorted(ends, neg[0], side="right"))
+                start = int(ends[r] - self.lengths[first + r])
+                self.stats.note_ids(self.path, self.cols["line_no"][first + r],
+                                    arr[start:start + self.lengths[first + r]])
+        self.parts.append(arr)
+        self.pending = []
 
     def build(self) -> Chunk:
-        """The chunk; the pending ids are converted at once when every one fits int64, else record by record."""
-        pending: list[npt.NDArray[np.int64]] = []
-        if self.flat:
-            try:
-                arr = np.array(self.flat)  # int64 only when every id is an integer (never a bool here) in range
-            except (OverflowError, ValueError):
-                arr = None
-            if arr is None or arr.dtype != np.int64:
-                self.settle()
-            else:
-                self._note_negative(arr)
-                pending = [arr]
-        lengths = [*(a.shape[0] for a in self.settled), *self.lengths]
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
-        parts = [*self.settled, *pending]
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        """The chunk."""
+        self.settle()
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(self.lengths, dtype=np.int64), out=offsets[1:])
+        parts = self.parts
+        flat = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         c = self.cols
         return Chunk(
             line_no=np.asarray(c["line_no"], dtype=np.int64),
@@ -440,16 +437,6 @@ class _ChunkBuilder:
             hash_ids=flat, offsets=offsets,
         )
 
-    def _note_negative(self, arr: npt.NDArray[np.int64]) -> None:
-        """Id-domain tracking of the pending records (all int64) at the first that holds a negative id."""
-        neg = np.flatnonzero(arr < 0)
-        if neg.shape[0]:
-            ends = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
-            r = int(np.searchsorted(ends, neg[0], side="right"))
-            start = int(ends[r] - self.lengths[r])
-            self.stats.note_ids(self.path, self.cols["line_no"][len(self.settled) + r],
-                                arr[start:start + self.lengths[r]])
-
 
 def _skip_or_raise(e: InputError, on_error: str, stats: ReadStats) -> None:
     """--on-error skip: count the bad line; fail: raise its error."""
@@ -459,21 +446,25 @@ def _skip_or_raise(e: InputError, on_error: str, stats: ReadStats) -> None:
 
 
 _INT_TYPES = {int}
+_BLANKS = b" \t\r\n"
+_INT_LIST_CHARS = b"0123456789-," + _BLANKS
 
 
-def _no_bool_text(line: bytes) -> bool:
-    """True when LINE's hash_ids list certainly holds no true/false: the key appears once and the text up to
-    the first ']' after it has no 'e'. (Were the list not flat integers and booleans, the chunk's conversion
-    sees it; if it is, its text ends at that ']'.)"""
+def _int_text(line: bytes) -> bool:
+    """True when LINE's hash_ids list certainly holds integers only: the key appears once, a '[' follows it
+    (after the colon), and the text from there to the first ']' holds nothing but digits, signs, commas and
+    blanks. (The line is valid JSON, so that text is a flat list of integer literals.)"""
     i = line.find(b'"hash_ids"')
-    j = line.find(b"]", i)
-    return i >= 0 and b"e" not in line[i + 10:j] and line.find(b'"hash_ids"', j) < 0
+    k = line.find(b"[", i)
+    j = line.find(b"]", k)
+    return (i >= 0 <= k < j and line[i + 10:k].translate(None, _BLANKS) == b":"
+            and not line[k + 1:j].translate(None, _INT_LIST_CHARS) and line.find(b'"hash_ids"', j) < 0)
 
 
 def _quick_ok(rec: Any, bailian: bool, line: bytes) -> bool:
     """True when REC (decoded from LINE) certainly passes _check_record and _mixed_format except for the
-    ids in hash_ids (checked per chunk, see _ChunkBuilder), which hold no boolean; anything else goes
-    through the precise checks, which name the problem."""
+    range of the ids in hash_ids (checked per chunk, see _ChunkBuilder), which are integers; anything else
+    goes through the precise checks, which name the problem."""
     if type(rec) is not dict or (not bailian and any(k in rec for k in _BAILIAN_ONLY)):
         return False
     try:
@@ -485,7 +476,7 @@ def _quick_ok(rec: Any, bailian: bool, line: bytes) -> bool:
     lim = MAX_ABS_TIME_S if bailian else MAX_ABS_TIME_S * 1000.0
     if not (type(inp) is int and type(out) is int and (type(ts) is float or type(ts) is int)
             and 0 <= inp <= MAX_TOKENS and 0 <= out <= MAX_TOKENS and -lim <= ts <= lim
-            and type(hashes) is list and (_no_bool_text(line) or set(map(type, hashes)) <= _INT_TYPES)):
+            and type(hashes) is list and (_int_text(line) or set(map(type, hashes)) <= _INT_TYPES)):
         return False
     if not bailian:
         return True
@@ -514,7 +505,7 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
         if _quick_ok(rec, bailian, line):
             c.add(line_no, rec, bailian, rec["hash_ids"])
         else:
-            c.settle()  # an earlier line's bad hash id is reported first
+            c.settle()  # the id domain of the earlier lines is noted first
             try:
                 rec = _loads(path, line_no, line) if rec is None else rec
             except InputError as e:
@@ -532,7 +523,7 @@ def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
                 _skip_or_raise(e, on_error, stats)
                 continue
             c.add(line_no, rec, bailian, rec["hash_ids"])
-        if len(c) >= CHUNK_LINES or len(c.flat) >= CHUNK_REFS:
+        if len(c) >= CHUNK_LINES or c.num_refs >= CHUNK_REFS:
             yield from _built(c)
             c = _ChunkBuilder(path, on_error, stats)
     yield from _built(c)
