@@ -31,6 +31,7 @@ from tongyi_trace.errors import ClusterError, KvtraceError, UsageError
 EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 2  # a failed task is retried once
 CONNECT_TIMEOUT_S = 10.0
+INLINE_BELOW_REFS = 1_000_000  # by default, work over fewer block references than this runs in this process
 
 TaskFn = Callable[[Any, Mapping[str, Any]], Any]
 
@@ -92,6 +93,14 @@ def check_options(opts: ExecutorOptions) -> ExecutorOptions:
         raise UsageError(f"--jobs {opts.jobs}: use 0 (one per core) or a positive number")
     address = (opts.address or os.environ.get("RAY_ADDRESS") or None) if kind == "ray" else None
     return ExecutorOptions(kind, address, opts.jobs)
+
+
+def sized_for(opts: ExecutorOptions, num_refs: int) -> ExecutorOptions:
+    """OPTS, or one job in this process when OPTS is the default local pool and the work covers fewer than
+    INLINE_BELOW_REFS block references (starting worker processes would cost more than the work)."""
+    if opts.kind == "local" and opts.jobs == 0 and num_refs < INLINE_BELOW_REFS:
+        return ExecutorOptions("local", None, 1)
+    return opts
 
 
 def make_executor(opts: ExecutorOptions) -> Executor:

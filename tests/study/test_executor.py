@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
+from tongyi_trace.executor import INLINE_BELOW_REFS, ExecutorOptions, TaskOutcome, check_options, map_tasks, sized_for
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.capacity import Capacity
 from tongyi_trace.sim.stream import load_stream, next_request_of_refs
@@ -79,6 +79,15 @@ def test_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert check_options(ExecutorOptions("ray")).address == "127.0.0.1:6390"
     assert check_options(ExecutorOptions("ray", "127.0.0.1:7000")).address == "127.0.0.1:7000"
     assert check_options(ExecutorOptions("local")).address is None
+
+
+def test_small_work_runs_in_this_process_unless_asked_otherwise() -> None:
+    default = ExecutorOptions()
+    assert sized_for(default, INLINE_BELOW_REFS - 1) == ExecutorOptions("local", None, 1)
+    assert sized_for(default, INLINE_BELOW_REFS) == default
+    # an explicit --jobs or Ray is kept whatever the size
+    assert sized_for(ExecutorOptions("local", None, 2), 10) == ExecutorOptions("local", None, 2)
+    assert sized_for(ExecutorOptions("ray", None, 0), 10) == ExecutorOptions("ray", None, 0)
 
 
 def test_unreachable_cluster_is_one_line(tiny_run: Path) -> None:

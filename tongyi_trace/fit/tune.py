@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.errors import KvtraceError, UsageError
-from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
+from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks, sized_for
 from tongyi_trace.fit.events import Window
 from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext
 from tongyi_trace.models import ModelPreset
@@ -48,7 +48,6 @@ from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
 NUM_SLICES = 10
-INLINE_BELOW_REFS = 1_000_000  # train windows smaller than this are simulated in this process by default
 SIGNIFICANCE = 2.0
 LIFE_FACTORS = (0.05, 0.25, 1.0)
 BASELINE_CANDIDATES = ("lru", "fifo", "s3fifo")
@@ -139,9 +138,7 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
                               for f in dataclasses.fields(st)}
     shared.update({"fit.train": choose_with, "fit.test": policy, "tune_id": uuid.uuid4().hex})
-    opts = executor or ExecutorOptions()
-    if opts.kind == "local" and opts.jobs == 0 and windows["train"].num_refs < INLINE_BELOW_REFS:
-        opts = ExecutorOptions("local", None, 1)  # a small window: starting worker processes costs more
+    opts = sized_for(executor or ExecutorOptions(), windows["train"].num_refs)
 
     def run_round(items: list[tuple[int, str, Candidate]], what: str) -> list[dict[str, Any]]:
         """Simulate each (capacity index, window, candidate); rows in ITEMS order."""
