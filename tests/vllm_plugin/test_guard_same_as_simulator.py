@@ -1,7 +1,7 @@
 """The engine's guard, request for request: the plugin's queue with the guard on, driven as vLLM's BlockPool
 drives it (shadow.ShadowCache.over), against the simulator's guarded driver in its engine mode
-(simulate_guarded(per_request=True)) on the same stream. Both must hit the same blocks per request and
-switch at the same requests with the same windowed estimates."""
+(simulate_guarded(per_request=True)) on the same stream. Both must hit the same blocks per request,
+switch at the same requests with the same estimates, and refit at the same times to the same parameters."""
 
 from __future__ import annotations
 
@@ -65,3 +65,33 @@ def test_plugin_guard_switches_and_hits_as_the_simulators_engine_mode(sample_rat
     plain = simulate_guarded(st, "wa", CAPACITY, fit=FIT, timing=False).result.req_hit_blocks
     assert sum(hits) > int(plain.sum()), "the switch to LRU must change the cache's hits"
     assert g.mode == LRU
+
+
+
+@pytest.mark.parametrize(("guard", "sample_rate", "window_s"), [(False, 1.0, 120.0), (True, 1.0, 120.0),
+                                                                 (True, 0.25, 300.0)])
+def test_plugin_refit_as_the_simulators_engine_mode(guard: bool, sample_rate: float, window_s: float) -> None:
+    """The refit's decisions in the plugin equal the simulator's engine mode: the same refit times, the same
+    categories refitted with the same new parameters, then the same hits and switches. At sample_rate 0.25
+    the shadows take every block (shadow_rate: 200 blocks < MIN_SHADOW_BLOCKS) and the refit only the
+    quarter of sample_rate, on both sides."""
+    knobs = {"guard": guard, "guard_margin": 0.2, "guard_window_s": 30.0, "refit_s": 60.0, "window_s": window_s,
+             "sample_rate": sample_rate}
+    st = shifted()
+    hits, queue = _plugin(st, GuardSettings(**knobs))
+    sim = simulate_guarded(st, "wa", CAPACITY, params=knobs, fit=FIT, per_request=True, timing=False)
+    ctl = queue.guard_ctl
+    plugin_log = {e["time_s"]: {c: (v["new_reuse_prob"], v["new_rate_per_s"]) for c, v in e["refitted"].items()}
+                  for e in ctl.refit_log}
+    sim_log: dict[float, dict[str, tuple[float, float]]] = {}
+    for r in sim.refits:
+        refitted = sim_log.setdefault(r["time_s"], {})
+        if r["refitted"]:
+            refitted[r["category"]] = (r["new_reuse_prob"], r["new_rate_per_s"])
+    assert plugin_log == sim_log
+    assert sorted(plugin_log) == [60.0 * k for k in range(1, 20)]  # every 60 s of the 1,199-s stream
+    late = {c: v for t, d in plugin_log.items() if t >= T_SHIFT_S + 2 * 60.0 for c, v in d.items()}
+    assert late["b"][0] > 0.9  # the swap learned: "b" is now the reused one
+    assert hits == sim.result.req_hit_blocks.tolist()
+    if guard:
+        assert ctl.guard.switches == sim.switches
