@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -50,14 +51,17 @@ def ratio(hits: np.ndarray, stream: Stream, lo_s: float, hi_s: float = np.inf) -
     return float(hits[m].sum() / np.diff(stream.req_off)[m].sum())
 
 
-def timed(fn, *args, **kw):  # type: ignore[no-untyped-def]
-    """(result, the best wall seconds of 3 runs: the machine is shared)."""
-    best = np.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        out = fn(*args, **kw)
-        best = min(best, time.perf_counter() - t0)
-    return out, best
+def timed_pair(a, b, rounds: int = 5):  # type: ignore[no-untyped-def]
+    """(A(), B(), the best wall seconds of each over ROUNDS alternating runs): the machine is shared, and
+    alternating keeps a change of load from favouring one side."""
+    best = [np.inf, np.inf]
+    out = [None, None]
+    for _ in range(rounds):
+        for i, fn in enumerate((a, b)):
+            t0 = time.perf_counter()
+            out[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return out[0], out[1], best[0], best[1]
 
 
 def main() -> None:
@@ -85,9 +89,10 @@ def main() -> None:
         rec_from = SHIFT_S + 2 * REFIT["refit_s"]
         rec = 100 * (ratio(r.result.req_hit_blocks, moved, rec_from) - ratio(lru.req_hit_blocks, moved, rec_from))
         lru_u = simulate_policy(base, "lru", cap)
-        plain, t_plain = timed(simulate_policy, base, "wa", cap, params=params, fit=fit)
+        plain, both, t_plain, t_both = timed_pair(
+            partial(simulate_policy, base, "wa", cap, params=params, fit=fit),
+            partial(simulate_guarded, base, "wa", cap, params={**params, **GUARD, **REFIT}, fit=fit))
         gu = simulate_guarded(base, "wa", cap, params={**params, **GUARD}, fit=fit)
-        both, t_both = timed(simulate_guarded, base, "wa", cap, params={**params, **GUARD, **REFIT}, fit=fit)
         cost = 100 * (plain.hit_ratio - gu.result.hit_ratio)
         mark = " " if choice.policy == "wa" else "*"
         print(f"{choice.capacity:>6}{mark}({cap:>6} blocks) | {h1:+9.2f} | {d2[0]:+13.2f} {d2[1]:+6.2f} {d2[2]:+6.2f} "
