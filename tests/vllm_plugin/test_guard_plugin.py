@@ -10,6 +10,7 @@ import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
 from tongyi_trace.guard.decide import LRU, GuardSettings
+from tongyi_trace.guard.sampling import is_sampled, threshold
 from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
 from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
@@ -66,6 +67,7 @@ def test_guard_switches_the_engine_queue_to_lru(tmp_path) -> None:
     stats.write()
     doc = json.loads((tmp_path / STATS_FILE).read_text())
     assert doc["guard"]["mode"] == "lru" and doc["guard"]["switches"] == 1
+    assert doc["guard"]["sample_rate"] == doc["guard"]["refit_sample_rate"] == 1.0
     assert doc["guard"]["switch_log"][0]["to_mode"] == "lru"
     assert sum(doc["hits_by_category"].values()) == doc["hits_on_free"] > 0
     prom = (tmp_path / PROM_FILE).read_text()
@@ -87,6 +89,26 @@ def test_refit_in_the_engine_learns_the_swap(tmp_path) -> None:
     stats.write()
     prom = (tmp_path / PROM_FILE).read_text()
     assert 'kvtrace_reuse_cdf{mode="wa",category="b",kind="predicted",horizon_s="60"}' in prom
+
+
+def test_small_pool_shadows_take_every_block_the_refit_its_rate(tmp_path) -> None:
+    # 200 blocks < MIN_SHADOW_BLOCKS: the shadows sample every block (rate 1, 200 blocks each), the refit 1/4
+    settings = GuardSettings(guard=True, refit_s=60.0, sample_rate=0.25)
+    stats = PluginStats(mode="wa", stats_dir=tmp_path)
+    q = PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], _policy(settings), stats)
+    _replay(q, CAPACITY)
+    g = q.guard_ctl.snapshot()
+    assert (g["sample_rate"], g["refit_sample_rate"], g["shadow_capacity_blocks"]) == (1.0, 0.25, CAPACITY)
+    st = shifted()
+    assert g["sampled_refs"] == st.num_refs  # every reference reached the shadows
+    # the last refit's samples: the window's accesses (600 s before it) of the blocks sampled at 1/4 only
+    end_s = g["refit_log"][-1]["time_s"]
+    cut = threshold(0.25)
+    in_window = [int(k) + 1 for r in range(st.num_requests) if end_s - 600.0 <= st.req_time_s[r] < end_s
+                 for k in st.blk[st.req_off[r]:st.req_off[r + 1]]]
+    want = sum(is_sampled(k, cut) for k in in_window)
+    assert sum(m["num_samples"] for m in g["category_metrics"].values()) == want
+    assert 0.15 < want / len(in_window) < 0.35
 
 
 def test_guard_settings_from_the_environment() -> None:

@@ -122,6 +122,7 @@ class GuardControl:
         pol, lru, n = g.estimates() if g is not None else (0.0, 0.0, 0)
         return {
             "enabled": g is not None, "refit_s": self.settings.refit_s, "sample_rate": self.sample_rate,
+            "refit_sample_rate": self.settings.sample_rate,
             "shadow_capacity_blocks": self.shadow_capacity_blocks,
             "mode": g.mode if g is not None else "policy",
             "switches": len(g.switches) if g is not None else 0,
