@@ -103,14 +103,17 @@ def test_a_policy_fitted_on_another_trace_is_flagged(make_run: Callable[..., Pat
 
 
 def test_hbm_policy(make_run: Callable[..., Path]) -> None:
-    """--hbm-policy lru: the HBM tier's hits are LRU's at the HBM size while the whole cache runs -p;
-    refused without --hbm-capacity or for a policy that needs a fit."""
+    """--hbm-policy lru: HBM (2 blocks) runs LRU, DRAM (1 block) runs -p fifo, exactly (sim/simulate.py):
+    r1 [3] demotes 2; r2 [1,2] hits 1 in HBM and 2 in DRAM (3 demoted); r3 [4] demotes 2, FIFO dropping 3;
+    r4 [3] misses. One FIFO cache of 3 blocks hits 3 of 7. Refused without --hbm-capacity or for a policy
+    that needs a fit."""
     run = make_run(REQS, times_s=[0.0, 100.0, 200.0, 300.0, 400.0])
     res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fifo", "-c", "3", "--hbm-capacity", "2",
                                    "--hbm-policy", "lru", "--json", "-j", "1"])
     assert res.exit_code == 0, res.output
     (row,) = json.loads(res.stdout)["rows"]
     assert row["policy"] == "fifo" and row["hbm_policy"] == "lru" and row["hbm_hit_ratio"] == 1 / 7
+    assert (row["dram_hit_ratio"], row["tiered_hit_ratio"], row["hit_ratio"]) == (1 / 7, 2 / 7, 3 / 7)
     for args, message in ((["--hbm-policy", "lru"], "--hbm-policy needs --hbm-capacity"),
                           (["--hbm-capacity", "2", "--hbm-policy", "wa"], "--hbm-policy wa: give one of")):
         res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fifo", "-c", "3", *args])

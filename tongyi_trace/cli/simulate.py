@@ -42,7 +42,7 @@ def simulate(
                                             help="HBM part of the cache (same units); the rest is a CPU "
                                                  "tier whose hits cost a load (QTTFT)."),
     hbm_policy: str | None = typer.Option(None, "--hbm-policy", help="The HBM tier's policy (a baseline, e.g. lru "
-                                          "as vLLM runs it), the whole cache running --policies (default: the same)."),
+                                          "as vLLM runs it), the DRAM tier running --policies (default: the same)."),
     prefill_overhead_s: float | None = typer.Option(None, "--prefill-overhead-s", help="Cost model a (s)."),
     prefill_s_per_token: float | None = typer.Option(None, "--prefill-s-per-token",
                                                      help="Cost model b (s per uncached token)."),

@@ -6,8 +6,8 @@ u_i uncached prompt tokens and l_i tokens loaded from the CPU tier takes
     prefill_i = a + b x u_i + c x l_i
     start_i = max(a_i x arrival_scale, finish_{i-1}),  finish_i = start_i + prefill_i
     QTTFT_i = finish_i - a_i x arrival_scale
-The CPU tier exists only with --hbm-capacity H < C: tiers are inclusive, HBM behaves like the same
-policy with H blocks, so l_i = hit_C(i) - hit_H(i) tokens (hit in the big cache, missed in HBM).
+The CPU tier exists only with --hbm-capacity H < C: the exact two-tier cache (sim/simulate.py,
+TieredCache) gives u_i and l_i, its DRAM hits (docs/fleet.md "Tiers").
 
 Presets (A800-80GB, bf16, the paper's models): b = 2 x params / (peak FLOP/s x TP x MFU) with 312 TFLOP/s
 and MFU 0.5; a = 15 ms (scheduling, sampling, one decode step); c = KV bytes per token / (PCIe 25 GB/s
