@@ -4,7 +4,7 @@ result record every analysis returns, and small exact helpers (Lorenz curves, lo
 The DuckDB session registers the views `requests` and `blocks` over the run's Parquet files, plus
 `refs` (blocks joined with their request's attributes) and, on demand, two shared tables every
 analysis can build on (each one SQL file in queries/):
-- `chains`   (chains_table.sql):   one row per distinct prefix-chained block: first/last access.
+- `chains`   (chains_table.sql; computed by analysis/chains.py): one row per distinct prefix-chained block.
 - `req_hits` (req_hits_table.sql): one row per request: its ideal prefix and content hits.
 Memory limit, temporary (spill) directory and thread count are set so that a 10x trace spills to
 disk instead of running out of memory.
@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from tongyi_trace.analysis.chains import chains_table
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.models import MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
@@ -148,6 +149,8 @@ class AnalysisContext:
             self.ensure(dep)
         if table in _SHARED_VIEWS:
             self.con.sql(read_query(table)).create_view(table)
+        elif table == "chains":  # numpy, held equal to chains_table.sql by tests/analysis/test_chains.py
+            self.con.register(table, chains_table(self.run, int(self.provenance["num_distinct_blocks"])))
         else:
             self.con.execute(read_query(f"{table}_table"))
         self._tables.add(table)

@@ -13,14 +13,15 @@ How it is computed, exactly and in one pass:
 - o = 0: the windows are nested. A reference caches its block for every stride s > pos / num_blocks,
   i.e. from stride tenth need = floor(10 pos / num_blocks) + 1. Keep per block the smallest `need` of
   its references in earlier requests; a reference then hits for every stride >= the running maximum of
-  those values over its request's positions 0..pos (and never when one of them was never seen). One
-  compiled (numba) pass over blocks.parquet in (req_idx, pos) order counts hits per (type, stride).
+  those values over its request's positions 0..pos (and never when one of them was never seen). A few
+  whole-array passes (numpy) over blocks.parquet in (req_idx, pos) order count hits per (type, stride).
 Also per request type. Query spatial_requests.sql gives each request's size and type.
 """
 
 from __future__ import annotations
 
-import numba
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import polars as pl
@@ -40,41 +41,47 @@ def windows() -> list[tuple[int, int]]:
     return [(o, s) for s in range(1, STEPS + 1) for o in range(0, STEPS - s + 1)]
 
 
-@numba.njit(cache=True, nogil=True)
 def _head_window_hits(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], chain: npt.NDArray[np.int32],
                       req_blocks: npt.NDArray[np.int64], req_type: npt.NDArray[np.int32], num_chains: int,
                       num_types: int) -> npt.NDArray[np.int64]:
-    """hits[t, k]: references of type t whose prefix is cached once the stride reaches k tenths (k <= 10)."""
-    hits = np.zeros((num_types, STEPS + 1), np.int64)
-    need = np.full(num_chains, UNSEEN, np.int8)  # smallest stride (tenths) at which the block was cached
-    cur = -1
-    run_max = 0
-    matching = False
-    for i in range(req.shape[0]):
-        r = req[i]
-        if r != cur:
-            cur = r
-            run_max = 0
-            matching = True
-        c = chain[i]
-        if matching:
-            if need[c] == UNSEEN:
-                matching = False
-            else:
-                run_max = max(run_max, need[c])
-                hits[req_type[r], run_max] += 1
-        k = (STEPS * np.int64(pos[i])) // req_blocks[r] + 1
-        if k < need[c]:
-            need[c] = k
-    return hits
+    """hits[t, k]: references of type t whose prefix is cached once the stride reaches k tenths (k <= 10).
+
+    References in (req_idx, pos) order. Small values (k <= 11) ride in the low 4 bits of a key whose high
+    bits are the group (block, or request), so a running maximum of the keys is a running maximum (or, of
+    15 - k, minimum) within each group: no Python loop over references."""
+    it = np.int32 if max(num_chains, req_blocks.shape[0]) < 1 << 26 else np.int64
+    k = pos.astype(np.int64)
+    k *= STEPS
+    k //= req_blocks[req]
+    need: npt.NDArray[np.signedinteger[Any]] = k.astype(it)
+    need += 1  # the stride (tenths) from which the reference caches its block
+    del k
+    order = np.argsort(chain, kind="stable")  # each block's references, in request order
+    by_block = chain[order]
+    key: npt.NDArray[np.signedinteger[Any]] = by_block.astype(it)
+    key <<= 4
+    key |= 15 - need[order]
+    np.maximum.accumulate(key, out=key)  # low bits: 15 - the smallest need of the block's references so far
+    same = by_block[1:] == by_block[:-1]
+    seen = np.full(order.shape[0], UNSEEN, it)
+    seen[1:][same] = 15 - (key[:-1][same] & 15)
+    prior = np.empty_like(seen)
+    prior[order] = seen  # the smallest need among the block's references in earlier requests (UNSEEN: none)
+    del order, by_block, key, same, seen
+    run: npt.NDArray[np.signedinteger[Any]] = req.astype(it)
+    run <<= 4
+    run |= prior
+    np.maximum.accumulate(run, out=run)
+    run &= 15  # the largest prior need over the request's positions so far (UNSEEN once one was never seen)
+    hit = run != UNSEEN
+    return np.bincount(req_type[req[hit]].astype(np.int64) * (STEPS + 1) + run[hit],
+                       minlength=num_types * (STEPS + 1)).reshape(num_types, STEPS + 1)
 
 
-@numba.njit(cache=True)
 def _first_unsorted(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32]) -> int:
-    for i in range(1, req.shape[0]):
-        if req[i] < req[i - 1] or (req[i] == req[i - 1] and pos[i] <= pos[i - 1]):
-            return i
-    return -1
+    """The first row breaking the (req_idx, pos) order, or -1."""
+    bad = np.flatnonzero((req[1:] < req[:-1]) | ((req[1:] == req[:-1]) & (pos[1:] <= pos[:-1])))
+    return int(bad[0]) + 1 if bad.shape[0] else -1
 
 
 def _read_blocks(path: str, num_refs: int) -> tuple[npt.NDArray[np.int32], ...]:
