@@ -32,7 +32,7 @@ from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import BASELINES, WA_ABLATION, Policy, get_policy
+from tongyi_trace.sim.registry import BASELINES, ORACLE_VARIANTS, WA_ABLATION, Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_tiered
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
@@ -73,6 +73,8 @@ def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
     low = name.lower()
     if low in WA_ABLATION:
         return "wa", dict(WA_ABLATION[low])
+    if low in ORACLE_VARIANTS:
+        return "oracle", dict(ORACLE_VARIANTS[low])
     if low == FITTED:
         return FITTED, {}
     return get_policy(low).name, {}
@@ -359,7 +361,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     names: list[str] = []
     for item in (opts.policies.split(",") if opts.policies.strip() else []):
         low = item.strip().lower()
-        if low in (FITTED, *WA_ABLATION):
+        if low in (FITTED, *WA_ABLATION, *ORACLE_VARIANTS):
             extra = [low]
         elif low:
             extra = [p.value for p in parse_policies(low)]
