@@ -11,6 +11,7 @@ from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommendation_json
 from tongyi_trace.errors import UsageError
+from tongyi_trace.sim.registry import DEFAULT_POLICIES, ORACLE_VARIANTS, WA_ABLATION, Policy
 
 if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not for --help
     from rich.table import Table
@@ -22,8 +23,10 @@ if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not 
 def simulate(
     run_dir: Path | None = typer.Argument(None, help="Run folder written by 'kvtrace ingest', or a raw trace "
                                         "(ingested first into ./<trace name>.kvtrace)."),
-    policy: str = typer.Option("lru,fifo,lfu,s3fifo,gdsf,oracle", "--policies", "--policy", "-p",
-                               help="Comma-separated: lru,fifo,lfu,s3fifo,gdsf,wa,oracle (or all)."),
+    policy: str = typer.Option(DEFAULT_POLICIES, "--policies", "--policy", "-p",
+                               help=f"Comma-separated: {','.join(Policy)} (or all); fitted (the policy file's "
+                                    "choice per capacity); the variants "
+                                    f"{','.join([*WA_ABLATION, *ORACLE_VARIANTS])}."),
     capacity: str = typer.Option("1%,5%,10%,25%,50%,inf", "--capacity", "-c",
                                  help="Comma-separated: blocks (4096), % of distinct blocks (5%), x HBM of "
                                       "--model (0.5x), x the oracle's peak live set (2L), bytes of KV with "
