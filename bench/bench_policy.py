@@ -4,7 +4,9 @@ Fit on the default to-C trace of seed 1 (the whole trace is the train window) wi
 --capacity` at 0.125L..4L, then simulate the exported choice (`-p fitted`) and every baseline (LRU, FIFO,
 LFU, S3-FIFO, GDSF) and the oracle on seeds 2 and 3. Prints, per seed and capacity: the exported policy
 minus the best baseline and minus LRU (hit-ratio points), the share of the LRU-to-oracle gap it closes,
-its QTTFT against LRU's (the default cost model), and the wall time of `fit --capacity` with 5 capacities.
+its QTTFT against LRU's (the default cost model), the LRU-to-oracle gap split by `oracle-dead` (what
+knowing which blocks are never used again would add to LRU, and what knowing when adds on top), and the
+wall time of `fit --capacity` with 5 capacities.
 Targets (the policy issue): >= 0 at every capacity, >= +1.5 points at 0.25L, 0.5L and 1L; fit < 60 s.
 """
 
@@ -31,8 +33,9 @@ def fit(run: Path, capacities: str, out: Path) -> float:
 
 
 def simulate(run: Path, policy: Path) -> list[dict]:
-    """Every baseline, the oracle and the exported choice at CAPACITIES over RUN."""
-    res = subprocess.run([*KVTRACE, "simulate", str(run), "-p", ",".join([*BASELINES, "oracle", "fitted"]),
+    """Every baseline, both oracles and the exported choice at CAPACITIES over RUN."""
+    policies = ",".join([*BASELINES, "oracle-dead", "oracle", "fitted"])
+    res = subprocess.run([*KVTRACE, "simulate", str(run), "-p", policies,
                           "-c", CAPACITIES, "--policy-file", str(policy), "--json"], check=True,
                          capture_output=True, text=True)
     return json.loads(res.stdout)["rows"]
@@ -58,9 +61,10 @@ def main() -> None:
         by = {(r["policy"], r["capacity"]): r for r in rows}
         print(f"\nto-C seed {seed} (policy fitted on seed 1): hit ratio points, QTTFT mean")
         print(f"{'capacity':>9} {'exported':>9} {'LRU':>7} {'best baseline':>20} {'- best':>7} {'- LRU':>7} "
-              f"{'gap closed':>10} {'QTTFT vs LRU':>12}")
+              f"{'gap closed':>10} {'QTTFT vs LRU':>12} {'oracle-LRU = whether + when':>28}")
         for cap in CAPACITIES.split(","):
             exp, lru, orc = by[("fitted", cap)], by[("lru", cap)], by[("oracle", cap)]
+            dead = by[("oracle-dead", cap)]["hit_ratio"]
             best = max((by[(b, cap)] for b in BASELINES), key=lambda r: r["hit_ratio"])
             d_best = 100 * (exp["hit_ratio"] - best["hit_ratio"])
             d_lru = 100 * (exp["hit_ratio"] - lru["hit_ratio"])
@@ -69,7 +73,9 @@ def main() -> None:
             worst[cap] = min(worst.get(cap, float("inf")), d_best)
             print(f"{cap:>9} {exp['hit_ratio']:9.4f} {lru['hit_ratio']:7.4f} "
                   f"{best['policy'] + ' ' + format(best['hit_ratio'], '.4f'):>20} {d_best:+7.2f} {d_lru:+7.2f} "
-                  f"{100 * closed:9.1f}% {100 * q:+11.1f}%")
+                  f"{100 * closed:9.1f}% {100 * q:+11.1f}% "
+                  f"{100 * (orc['hit_ratio'] - lru['hit_ratio']):11.2f} = {100 * (dead - lru['hit_ratio']):5.2f} + "
+                  f"{100 * (orc['hit_ratio'] - dead):5.2f}")
     ok = all(v >= 0 for v in worst.values()) and all(worst[c] >= 1.5 for c in ("0.25L", "0.5L", "1L"))
     print("\nworst (seeds 2, 3) exported minus best baseline: "
           + ", ".join(f"{c} {v:+.2f}" for c, v in worst.items())
