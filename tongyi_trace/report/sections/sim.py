@@ -19,11 +19,20 @@ from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim import registry
-from tongyi_trace.sim.registry import COLORS, FITTED, OTHER_COLOR, PAPER_WA_GAIN_POINTS, WA_ABLATION, Policy
+from tongyi_trace.sim.registry import (
+    COLORS,
+    FITTED,
+    ORACLE_VARIANTS,
+    OTHER_COLOR,
+    PAPER_WA_GAIN_POINTS,
+    WA_ABLATION,
+    Policy,
+)
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR'"
 BASELINES = [p.value for p in registry.BASELINES]
 ABLATION = [Policy.WA.value, *WA_ABLATION]
+[DEAD_ORACLE] = ORACLE_VARIANTS
 COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_ratio", "num_evictions",
            "evict_decision_ns", "refs_per_s", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
 OPTIONAL = ["orphaned_refs", "num_refs", "base_policy"]  # absent from sweeps of older kvtrace versions
@@ -56,13 +65,16 @@ def build(run: RunDir) -> list[Section]:
         s.figures["gain"] = _gain_figure(policy_gain, exported)
         s.tables["gain"] = Table(
             columns=["capacity", "blocks", exported, "- LRU", "best baseline", f"{exported} - best",
-                     "oracle - LRU (headroom)", "gap closed"],
+                     "oracle - LRU (headroom)", "gap closed", f"{DEAD_ORACLE} - LRU"],
             rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["hit"]), f"{100 * g['vs_lru']:+.2f}",
                    g["best"], f"{100 * g['vs_best']:+.2f}", fmt.NA if g["headroom"] is None else
-                   f"{100 * g['headroom']:.2f}", fmt.NA if g["closed"] is None else f"{100 * g['closed']:.0f}%"]
+                   f"{100 * g['headroom']:.2f}", fmt.NA if g["closed"] is None else f"{100 * g['closed']:.0f}%",
+                   fmt.NA if g["dead_headroom"] is None else f"{100 * g['dead_headroom']:.2f}"]
                   for g in policy_gain],
             caption="Hit-ratio points (1.0 = 100 points). Gap closed = share of the LRU-to-oracle gap the exported "
-                    "policy closes.")
+                    f"policy closes. {DEAD_ORACLE} - LRU (with -p {DEAD_ORACLE}): what knowing which blocks are "
+                    "never used again would add to LRU, the most any predictor of dead blocks can give; the rest "
+                    "of the headroom needs to know when a block returns.")
         losses = [g["capacity"] for g in policy_gain if g["vs_lru"] < 0]
         s.values["gain_verdict"] = (
             f"The exported policy ({exported}) loses to LRU at {', '.join(losses)}: run LRU there, or re-fit with "
@@ -108,7 +120,7 @@ def _results(d: Path) -> pl.DataFrame | None:
 
 
 def _policy_order(names: list[str]) -> list[str]:
-    known = [*BASELINES, Policy.WA.value, FITTED, Policy.ORACLE.value, *ABLATION[1:]]
+    known = [*BASELINES, Policy.WA.value, FITTED, DEAD_ORACLE, Policy.ORACLE.value, *ABLATION[1:]]
     return [p for p in known if p in names] + sorted(set(names) - set(known))
 
 
@@ -207,7 +219,8 @@ def _wa_gains(results: pl.DataFrame, caps: pl.DataFrame) -> list[dict[str, Any]]
 
 def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> list[dict[str, Any]]:
     """Per capacity: the exported policy's hit ratio, its gain over LRU and over the best baseline, the
-    oracle's headroom over LRU and the share of that gap the exported policy closes."""
+    oracle's headroom over LRU, the share of that gap the exported policy closes, and (when simulated)
+    the part of the headroom that knowing which blocks are never used again gives (oracle-dead - LRU)."""
     from tongyi_trace.fit.tune import lru_gap_closed
 
     cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
@@ -215,6 +228,7 @@ def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> l
     for c in caps.iter_rows(named=True):
         cap = str(c["capacity"])
         hit, lru, orc = cell.get((exported, cap)), cell.get(("lru", cap)), cell.get(("oracle", cap))
+        dead = cell.get((DEAD_ORACLE, cap))
         base = [(cell[(p, cap)], p) for p in BASELINES if cell.get((p, cap)) is not None]
         if hit is None or lru is None or not base:
             continue
@@ -222,7 +236,8 @@ def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> l
         closed = lru_gap_closed(hit, lru, orc) if orc is not None else None
         out.append({"capacity": cap, "blocks": c["capacity_blocks"], "hit": hit, "vs_lru": hit - lru,
                     "best": best, "vs_best": hit - best_hit, "headroom": None if orc is None else orc - lru,
-                    "closed": None if closed is None or not np.isfinite(closed) else closed})
+                    "closed": None if closed is None or not np.isfinite(closed) else closed,
+                    "dead_headroom": None if dead is None else dead - lru})
     return out
 
 
@@ -237,6 +252,10 @@ def _gain_figure(gains: list[dict[str, Any]], exported: str) -> Fig:
     if all(g["headroom"] is not None for g in gains):
         fig.add_scatter(x=x, y=[100 * g["headroom"] for g in gains], mode="lines", name="oracle - LRU (headroom)",
                         line={"color": COLORS[Policy.ORACLE], "dash": "dash"})
+    if all(g["dead_headroom"] is not None for g in gains):
+        fig.add_scatter(x=x, y=[100 * g["dead_headroom"] for g in gains], mode="lines",
+                        name=f"{DEAD_ORACLE} - LRU (knowing which blocks die)",
+                        line={"color": COLORS[DEAD_ORACLE], "dash": "dot"})
     fig.add_hline(y=0.0, line={"color": "#444", "width": 1})
     return fig
 
