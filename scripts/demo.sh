@@ -23,7 +23,7 @@ $K analyze "$OUT/run"
 step "4/9 fit: per-category reuse models, hour 1 -> hour 2, and the setting to run at each cache size"
 $K fit "$OUT/run" --train 0:3600 --test 3600: --capacity "0.125L,0.25L,0.5L,1L,2L,4L,$ENGINE_CAP" \
     -o "$OUT/policy.json"
-step "5/9 simulate: every policy, the fitted choice the oracle and oracle-dead over capacities (x the oracle's peak live set)"
+step "5/9 simulate: every policy, the fitted choice, the oracle and oracle-dead over capacities (x the oracle's peak live set)"
 $K simulate "$OUT/run" --policies all,fitted,oracle-dead --capacity 0.125L,0.25L,0.5L,1L,2L,4L --policy-file "$OUT/policy.json" \
     --ablation
 step "6/9 replay on the CPU vLLM engine with its own LRU ($REPLAY_REQUESTS requests)"
