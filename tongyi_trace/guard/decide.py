@@ -22,8 +22,11 @@ switch waits for the window to turn over, and a short real lead of LRU (a few po
 which an unshifted trace has) passes the same test as a lasting one. The evidence bar in point-seconds
 weighs both size and duration. The way back is harder (BACK_FACTOR): a policy caught losing has shown
 that its fit can be wrong here, a switch costs a refill of the cache in the other order, and a guard that
-flips back on a short lead of the stale policy pays the next detection again (on the shifted bench, the
-stale policy leads for two minutes after the shift, then loses by 15 points twenty minutes later).
+flips back on a short lead of the stale policy pays the next detection again (seed 1 of bench_guard.py:
+six minutes after the shift the stale policy leads for two minutes; from 34 minutes after, it loses by 13
+to 21 points for twenty minutes). The cost of the bar: the loss accepted before a switch is about the bar
+itself, and a real lead of LRU above it on an unshifted trace costs a round trip (docs/guard.md,
+"Measured").
 
 The callers report steps only once the LRU shadow has evicted (the caches are warm): while a cache
 fills, both orders hold everything and the difference is noise. Every switch is kept with the two
