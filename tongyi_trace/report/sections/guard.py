@@ -30,11 +30,12 @@ def build(run: RunDir) -> list[Section]:
     for (policy, capacity), part in tl.sort("time_s").group_by(["policy", "capacity"], maintain_order=True):
         key = f"guard-{policy}-{capacity}".replace(".", "_").replace("%", "pct")
         s = Section(key=key, partial="guard", title=f"Guard and refit: {policy} at {capacity}",
-                    definition="Shadows: two caches of sample_rate x the capacity over the blocks sampled by a "
-                               "hash (SHARDS), one in LRU order, one under the policy. The guard compares over "
-                               "guard_window_s the order that runs (measured on the cache's own hits on the "
-                               "sampled references) with the other order's shadow, and switches when the "
-                               "difference exceeds guard_margin and two standard errors.")
+                    definition="Shadows: two caches of sample_rate x the capacity (at least 512 blocks) over the "
+                               "blocks sampled by a hash (SHARDS), one in LRU order, one under the policy. The "
+                               "guard compares the order that runs (measured on the cache's own hits on the "
+                               "sampled references) with the other order's shadow, and switches when the other "
+                               "order's lead since the running one last led, in points x seconds, reaches "
+                               "guard_margin x guard_window_s (twice that to return) and two standard errors.")
         t_min = part["time_s"].to_numpy() / 60.0
         fig = new_figure(x_title="time (min from trace start)", y_title="hit ratio on sampled refs (rolling)")
         for col, name in (("sampled_hit_ratio", "cache"), ("shadow_policy_hit_ratio", "policy shadow"),

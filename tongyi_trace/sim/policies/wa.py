@@ -78,15 +78,17 @@ class WaParams:
     guard: bool = field(default=_GUARD.guard, metadata={
         "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
     guard_margin: float = field(default=_GUARD.guard_margin, metadata={
-        "help": "guard: switch when WA's sampled hit ratio trails LRU's by more than this, in points"})
+        "help": "guard: the lead, in hit-ratio points, that held for guard_window_s switches the order "
+                "(margin x window point-seconds and two standard errors; twice that to return)"})
     guard_window_s: float = field(default=_GUARD.guard_window_s, metadata={
-        "help": "guard: the trace seconds over which both sampled hit ratios are compared"})
+        "help": "guard: seconds of that bar, and of the reported windowed hit ratios"})
     refit_s: float = field(default=_GUARD.refit_s, metadata={
         "help": "online refit every this many trace seconds (0 = off)"})
     window_s: float = field(default=_GUARD.window_s, metadata={
         "help": "online refit: the sliding window of reuse samples, s"})
     sample_rate: float = field(default=_GUARD.sample_rate, metadata={
-        "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]"})
+        "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]; the shadows hold at "
+                "least 512 blocks"})
 
     @property
     def guarded(self) -> bool:
