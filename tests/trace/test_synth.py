@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from tongyi_trace.cli import app
 from tongyi_trace.errors import UsageError
 from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth import PROFILES, generate, synth_to_file
+from tongyi_trace.trace.synth import PROFILES, TO_C, generate, synth_to_file
+from tongyi_trace.trace.synth_chat import draw_chat, draw_population
 from tongyi_trace.trace.synth_core import EDIT, MAIN, REGENERATE, SessionRequests, SynthTrace, assemble, iter_lines
 
 runner = CliRunner()
@@ -163,6 +164,34 @@ def test_to_b_is_api_programs_almost_all_single_turn() -> None:
     for user in np.unique(tr.user)[:20]:
         assert np.unique(first[tr.user == user]).size == 1
     assert np.unique(first).size == np.unique(tr.user).size
+
+
+def test_to_c_users_stratified_and_only_heavy_users_keep_background_conversations() -> None:
+    pop = draw_population(np.random.default_rng(4), 2000, TO_C)
+    # one activity z-score per quantile stratum: the top 10% of users hold the same share at every seed
+    # (0.9196 +- 0.0003 at seeds 4-9; independent draws give 0.903-0.929)
+    top_share = [np.sort(draw_population(np.random.default_rng(s), 2000, TO_C).activity)[-200:].sum()
+                 for s in range(4, 10)]
+    assert max(top_share) - min(top_share) < 0.002
+    assert pop.heavy.sum() == 200  # heavy_user_share 0.1 of the users, the most active ones
+    assert pop.activity[pop.heavy].min() >= pop.activity[~pop.heavy].max()
+    # a background conversation (every think time a slow return) is a heavy user's: conversations of 3+
+    # kept turns whose every gap is over 5 minutes (two slow returns in a row elsewhere: p ~ 0.035^2)
+    sr = draw_chat(np.random.default_rng(4), 20_000, 7200.0, TO_C)
+    heavy = draw_population(np.random.default_rng(4), round(20_000 / TO_C.requests_per_user), TO_C).heavy
+    kept = sr.redo_kind == MAIN
+    sess, t, user = sr.session[kept], sr.arrival_ms[kept], sr.user[kept]
+    same = sess[1:] == sess[:-1]
+    short_gap = np.bincount(sess[1:][same & (np.diff(t) < 300_000)], minlength=sess.max() + 1)
+    turns = np.bincount(sess)
+    slow = np.flatnonzero((turns >= 3) & (short_gap == 0))
+    is_slow = np.zeros(turns.size, dtype=bool)
+    is_slow[slow] = True
+    sess_heavy = heavy[user[np.searchsorted(sess, np.arange(turns.size))]]
+    long_enough = turns >= 3
+    assert slow.size > 100
+    assert is_slow[long_enough & sess_heavy].mean() > 0.1  # 326 of 1,992 at seed 4; others 0 of 82
+    assert is_slow[long_enough & ~sess_heavy].mean() < 0.01
 
 
 def test_scale_knobs() -> None:

@@ -15,7 +15,8 @@ from tongyi_trace.trace.synth_check import check_profile, judge
 HOLDING = {
     # to-C at a quarter size: one long chat (about 4 at full size) weighs 4x, so the turn quantiles,
     # ideal hit and LRU curve are checked at full size only (bench/bench_synth.py)
-    "to-c": {"num_requests", "single_turn_next_prob", "users_for_90pct_hits"},
+    "to-c": {"num_requests", "single_turn_next_prob", "users_for_90pct_hits", "top10_turn_ratio",
+             "lifespan_p90_s"},
     "to-b": {"num_requests", "ideal_hit", "single_turn_hit_share", "multi_turn_share", "lifespan_p90_s"},
     "thinking": {"num_requests", "num_block_refs", "ideal_hit"},
 }

@@ -30,16 +30,16 @@ MAX_DURATION_S = 366 * 86_400.0
 TO_C = ChatParams(
     types={
         # share, P(2nd turn), first input, next input, output, P(shared prompt), prompts, prompt length
-        "text": ChatType(0.58, 0.42, (300, 1.2), (120, 1.1), (200, 0.8), 0.25, 400, (500, 0.6)),
+        "text": ChatType(0.58, 0.39, (300, 1.2), (120, 1.1), (200, 0.8), 0.25, 400, (500, 0.6)),
         "image": ChatType(0.14, 0.20, (800, 0.4), (150, 1.2), (200, 0.8), 0.30, 100, (300, 0.5)),
-        "file": ChatType(0.12, 0.45, (3000, 0.9), (150, 1.0), (300, 0.8), 0.40, 100, (700, 0.5)),
-        "search": ChatType(0.16, 0.45, (1500, 0.5), (500, 0.6), (350, 0.6), 0.40, 50, (900, 0.4)),
+        "file": ChatType(0.12, 0.55, (3000, 0.9), (150, 1.0), (300, 0.8), 0.40, 100, (700, 0.5)),
+        "search": ChatType(0.16, 0.50, (1500, 0.5), (500, 0.6), (350, 0.6), 0.40, 50, (900, 0.4)),
     },
-    requests_per_user=12.0, user_activity_sigma=2.5, activity_cap_z=2.33, engagement=(0.45, 1.0),
-    engagement_cap=6.0, engagement_activity_corr=0.3, pace_sigma=0.4, think_body_s=(40.0, 0.8),
-    slow_return_prob=0.03, slow_return_s=(900.0, 0.6), slow_session_share=0.075, slow_session_turns=3.0,
-    decode_tokens_per_s=40.0, regenerate_prob=0.03, edit_prob=0.02, redo_think_s=(8.0, 0.8),
-    prompt_zipf=0.9, max_turns=250, max_context_tokens=131_072,
+    requests_per_user=12.0, user_activity_sigma=3.1, activity_cap_z=2.6, stratified_users=True,
+    engagement=(0.25, 1.0), engagement_cap=2.5, engagement_activity_corr=0.6, pace_sigma=0.4,
+    think_body_s=(50.0, 0.8), slow_return_prob=0.035, slow_return_s=(900.0, 0.6), heavy_user_share=0.1,
+    slow_session_share=0.08, slow_session_turns=3.0, decode_tokens_per_s=40.0, regenerate_prob=0.02,
+    edit_prob=0.01, redo_think_s=(8.0, 0.8), prompt_zipf=0.9, max_turns=250, max_context_tokens=131_072,
     long_chat=LongChat(0.00015, "text", 0.999, (8, 0.6), (25, 0.5), (5.0, 0.5)),
 )
 THINKING = ChatParams(

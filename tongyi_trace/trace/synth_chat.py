@@ -5,12 +5,13 @@ Mechanisms, each as it exists in real chat traffic (paper-notes: "KVCache Cache 
 - users with a skewed activity (lognormal weight, capped: how many conversations they open) and a
   skewed engagement (lognormal mean length of their conversations past the 2nd turn, capped,
   correlated with activity: heavy users also hold the longer chats) and pace (a lognormal factor on
-  their think times);
+  their think times); optionally drawn one per quantile stratum, so the population's shape is the
+  same at every seed; the most active users are the heavy users;
 - a conversation has a type (the product: text/image/file/search, or one workload type) and, with a
   per-type probability, one of the type's shared system prompts at its head (Zipf popularity);
 - a 2nd turn with a per-type probability, then further turns with the user's continuation
-  probability: a mixture of geometrics; some conversations are kept open in the background (every
-  think time is a slow return), and a few are long chats of short messages answered quickly
+  probability: a mixture of geometrics; some of the heavy users' conversations are kept open in the
+  background (every think time is a slow return), and a few are long chats of short messages answered quickly
   (companion / role-play chat: the tail of the turn count);
 - the gap before a turn is the previous answer's generation time (output / decode speed) plus the
   user's think time: a lognormal body (reading and typing) or, with a small probability, a slow
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtri
 
 from tongyi_trace.trace.synth_core import (
     BLOCK_SIZE_TOKENS,
@@ -92,9 +94,11 @@ class ChatParams:
     max_context_tokens: int  # the model window: a longer conversation is not continued
     activity_cap_z: float = float("inf")  # a person's rate is bounded: activity z-score capped here
     engagement_cap: float = float("inf")  # largest mean number of further turns of a user
-    slow_session_share: float = 0.0  # conversations kept open in the background: every think time is slow
+    heavy_user_share: float = 0.0  # the most active users: only they keep conversations open in the background
+    slow_session_share: float = 0.0  # share of a heavy user's conversations kept open: every think time is slow
     slow_session_turns: float = 1.0  # mean number of further turns of such a conversation (>= 1)
     long_chat: LongChat | None = None
+    stratified_users: bool = False  # users' activity and engagement z-scores one per quantile stratum
 
 
 def _lognormal(rng: np.random.Generator, ln: Lognormal | tuple[F64, F64], size: int) -> F64:
@@ -141,22 +145,33 @@ class Population:
     activity: F64  # normalized conversation-rate weights
     continuation: F64  # P(turn k+1 | turn k >= 2)
     pace: F64  # think-time factor
+    heavy: np.ndarray  # the most active users (heavy_user_share of them)
     prompt_tokens: I64  # every type's prompts, type after type
     prompt_base: I64  # first prompt id of each type
 
 
+def _stratified_normal(rng: np.random.Generator, size: int) -> F64:
+    """SIZE standard normal draws, one from each of SIZE equal-probability strata, in random order."""
+    u = (rng.permutation(size) + rng.random(size)) / size
+    return np.asarray(ndtri(u), dtype=np.float64)
+
+
 def draw_population(rng: np.random.Generator, num_users: int, p: ChatParams) -> Population:
     """Users (activity, engagement, pace) and the shared prompts of every type."""
-    z_act = rng.standard_normal(num_users)
+    normal = _stratified_normal if p.stratified_users else (lambda g, n: g.standard_normal(n))
+    z_act = normal(rng, num_users)
     z_eng = p.engagement_activity_corr * z_act + np.sqrt(1 - p.engagement_activity_corr ** 2) * \
-        rng.standard_normal(num_users)
+        normal(rng, num_users)
     act = np.exp(p.user_activity_sigma * np.minimum(z_act, p.activity_cap_z))
     more_turns = np.minimum(p.engagement[0] * np.exp(p.engagement[1] * z_eng), p.engagement_cap)
     pace = np.exp(p.pace_sigma * rng.standard_normal(num_users))
+    heavy = np.zeros(num_users, dtype=bool)
+    if p.heavy_user_share > 0:
+        heavy = z_act >= np.quantile(z_act, 1.0 - p.heavy_user_share)
     lens = [tokens(_lognormal(rng, t.prompt_tokens, t.num_prompts), lo=BLOCK_SIZE_TOKENS)
             for t in p.types.values()]
     base = np.concatenate([[0], np.cumsum([x.size for x in lens])[:-1]]).astype(np.int64)
-    return Population(act / act.sum(), 1.0 - 1.0 / (1.0 + more_turns), pace,
+    return Population(act / act.sum(), 1.0 - 1.0 / (1.0 + more_turns), pace, heavy,
                       np.concatenate(lens).astype(np.int64), base)
 
 
@@ -176,6 +191,9 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     else:  # conversations open at the recorded rate shape (equal bins over the trace)
         bins = rng.choice(rate_shape.size, size=num_sessions, p=rate_shape / rate_shape.sum())
         s_t0 = ((bins + rng.random(num_sessions)) * (duration_ms / rate_shape.size)).astype(np.int64)
+    s_slow = np.zeros(num_sessions, dtype=bool)
+    if p.slow_session_share > 0:  # heavy users keep some conversations open in the background
+        s_slow = pop.heavy[s_user] & ~s_long & (rng.random(num_sessions) < p.slow_session_share)
     s_sys = np.full(num_sessions, -1, dtype=np.int64)
     for k, t in enumerate(tp):
         m = np.flatnonzero((s_type == k) & (rng.random(num_sessions) < t.prompt_prob))
@@ -184,9 +202,7 @@ def _draw_sessions(rng: np.random.Generator, num_sessions: int, duration_ms: int
     second = rng.random(num_sessions) < np.array([t.second_turn_prob for t in tp])[s_type]
     c = np.minimum(pop.continuation[s_user], 0.999)
     turns = np.where(second, 1 + rng.geometric(1.0 - c), 1)
-    s_slow = np.zeros(num_sessions, dtype=bool)
     if p.slow_session_share > 0:
-        s_slow = rng.random(num_sessions) < p.slow_session_share
         turns = np.where(s_slow, 1 + rng.geometric(1.0 / p.slow_session_turns, num_sessions), turns)
     if lc is not None:
         turns = np.where(s_long, rng.geometric(1.0 - lc.continuation, num_sessions), turns)
