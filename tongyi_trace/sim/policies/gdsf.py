@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import heap_pop_valid, heap_push
+from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, PINNED, PRESENT
 
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
@@ -57,18 +57,37 @@ class GdsfParams:
 FP_ATTN_SCALE, FP_BLOCK_SIZE = 0, 1  # fp slots
 SPEC = PolicySpec("gdsf", GdsfParams, "GreedyDual-Size-Frequency, cost = recompute cost by position")
 STATE = StateDecl(columns={"FREQ": "references since the block entered the cache (1 on insertion)"},
+                  slots={"NRUNS": "runs in the run heap",
+                         "TAIL": "entries written to the arena (hp rows 0..TAIL-1)",
+                         "PEND": "first arena row of the run being released (-1: none)",
+                         "LAST_REF": "the reference of the last release (releases of one request descend)"},
                   fslots={"CLOCK": "the inflation value L: the priority of the last victim"})
 FREQ = STATE.col("FREQ")
+NRUNS, TAIL, PEND, LAST_REF = (STATE.slot(n) for n in ("NRUNS", "TAIL", "PEND", "LAST_REF"))
 CLOCK = STATE.fslot("CLOCK")
+# The priority queue: runs, not one heap. A request's releases (one per block, all at the same clock) form
+# one run of entries (HKEY, HTIE = push stamp << 32 | block) in the arena hp, sorted by (key, stamp) when
+# the run is closed (at the next eviction or request; early when an entry would have to move more than
+# MAX_SHIFT places to keep it sorted); a small binary heap orders the runs by their first remaining
+# entry. An eviction takes the smallest head, so entries leave in (key, stamp) order exactly as from one
+# heap, but each costs a sift in a heap of runs (a few hundred to thousands, cache resident) instead of one
+# over every entry. Entries stale since (the block was referenced again, i.e. has a newer stamp in HVER,
+# or left the cache, or is pinned) are skipped, as structs' lazy heap does. When the arena is full, the
+# valid entries are moved to its front (run by run). The int table it holds, per run (indexed by the
+# run's first arena row): RUN_END, RUN_CUR (its next entry); then the run heap (run first rows).
+RUN_END, RUN_CUR, RUN_HEAP = 0, 1, 2  # blocks of `it`, each hp.shape[0] long
+MAX_SHIFT = 16
 
 
 def init(params: GdsfParams, ctx: InitContext) -> Setup:
-    """A heap over the cached blocks (equal priorities: the earlier released first); block_size_tokens 0
-    becomes the stream's block size."""
+    """The arena (the cached blocks, two longest requests, as many stale entries between compactions: the
+    lazy heap's size) and the run tables; block_size_tokens 0 becomes the stream's block size."""
     ip, fp = params.to_arrays()
     if fp[FP_BLOCK_SIZE] <= 0:
         fp[FP_BLOCK_SIZE] = float(ctx.stream.block_size)
-    return Setup(ip, fp, heap_size=ctx.lazy_heap_entries, gf0=np.zeros(1))
+    size = ctx.lazy_heap_entries
+    return Setup(ip, fp, it=np.zeros(3 * (size + HOFF), np.int64), heap_size=size,
+                 g0=np.array([0, 0, -1, 0], np.int64), gf0=np.zeros(1))
 
 
 @njit(cache=True, inline="always")
@@ -90,20 +109,154 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 
 @njit(cache=True, inline="always")
+def _valid(bk: np.ndarray, hp: np.ndarray, e: int) -> bool:
+    """Entry E is its block's newest and the block is cached and not pinned (structs' lazy-heap rule)."""
+    x = hp[e, HTIE] & ID_MASK
+    return hp[e, HTIE] >> 32 == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
+
+
+@njit(cache=True, inline="always")
+def _head_less(hp: np.ndarray, it: np.ndarray, a: int, b: int) -> bool:
+    """Run A's next entry comes before run B's (key, then stamp)."""
+    cur = it.shape[0] // 3 * RUN_CUR
+    ea, eb = it[cur + a], it[cur + b]
+    if hp[ea, HKEY] != hp[eb, HKEY]:
+        return hp[ea, HKEY] < hp[eb, HKEY]
+    return hp[ea, HTIE] < hp[eb, HTIE]
+
+
+@njit(cache=True, inline="always")
+def _sift_down(hp: np.ndarray, it: np.ndarray, n: int, i: int) -> None:
+    """The run at heap slot I of the N-run heap moves down to its place."""
+    rh = it.shape[0] // 3 * RUN_HEAP
+    r = it[rh + i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _head_less(hp, it, it[rh + c + 1], it[rh + c]):
+            c += 1
+        if not _head_less(hp, it, it[rh + c], r):
+            break
+        it[rh + i] = it[rh + c]
+        i = c
+    it[rh + i] = r
+
+
+@njit(cache=True, inline="always")
+def _close_run(hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
+    """The run being released (kept in descending order) is reversed and joins the run heap."""
+    s = g[PEND]
+    if s < 0:
+        return
+    g[PEND] = -1
+    e = g[TAIL]
+    a, b = s, e - 1
+    while a < b:
+        k, t = hp[a, HKEY], hp[a, HTIE]
+        hp[a, HKEY], hp[a, HTIE] = hp[b, HKEY], hp[b, HTIE]
+        hp[b, HKEY], hp[b, HTIE] = k, t
+        a += 1
+        b -= 1
+    m = it.shape[0] // 3
+    it[RUN_END * m + s] = e
+    it[RUN_CUR * m + s] = s
+    rh = RUN_HEAP * m
+    i = g[NRUNS]
+    g[NRUNS] += 1
+    while i > 0:  # sift up
+        p = (i - 1) // 2
+        if not _head_less(hp, it, s, it[rh + p]):
+            break
+        it[rh + i] = it[rh + p]
+        i = p
+    it[rh + i] = s
+
+
+@njit(cache=True, inline="always")
+def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
+    """Move the valid entries of every run, and the run being released, to the front of the arena (runs
+    in arena order; a run left empty is dropped) and rebuild the run heap."""
+    m = it.shape[0] // 3
+    rh = RUN_HEAP * m
+    n = g[NRUNS]
+    starts = np.sort(it[rh:rh + n])
+    w = 0
+    k = 0
+    for j in range(n):
+        s = starts[j]
+        a, e = it[RUN_CUR * m + s], it[RUN_END * m + s]
+        w0 = w
+        for i in range(a, e):
+            if _valid(bk, hp, i):
+                hp[w, HKEY], hp[w, HTIE] = hp[i, HKEY], hp[i, HTIE]
+                w += 1
+        if w > w0:
+            it[RUN_END * m + w0] = w
+            it[RUN_CUR * m + w0] = w0
+            it[rh + k] = w0
+            k += 1
+    p = g[PEND]
+    if p >= 0:
+        g[PEND] = w
+        for i in range(p, g[TAIL]):
+            hp[w, HKEY], hp[w, HTIE] = hp[i, HKEY], hp[i, HTIE]
+            w += 1
+    g[TAIL] = w
+    g[NRUNS] = k
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_down(hp, it, k, i)
+
+
+@njit(cache=True, inline="always")
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
     h = gf[CLOCK] + bk[x, FREQ] * cost_per_token(pos, ntok, fp[FP_BLOCK_SIZE], fp[FP_ATTN_SCALE])
-    heap_push(bk, hp, g, x, int(h * KEY_SCALE))
+    key = int(h * KEY_SCALE)
+    if g[PEND] >= 0:  # a new request, or the entry would go deep into the run: the run is closed
+        j = g[TAIL]
+        lo = max(g[PEND], j - MAX_SHIFT)
+        while j > lo and hp[j - 1, HKEY] <= key:
+            j -= 1
+        if ref >= g[LAST_REF] or (j == lo and j > g[PEND] and hp[j - 1, HKEY] <= key):
+            _close_run(hp, g, it)
+    g[LAST_REF] = ref
+    if g[TAIL] == hp.shape[0]:
+        _compact(bk, hp, g, it)
+    g[G_HSTAMP] += 1
+    bk[x, HVER] = g[G_HSTAMP]
+    tie = (g[G_HSTAMP] << 32) | x
+    if g[PEND] < 0:
+        g[PEND] = g[TAIL]
+    i = g[TAIL]
+    g[TAIL] += 1
+    while i > g[PEND] and hp[i - 1, HKEY] <= key:  # descending by (key, stamp); this stamp is the largest
+        hp[i, HKEY], hp[i, HTIE] = hp[i - 1, HKEY], hp[i - 1, HTIE]
+        i -= 1
+    hp[i, HKEY] = key
+    hp[i, HTIE] = tie
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
-    x, key1 = heap_pop_valid(bk, hp, g)
-    if x >= 0:
-        gf[CLOCK] = float(key1) / KEY_SCALE
-    return x
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    """The valid entry with the smallest (key, stamp); the clock becomes its key."""
+    _close_run(hp, g, it)
+    m = it.shape[0] // 3
+    rh = RUN_HEAP * m
+    while g[NRUNS] > 0:
+        r = it[rh]
+        e = it[RUN_CUR * m + r]
+        it[RUN_CUR * m + r] = e + 1
+        if e + 1 == it[RUN_END * m + r]:  # the run is used up: the last run takes its slot
+            g[NRUNS] -= 1
+            it[rh] = it[rh + g[NRUNS]]
+        _sift_down(hp, it, g[NRUNS], 0)
+        if _valid(bk, hp, e):
+            gf[CLOCK] = float(hp[e, HKEY]) / KEY_SCALE
+            return hp[e, HTIE] & ID_MASK
+    return -1
 
 
 SPEC = dataclasses.replace(SPEC, hooks=sys.modules[__name__])
