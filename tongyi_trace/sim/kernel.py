@@ -23,22 +23,25 @@ vLLM's plugin does the same). So no block is evicted before its descendants, and
 block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
 parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
 
-Two tiers (TieredCache in simulate.py, docs/fleet.md "Tiers"): the same loop compiled with TIERED on
-(policy_kernel(..., tiered=True); the plain kernel compiles none of it) serves the HBM tier. LOW[x] = 1
-marks a block of the request that the driver took out of the DRAM tier (promote): it continues the
-prefix like a cached block (a hit, counted in S_LOW_HITS / S_LOW_HIT_TOKENS) and is inserted after the
-HBM-cached prefix blocks are pinned; every block evicted is written to OUT (in eviction order: the
-blocks to demote), and the release step records each block's reference in LREF. `demote_kernel`
-inserts the demoted blocks into the DRAM tier under its own policy, which evicts (drops) as needed.
-`promote` takes blocks out of a cache generically: a policy keeps its cached blocks only in the queues
-and the lazy heap of structs.py (a heap entry of a block that is not cached is stale), so unlinking the
-block and clearing PRESENT removes it from any policy's order.
+Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
+with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
+- "tiered" serves the HBM tier. LOW[x] = 1 marks a block of the request that `promote` took out of the
+  DRAM tier: it continues the prefix like a cached block (a hit, counted in S_LOW_HITS and
+  S_LOW_HIT_TOKENS) and is inserted once the HBM-cached prefix blocks are pinned. Each evicted block is
+  written to OUT in eviction order (the blocks to demote), and each release is recorded in LREL[:, x]
+  (reference, position, category, time in us).
+- "demote" serves the DRAM tier the demoted blocks, one block a request (REQ_OFF = 0, 1, ..., BLK = the
+  blocks, nothing hit, nothing counted): each is inserted as the loop inserts (DRAM's policy evicts, its
+  victims leave the cache) and released at once as its recorded release in LREL (the policy orders it
+  by that reference, position, category and time).
+`promote` takes blocks out of a cache whatever its policy: a policy keeps its cached blocks only in the
+queues and the lazy heap of structs.py (a heap entry of a block that is not cached is stale), so
+unlinking the block and clearing PRESENT takes it out of any policy's order.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from types import FunctionType, ModuleType
@@ -64,11 +67,15 @@ from tongyi_trace.sim.structs import (
 
 # stats vector layout; with timing, one eviction run in TIMED_EVERY is timed (S_EVICT_CYCLES over
 # S_TIMED_EVICTIONS evictions): reading the cycle counter around each would cost more than an LRU eviction
-# S_LOW_HITS, S_LOW_HIT_TOKENS: of the hits, those of blocks promoted from the lower tier (TIERED only)
+# S_LOW_HITS, S_LOW_HIT_TOKENS: of the hits, those of blocks promoted from the lower tier ("tiered" only)
 (S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S_TOUCHED, S_ORPHANED,
  S_PARKED, S_EVICT_AGE_US, S_ORPHANING, S_EVICT_RUNS, S_TIMED_EVICTIONS, S_LOW_HITS, S_LOW_HIT_TOKENS) = range(16)
 NUM_STATS = 16
-TIERED = False  # the compile-time switch of the two-tier variant (policy_kernel binds it per copy)
+# the compile-time switches of the two-tier copies (module doc), bound per copy by policy_kernel
+TIERED = False
+DEMOTE = False
+# rows of LREL: a block's last release in the upper tier
+L_REF, L_POS, L_CAT, L_LAST_US = range(4)
 TIMED_EVERY = 16
 
 
@@ -77,14 +84,14 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
               parent: np.ndarray, rl: np.ndarray, leaf_only: bool, timing: bool, low: np.ndarray,
-              lref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              lrel: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
     blocks, on the state arrays made by structs.make_state (the policy's parameters ip, fp and tables ft,
     it, policy_base.Setup: the loop only hands them to the hooks), PARENT[x] = the parent block of x or
     -1, RL the links of the held-back blocks (structs.make_state), LEAF_ONLY = prefix closure, see the
     module doc). REQ_OFF may be a slice of the stream's offsets (absolute positions in BLK): the state
-    arrays carry the cache from one call to the next. LOW, LREF, OUT: the two-tier copy's (module doc;
-    per block id, per block id, at least the evictions of the call), unread by the plain copy.
+    arrays carry the cache from one call to the next. LOW, LREL, OUT: the two-tier copies' (module doc:
+    int64 per block id, int64[4, ids], at least the call's evictions), unread by the plain copy.
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
@@ -98,6 +105,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     cat_stats = np.zeros((num_cats, 4), np.int64)
     present = bk[:, PRESENT]
     pinned = bk[:, PINNED]
+    # blocks held back by leaf_only: two FIFOs as linked lists over the same links, the held blocks that
+    # became leaves (sentinel d) and those that still have cached children (sentinel d + 1)
+    d = parent.shape[0]
     rnext = rl[0]
     rprev = rl[1]
     num_out = 0
@@ -111,22 +121,22 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         # 1. longest cached prefix (TIERED: a block promoted from the lower tier continues it)
         h = 0
         lim = min(n, req_maxhit[r])
-        while h < lim:
-            x = blk[s + h]
-            if present[x] == 1:
+        while True:
+            while h < lim and present[blk[s + h]] == 1:
+                x = blk[s + h]
                 if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
                     break
                 pinned[x] = 1
                 if bk[x, PARK] != 0:
                     _unpark(bk, rnext, rprev, x)
                 access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
-            elif TIERED and low[x] == 1:  # inserted below, after the cached prefix blocks are pinned
-                low[x] = 2
-                if h < nstat:
-                    stats[S_LOW_HITS] += 1
-                    stats[S_LOW_HIT_TOKENS] += ntok[s + h]
-            else:
+                h += 1
+            if not TIERED or h >= lim or low[blk[s + h]] != 1:
                 break
+            low[blk[s + h]] = 2  # inserted in step 2, after the cached prefix blocks are pinned; a second
+            if h < nstat:  # occurrence in the request stops the prefix
+                stats[S_LOW_HITS] += 1
+                stats[S_LOW_HIT_TOKENS] += ntok[s + h]
             h += 1
         hits = min(h, nstat)
         hit_tok = 0
@@ -157,8 +167,39 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 stats[S_EVICT_RUNS] += 1
                 ev0 = stats[S_EVICTIONS]
                 t0 = read_cycles() if timed else np.uint64(0)  # type: ignore[call-arg]
-                num_out = _make_room(bk, hp, g, gf, qs, ip, fp, ft, it, parent, rl, leaf_only, cap, now, now_us,
-                                     stats, TIERED, out, num_out)
+                while g[G_SIZE] >= cap:
+                    v = rnext[d]  # a held-back block that became a leaf goes first
+                    if v < d:
+                        _unpark(bk, rnext, rprev, v)
+                    else:
+                        v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
+                        while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
+                            bk[v, PARK] = 1
+                            _append(rnext, rprev, d + 1, v)
+                            stats[S_PARKED] += 1
+                            v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
+                        if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
+                            v = rnext[d + 1]
+                            _unpark(bk, rnext, rprev, v)
+                    if v < 0:
+                        break
+                    present[v] = 0
+                    g[G_SIZE] -= 1
+                    stats[S_EVICTIONS] += 1
+                    stats[S_EVICT_AGE_US] += now_us - bk[v, LAST]
+                    if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
+                        stats[S_ORPHANING] += 1
+                    p = parent[v]
+                    if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
+                        bk[p, NCHILD] -= 1
+                        if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                            _unlink(rnext, rprev, p)
+                            bk[p, PARK] = 2
+                            _append(rnext, rprev, d, p)
+                    bk[v, PGEN] = 0
+                    if TIERED:
+                        out[num_out] = v
+                        num_out += 1
                 if timed:
                     stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
                     stats[S_TIMED_EVICTIONS] += stats[S_EVICTIONS] - ev0
@@ -166,18 +207,34 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     full = True
                     stats[S_BYPASS] += 1
                     continue
-            _enter(bk, g, parent, x)
+            present[x] = 1
+            pinned[x] = 1
+            bk[x, GEN] += 1
+            bk[x, NCHILD] = 0
+            p = parent[x]
+            if p >= 0 and present[p] == 1:
+                bk[p, NCHILD] += 1
+                bk[x, PGEN] = bk[p, GEN]
+            g[G_SIZE] += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
-        # 3. served: release deepest first
+        # 3. served: release deepest first (DEMOTE: as the block's last release in the upper tier)
         for k in range(n - 1, -1, -1):
             x = blk[s + k]
             if TIERED:
                 low[x] = 0
             if pinned[x] == 1:
                 pinned[x] = 0
+                if DEMOTE:
+                    ref = lrel[L_REF, x]
+                    bk[x, LAST] = lrel[L_LAST_US, x]
+                    release(bk, hp, g, gf, qs, ip, fp, ft, it, x, ref, lrel[L_POS, x], ntok[ref], lrel[L_CAT, x], now)
+                    continue
                 bk[x, LAST] = now_us
                 if TIERED:
-                    lref[x] = s + k
+                    lrel[L_REF, x] = s + k
+                    lrel[L_POS, x] = k
+                    lrel[L_CAT, x] = c
+                    lrel[L_LAST_US, x] = now_us
                 release(bk, hp, g, gf, qs, ip, fp, ft, it, x, s + k, k, ntok[s + k], c, now)
         tok = 0
         for k in range(nstat):
@@ -195,127 +252,6 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     return stats, req_hits, req_hit_tokens, cat_stats
 
 
-def _make_room(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray, qs: np.ndarray, ip: np.ndarray,
-               fp: np.ndarray, ft: np.ndarray, it: np.ndarray, parent: np.ndarray, rl: np.ndarray,
-               leaf_only: bool, cap: int, now: float, now_us: np.int64, stats: np.ndarray, record: bool,
-               out: np.ndarray, num_out: int) -> int:
-    """Evict until fewer than CAP blocks are cached or only pinned ones are left (module doc: held-back
-    leaves first, then the policy's victims, leaf_only holding back those with cached children, then
-    the longest-held); with RECORD each victim is written to OUT from NUM_OUT on. Returns the new
-    NUM_OUT. Compiled per policy like the loop (policy_kernel).
-
-    The blocks held back by leaf_only are two FIFOs, linked lists over the same links RL: those that
-    became leaves (sentinel d) and those that still have cached children (sentinel d + 1)."""
-    d = parent.shape[0]
-    rnext = rl[0]
-    rprev = rl[1]
-    while g[G_SIZE] >= cap:
-        v = rnext[d]  # a held-back block that became a leaf goes first
-        if v < d:
-            _unpark(bk, rnext, rprev, v)
-        else:
-            v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-            while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
-                bk[v, PARK] = 1
-                _append(rnext, rprev, d + 1, v)
-                stats[S_PARKED] += 1
-                v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-            if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
-                v = rnext[d + 1]
-                _unpark(bk, rnext, rprev, v)
-        if v < 0:
-            break
-        stats[S_EVICTIONS] += 1
-        stats[S_EVICT_AGE_US] += now_us - bk[v, LAST]
-        if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
-            stats[S_ORPHANING] += 1
-        _drop(bk, g, parent, rl, v)
-        if record:
-            out[num_out] = v
-            num_out += 1
-    return num_out
-
-
-def _demote_loop(ids: np.ndarray, num: int, src_bk: np.ndarray, lref: np.ndarray, req_off: np.ndarray,
-                 ntok: np.ndarray, req_cat: np.ndarray, capacity: int, bk: np.ndarray, hp: np.ndarray,
-                 g: np.ndarray, gf: np.ndarray, qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray,
-                 it: np.ndarray, parent: np.ndarray, rl: np.ndarray, leaf_only: bool, now: float) -> np.ndarray:
-    """Demotion into this cache (the lower tier) of CAPACITY blocks: the blocks IDS[:NUM], in the upper
-    tier's eviction order, each made room for as the loop does (the victims are dropped), inserted and
-    released at once as at its last reference LREF[x] (REQ_OFF: the stream's offsets; its position,
-    tokens and category come from there) with its last access in the upper tier (SRC_BK's LAST), so
-    the policy orders it as that release. NOW: the time of the request whose evictions these are.
-    Returns stats[NUM_STATS] (evictions, bypass: no room at capacity 0)."""
-    stats = np.zeros(NUM_STATS, np.int64)
-    now_us = np.int64(now * 1e6)
-    for i in range(num):
-        x = ids[i]
-        if g[G_SIZE] >= capacity:
-            _make_room(bk, hp, g, gf, qs, ip, fp, ft, it, parent, rl, leaf_only, capacity, now, now_us, stats,
-                       False, ids, 0)
-            if g[G_SIZE] >= capacity:
-                stats[S_BYPASS] += 1
-                continue
-        _enter(bk, g, parent, x)
-        insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
-        bk[x, PINNED] = 0
-        bk[x, LAST] = src_bk[x, LAST]
-        ref = lref[x]
-        r = np.searchsorted(req_off, ref, side="right") - 1
-        release(bk, hp, g, gf, qs, ip, fp, ft, it, x, ref, ref - req_off[r], ntok[ref], req_cat[r], now)
-    return stats
-
-
-@njit(cache=True)
-def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.ndarray, qs: np.ndarray,
-            parent: np.ndarray, rl: np.ndarray, low: np.ndarray) -> int:
-    """Take every block of request R that the cache (state BK, G, QS, RL; the lower tier) holds out of it
-    (any policy: module doc) and mark it in LOW for the upper tier's loop; return how many."""
-    rnext = rl[0]
-    rprev = rl[1]
-    num = 0
-    for k in range(req_off[r], req_off[r + 1]):
-        x = blk[k]
-        if bk[x, PRESENT] == 1:
-            _unpark(bk, rnext, rprev, x)
-            q_unlink(bk, qs, x)
-            _drop(bk, g, parent, rl, x)
-            low[x] = 1
-            num += 1
-    return num
-
-
-@njit(cache=True, inline="always")
-def _enter(bk: np.ndarray, g: np.ndarray, parent: np.ndarray, x: int) -> None:
-    """X enters the cache, pinned; its parent, when cached, counts it."""
-    bk[x, PRESENT] = 1
-    bk[x, PINNED] = 1
-    bk[x, GEN] += 1
-    bk[x, NCHILD] = 0
-    p = parent[x]
-    if p >= 0 and bk[p, PRESENT] == 1:
-        bk[p, NCHILD] += 1
-        bk[x, PGEN] = bk[p, GEN]
-    g[G_SIZE] += 1
-
-
-@njit(cache=True, inline="always")
-def _drop(bk: np.ndarray, g: np.ndarray, parent: np.ndarray, rl: np.ndarray, v: int) -> None:
-    """V leaves the cache (out of the policy's order already); its parent stops counting it (a held-back
-    parent left without cached children goes to the leaves' list)."""
-    d = parent.shape[0]
-    bk[v, PRESENT] = 0
-    g[G_SIZE] -= 1
-    p = parent[v]
-    if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and bk[p, PRESENT] == 1:
-        bk[p, NCHILD] -= 1
-        if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
-            _unlink(rl[0], rl[1], p)
-            bk[p, PARK] = 2
-            _append(rl[0], rl[1], d, p)
-    bk[v, PGEN] = 0
-
-
 @njit(cache=True)
 def cached_prefix_len(req_off: np.ndarray, blk: np.ndarray, bk: np.ndarray, lower: np.ndarray, r: int) -> int:
     """How many leading blocks of request R are cached in the state BK or in LOWER (another tier's; BK
@@ -327,6 +263,38 @@ def cached_prefix_len(req_off: np.ndarray, blk: np.ndarray, bk: np.ndarray, lowe
             break
         h += 1
     return h
+
+
+@njit(cache=True)
+def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.ndarray, qs: np.ndarray,
+            parent: np.ndarray, rl: np.ndarray, low: np.ndarray) -> int:
+    """Take every block of request R that the cache (state BK, G, QS, RL: the lower tier) holds out of it,
+    whatever its policy (module doc), and mark it in LOW for the upper tier's loop; return how many. The
+    block leaves as an evicted one does in the loop (kept inline there: the same steps as an inlined
+    helper taking arrays cost the plain loop up to a third of its speed, numba's reference counting)."""
+    rnext = rl[0]
+    rprev = rl[1]
+    d = parent.shape[0]
+    num = 0
+    for k in range(req_off[r], req_off[r + 1]):
+        v = blk[k]
+        if bk[v, PRESENT] != 1:
+            continue
+        _unpark(bk, rnext, rprev, v)
+        q_unlink(bk, qs, v)
+        bk[v, PRESENT] = 0
+        g[G_SIZE] -= 1
+        p = parent[v]
+        if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and bk[p, PRESENT] == 1:
+            bk[p, NCHILD] -= 1
+            if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                _unlink(rnext, rprev, p)
+                bk[p, PARK] = 2
+                _append(rnext, rprev, d, p)
+        bk[v, PGEN] = 0
+        low[v] = 1
+        num += 1
+    return num
 
 
 @njit(cache=True, inline="always")
@@ -355,42 +323,33 @@ def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, x: int) -> Non
 
 
 _KERNELS: dict[tuple[str, str], Any] = {}
+VARIANTS = ("", "tiered", "demote")  # the plain loop, and the two-tier copies (module doc)
 
 
-def policy_kernel(name: str, hooks: ModuleType, tiered: bool = False) -> Any:
-    """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict);
-    TIERED: the two-tier copy (module doc).
+def policy_kernel(name: str, hooks: ModuleType, variant: str = "") -> Any:
+    """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict),
+    the plain one or a two-tier VARIANT (module doc).
 
     The loop's code is shared (compiled without the GIL, so threads can run sweeps in parallel); each
-    policy gets its own function object whose globals bind the hook names to that policy, under its own
-    name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
-    simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
-    structs.py would keep running the stale cached machine code. For the same reason every function of a
+    policy gets its own function object whose globals bind the hook names to that policy (and the
+    variant's switches), under its own name (so numba's on-disk cache keeps one entry per policy and
+    variant). The name carries a digest of the simulator's sources: numba checks only this file's
+    timestamp, so without it an edited policy or structs.py would keep running the stale cached machine
+    code. For the same reason every function of a
     policy file is inlined (inline="always"): its columns and slots come from policy_base and structs,
     which a separately cached function would not see change."""
-    return _compiled("run_tiered" if tiered else "run", _run_loop, name, hooks, tiered)
-
-
-def demote_kernel(name: str, hooks: ModuleType) -> Any:
-    """`_demote_loop` compiled for the policy module HOOKS, as policy_kernel compiles the loop."""
-    return _compiled("demote", _demote_loop, name, hooks, False)
-
-
-def _compiled(kind: str, template: Callable[..., Any], name: str, hooks: ModuleType, tiered: bool) -> Any:
-    """TEMPLATE (and the `_make_room` it calls, inlined) with the hook names bound to HOOKS and the
-    switch TIERED, compiled under the name KIND_NAME_DIGEST (policy_kernel)."""
-    key = (kind, name)
-    if key not in _KERNELS:
+    if variant not in VARIANTS:
+        raise ValueError(f"kernel variant {variant!r}: one of {VARIANTS}")
+    if (name, variant) not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
-                   TIERED=tiered)
-        env["_make_room"] = njit(inline="always")(FunctionType(_make_room.__code__, env, f"make_room_{name}"))
-        fn_name = f"{kind}_{name}_{_sources_digest()}"
-        fn = FunctionType(template.__code__, env, fn_name)
+                   TIERED=variant == "tiered", DEMOTE=variant == "demote")
+        fn_name = f"run_{name}{'_' + variant if variant else ''}_{_sources_digest()}"
+        fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name
-        fn.__doc__ = template.__doc__
-        _KERNELS[key] = njit(cache=True, nogil=True)(fn)
-    return _KERNELS[key]
+        fn.__doc__ = _run_loop.__doc__
+        _KERNELS[(name, variant)] = njit(cache=True, nogil=True)(fn)
+    return _KERNELS[(name, variant)]
 
 
 @lru_cache(maxsize=1)

@@ -46,7 +46,6 @@ from tongyi_trace.sim.kernel import (
     S_TIMED_EVICTIONS,
     S_TOUCHED,
     cached_prefix_len,
-    demote_kernel,
     policy_kernel,
     promote,
 )
@@ -55,7 +54,8 @@ from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import G_SIZE, cycles_now, make_state
 
-_NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays
+_NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays: low, out
+_NO_LREL = np.zeros((4, 1), np.int64)  # and lrel
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ class Cache:
     Arguments as simulate_policy's; the stream's requests are served in index order by `serve`. The
     policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
     made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*). TIERED:
-    the cache is a tier of a TieredCache (its kernel's two-tier copy, with the arrays `low`, `lref` and
-    `out` the TieredCache lends it)."""
+    the cache is the HBM tier of a TieredCache (the kernel's "tiered" copy, with the arrays `low`, `lrel`
+    and `out` the TieredCache gives it)."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
@@ -179,9 +179,9 @@ class Cache:
             engine = EngineShape(lens, lens, np.zeros(n, np.int64))
         self.engine = engine
         self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0)
-        self.kernel = policy_kernel(spec.name, spec.hooks, tiered)
+        self.kernel = policy_kernel(spec.name, spec.hooks, "tiered" if tiered else "")
         self.tiered = tiered
-        self.low = self.lref = self.out = _NO_TIER  # the two-tier kernel's arrays (TieredCache)
+        self.low, self.lrel, self.out = _NO_TIER, _NO_LREL, _NO_TIER  # the two-tier kernel's (TieredCache)
         self.last_stats = np.zeros(NUM_STATS, np.int64)  # of the last `serve` call
         self.stats = np.zeros(NUM_STATS, np.int64)
         self.cat_stats = np.zeros((max(len(stream.categories), 1), 4), np.int64)
@@ -198,7 +198,7 @@ class Cache:
             st.req_off[start:stop + 1], st.blk, st.ntok, st.req_cat[start:stop], st.req_time_s[start:stop],
             e.req_maxhit[start:stop], e.req_nstat[start:stop], e.req_extra[start:stop], self.capacity_blocks,
             bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing,
-            self.low, self.lref, self.out)
+            self.low, self.lrel, self.out)
         self.elapsed_s += time.perf_counter() - t0
         self.last_stats = stats
         self.stats += stats
@@ -322,11 +322,13 @@ class TieredCache:
             raise ValueError("a TieredCache needs a tiered HBM cache and a DRAM cache over the same stream")
         st = hbm.stream
         self.hbm, self.dram, self.stream = hbm, dram, st
-        most = int(np.diff(st.req_off).max()) if st.num_requests else 0
+        most = hbm.capacity_blocks + (int(np.diff(st.req_off).max()) if st.num_requests else 0) + 1
         hbm.low = np.zeros(st.num_ids, np.int64)
-        hbm.lref = np.zeros(st.num_ids, np.int64)
-        hbm.out = np.zeros(hbm.capacity_blocks + most + 1, np.int64)  # a request's evictions at most
-        self.demote = demote_kernel(dram.spec.name, dram.spec.hooks)
+        hbm.lrel = np.zeros((4, st.num_ids), np.int64)
+        hbm.out = np.zeros(most, np.int64)  # a request's evictions at most
+        self.demote = policy_kernel(dram.spec.name, dram.spec.hooks, "demote")
+        self.steps = np.arange(most + 1, dtype=np.int64)  # the demoted blocks as one-block requests
+        self.zeros = np.zeros(most, np.int64)
         self.dram_stats = np.zeros(NUM_STATS, np.int64)
         self.req_dram_hits = np.zeros(st.num_requests, np.int64)
         self.req_dram_hit_tokens = np.zeros(st.num_requests, np.int64)
@@ -348,11 +350,13 @@ class TieredCache:
             done = hbm.last_stats
             self.req_dram_hits[r] = done[S_LOW_HITS]
             self.req_dram_hit_tokens[r] = done[S_LOW_HIT_TOKENS]
-            if done[S_EVICTIONS]:
+            m = int(done[S_EVICTIONS])
+            if m:
+                none = self.zeros[:m]
                 self.dram_stats += self.demote(
-                    hbm.out, done[S_EVICTIONS], hbm.state[0], hbm.lref, st.req_off, st.ntok, st.req_cat,
+                    self.steps[:m + 1], hbm.out, st.ntok, none, np.full(m, st.req_time_s[r]), none, none, none,
                     dram.capacity_blocks, bk, hp, g, gf, qs, dram.ip, dram.fp, dram.cw, dram.nxt, st.parent, rl,
-                    dram.leaf_only, st.req_time_s[r])
+                    dram.leaf_only, False, _NO_TIER, hbm.lrel, _NO_TIER)[0]
         self.elapsed_s += time.perf_counter() - t0
         return hbm.req_hit_blocks[start:stop]
 
