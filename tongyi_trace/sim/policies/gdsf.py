@@ -74,8 +74,9 @@ CLOCK = STATE.fslot("CLOCK")
 # over every entry. Entries stale since (the block was referenced again, i.e. has a newer stamp in HVER,
 # or left the cache, or is pinned) are skipped, as structs' lazy heap does. When the arena is full, the
 # valid entries are moved to its front (run by run). The int table it holds, per run (indexed by the
-# run's first arena row): RUN_END, RUN_CUR (its next entry); then the run heap (run first rows).
-RUN_END, RUN_CUR, RUN_HEAP = 0, 1, 2  # blocks of `it`, each hp.shape[0] long
+# run's first arena row): RUN_END, RUN_CUR (its next entry); then the run heap: per slot the run (its first
+# arena row) and the key and tie of its next entry (so that sifting reads only the run heap).
+RUN_END, RUN_CUR, RH_RUN, RH_KEY, RH_TIE = range(5)  # blocks of `it`, each hp.shape[0] long
 MAX_SHIFT = 16
 
 
@@ -86,7 +87,7 @@ def init(params: GdsfParams, ctx: InitContext) -> Setup:
     if fp[FP_BLOCK_SIZE] <= 0:
         fp[FP_BLOCK_SIZE] = float(ctx.stream.block_size)
     size = ctx.lazy_heap_entries
-    return Setup(ip, fp, it=np.zeros(3 * (size + HOFF), np.int64), heap_size=size,
+    return Setup(ip, fp, it=np.zeros(5 * (size + HOFF), np.int64), heap_size=size,
                  g0=np.array([0, 0, -1, 0], np.int64), gf0=np.zeros(1))
 
 
@@ -116,31 +117,24 @@ def _valid(bk: np.ndarray, hp: np.ndarray, e: int) -> bool:
 
 
 @njit(cache=True, inline="always")
-def _head_less(hp: np.ndarray, it: np.ndarray, a: int, b: int) -> bool:
-    """Run A's next entry comes before run B's (key, then stamp)."""
-    cur = it.shape[0] // 3 * RUN_CUR
-    ea, eb = it[cur + a], it[cur + b]
-    if hp[ea, HKEY] != hp[eb, HKEY]:
-        return hp[ea, HKEY] < hp[eb, HKEY]
-    return hp[ea, HTIE] < hp[eb, HTIE]
-
-
-@njit(cache=True, inline="always")
-def _sift_down(hp: np.ndarray, it: np.ndarray, n: int, i: int) -> None:
-    """The run at heap slot I of the N-run heap moves down to its place."""
-    rh = it.shape[0] // 3 * RUN_HEAP
-    r = it[rh + i]
+def _sift_down(it: np.ndarray, n: int, i: int) -> None:
+    """The run at slot I of the N-run heap moves down to its place (by its next entry's key, then stamp)."""
+    m = it.shape[0] // 5
+    run, key, tie = it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _head_less(hp, it, it[rh + c + 1], it[rh + c]):
-            c += 1
-        if not _head_less(hp, it, it[rh + c], r):
+        ck, ct = it[RH_KEY * m + c], it[RH_TIE * m + c]
+        if c + 1 < n:
+            dk, dt = it[RH_KEY * m + c + 1], it[RH_TIE * m + c + 1]
+            if dk < ck or (dk == ck and dt < ct):
+                c, ck, ct = c + 1, dk, dt
+        if not (ck < key or (ck == key and ct < tie)):
             break
-        it[rh + i] = it[rh + c]
+        it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = it[RH_RUN * m + c], ck, ct
         i = c
-    it[rh + i] = r
+    it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = run, key, tie
 
 
 @njit(cache=True, inline="always")
@@ -158,29 +152,29 @@ def _close_run(hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
         hp[b, HKEY], hp[b, HTIE] = k, t
         a += 1
         b -= 1
-    m = it.shape[0] // 3
+    m = it.shape[0] // 5
     it[RUN_END * m + s] = e
     it[RUN_CUR * m + s] = s
-    rh = RUN_HEAP * m
+    key, tie = hp[s, HKEY], hp[s, HTIE]
     i = g[NRUNS]
     g[NRUNS] += 1
     while i > 0:  # sift up
         p = (i - 1) // 2
-        if not _head_less(hp, it, s, it[rh + p]):
+        pk, pt = it[RH_KEY * m + p], it[RH_TIE * m + p]
+        if not (key < pk or (key == pk and tie < pt)):
             break
-        it[rh + i] = it[rh + p]
+        it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = it[RH_RUN * m + p], pk, pt
         i = p
-    it[rh + i] = s
+    it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = s, key, tie
 
 
 @njit(cache=True, inline="always")
 def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
     """Move the valid entries of every run, and the run being released, to the front of the arena (runs
     in arena order; a run left empty is dropped) and rebuild the run heap."""
-    m = it.shape[0] // 3
-    rh = RUN_HEAP * m
+    m = it.shape[0] // 5
     n = g[NRUNS]
-    starts = np.sort(it[rh:rh + n])
+    starts = np.sort(it[RH_RUN * m:RH_RUN * m + n])
     w = 0
     k = 0
     for j in range(n):
@@ -194,7 +188,7 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> N
         if w > w0:
             it[RUN_END * m + w0] = w
             it[RUN_CUR * m + w0] = w0
-            it[rh + k] = w0
+            it[RH_RUN * m + k], it[RH_KEY * m + k], it[RH_TIE * m + k] = w0, hp[w0, HKEY], hp[w0, HTIE]
             k += 1
     p = g[PEND]
     if p >= 0:
@@ -205,7 +199,7 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> N
     g[TAIL] = w
     g[NRUNS] = k
     for i in range(k // 2 - 1, -1, -1):
-        _sift_down(hp, it, k, i)
+        _sift_down(it, k, i)
 
 
 @njit(cache=True, inline="always")
@@ -243,16 +237,18 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     """The valid entry with the smallest (key, stamp); the clock becomes its key."""
     _close_run(hp, g, it)
-    m = it.shape[0] // 3
-    rh = RUN_HEAP * m
+    m = it.shape[0] // 5
     while g[NRUNS] > 0:
-        r = it[rh]
+        r = it[RH_RUN * m]
         e = it[RUN_CUR * m + r]
         it[RUN_CUR * m + r] = e + 1
         if e + 1 == it[RUN_END * m + r]:  # the run is used up: the last run takes its slot
             g[NRUNS] -= 1
-            it[rh] = it[rh + g[NRUNS]]
-        _sift_down(hp, it, g[NRUNS], 0)
+            n = g[NRUNS]
+            it[RH_RUN * m], it[RH_KEY * m], it[RH_TIE * m] = it[RH_RUN * m + n], it[RH_KEY * m + n], it[RH_TIE * m + n]
+        else:
+            it[RH_KEY * m], it[RH_TIE * m] = hp[e + 1, HKEY], hp[e + 1, HTIE]
+        _sift_down(it, g[NRUNS], 0)
         if _valid(bk, hp, e):
             gf[CLOCK] = float(hp[e, HKEY]) / KEY_SCALE
             return hp[e, HTIE] & ID_MASK
