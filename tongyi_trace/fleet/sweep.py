@@ -102,8 +102,9 @@ def check_memory(tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]
     the memory available now, with what to do."""
     def caches(task: tuple[str, str, dict[str, Any], str, int, Capacity]) -> int:
         _, pol, _, rt, n, cap = task
-        per = 1 + int(tiers.hbm_blocks is not None and tiers.hbm_blocks < cap.num_blocks)
-        per += int(get_router(rt).uses_index and pol != "lru")
+        tiered = tiers.hbm_blocks is not None and tiers.hbm_blocks < cap.num_blocks
+        per = 1 + int(tiered)  # a two-tier instance: HBM and DRAM tables
+        per += int(get_router(rt).uses_index and (pol != "lru" or tiered))
         return n * per + int(bool(tiers.remote_blocks))
 
     biggest = max(caches(t) for t in tasks)
