@@ -13,6 +13,7 @@ import pytest
 import zstandard
 
 from tongyi_trace.trace.ingest import ingest_trace
+from tongyi_trace.trace.reader import PROGRESS_LINES
 
 NUM_LINES = 25_000  # more than one chunk (20,000 lines) and many 4,096-line position updates
 
@@ -61,7 +62,9 @@ def test_ingest_progress_of_a_parquet_trace(bailian_lines: bytes, tmp_path: Path
     calls = _ingest_calls(pq_trace, tmp_path / "run2")
     size = pq_trace.stat().st_size
     assert {total for _, total in calls} == {size}
-    assert calls[-1] == (size, size) and calls[0][0] == size * 20_000 // NUM_LINES  # rows read x bytes per row
+    # rows read x bytes per row, every PROGRESS_LINES rows (inside one chunk: the whole trace is one)
+    assert calls[-1] == (size, size) and calls[0][0] == size * PROGRESS_LINES // NUM_LINES
+    assert len(calls) == NUM_LINES // PROGRESS_LINES + 2  # each batch, the last partial one, the end
 
 
 def test_fit_progress_counts_categories_and_simulations(bailian_lines: bytes, tmp_path: Path) -> None:

@@ -192,7 +192,8 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
         raise InputError(f"{run.path}: already holds the run of another trace or other ingest options "
                          f"(run_id {old_id or 'unknown'}); pass --overwrite to replace it and delete its "
                          "analysis/fit/sim/replay results, or choose another folder")
-    stats = ReadStats()
+    size = path.stat().st_size
+    stats = ReadStats(on_read=None if progress is None else (lambda num_bytes: progress(num_bytes, size)))
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     dense = DenseIds()
@@ -218,12 +219,10 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                     cols[k].append(getattr(chunk, k))
                 cols["num_blocks"].append(np.diff(chunk.offsets))
                 num_req += len(chunk)
-                if progress is not None:
-                    progress(stats.num_bytes_read, path.stat().st_size)
             if written is not None:
                 written.result()
         if progress is not None:  # the whole file, also when its last lines were all skipped
-            progress(stats.num_bytes_read, path.stat().st_size)
+            progress(stats.num_bytes_read, size)
         if num_req == 0:
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")

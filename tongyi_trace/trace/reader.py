@@ -15,7 +15,7 @@ import json
 import os
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError, UsageError, located
@@ -31,6 +32,7 @@ from tongyi_trace.errors import InputError, UsageError, located
 FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 1 << 18
+PROGRESS_LINES = 1 << 12  # the read's progress is reported every this many lines (or Parquet rows)
 CHUNK_REFS = 1 << 23  # hash ids per chunk (8 bytes each; ingest numbers a chunk's chain ids in one pass)
 PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
 # Ranges every later stage may rely on (validated here, once):
@@ -144,6 +146,15 @@ class ReadStats:
     first_negative_line: int | None = None
     first_unsigned_line: int | None = None
     num_bytes_read: int = 0  # of the trace file so far (compressed bytes of .gz/.zst): the read's progress
+    # called with num_bytes_read as the read advances (every PROGRESS_LINES lines or Parquet rows), so a
+    # caller shows progress inside a chunk, which may hold a whole trace
+    on_read: Callable[[int], None] | None = None
+
+    def advanced(self, num_bytes_read: int) -> None:
+        """The read reached NUM_BYTES_READ of the file."""
+        self.num_bytes_read = num_bytes_read
+        if self.on_read is not None:
+            self.on_read(num_bytes_read)
 
     @property
     def id_domain(self) -> str:
@@ -233,8 +244,8 @@ def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int
                 yield from enumerate(lines, start=1)
                 return
             for line_no, line in enumerate(lines, start=1):
-                if not line_no & 0xFFF:  # every 4,096 lines
-                    stats.num_bytes_read = raw.tell()
+                if not line_no % PROGRESS_LINES:
+                    stats.advanced(raw.tell())
                 yield line_no, line
             stats.num_bytes_read = raw.tell()
     except InputError:
@@ -573,6 +584,13 @@ def _parquet_ints(path: Path, batch: pa.RecordBatch, name: str, row0: int, lo: i
     return arr
 
 
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """BATCHES (one schema) as one record batch."""
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
 def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
     pf = _parquet_file(path)
     schema = pf.schema_arrow
@@ -590,10 +608,20 @@ def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
     unsigned = pa.types.is_unsigned_integer(schema.field("hash_ids").type.value_type)
     row0 = 0
     try:
-        for batch in pf.iter_batches(batch_size=CHUNK_LINES, columns=cols):  # progress: the share of rows read
-            stats.num_bytes_read = path.stat().st_size * (row0 + batch.num_rows) // max(pf.metadata.num_rows, 1)
-            yield _parquet_chunk(path, batch, row0, stats, unsigned)
-            row0 += batch.num_rows
+        size, num_rows = path.stat().st_size, max(pf.metadata.num_rows, 1)
+        batches: list[pa.RecordBatch] = []
+        rows = refs = 0
+        for batch in pf.iter_batches(batch_size=PROGRESS_LINES, columns=cols):  # progress: the share of rows read
+            batches.append(batch)
+            rows += batch.num_rows
+            refs += len(pc.list_flatten(batch.column("hash_ids")))
+            stats.advanced(size * (row0 + rows) // num_rows)
+            if rows >= CHUNK_LINES or refs >= CHUNK_REFS:
+                yield _parquet_chunk(path, _one_batch(batches), row0, stats, unsigned)
+                row0, batches, rows, refs = row0 + rows, [], 0, 0
+        if batches:
+            yield _parquet_chunk(path, _one_batch(batches), row0, stats, unsigned)
+            row0 += rows
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{path}: unreadable Parquet data after row {row0} ({' '.join(str(e).split())[:120]}); "
                          "the file is damaged or truncated") from None
