@@ -3,8 +3,9 @@
 It makes prefix-chained block ids (trace/chain.py), prompt tokens (replay/prompts.py), the replay's
 sampled requests (replay/schedule.py), spatial sampling (guard/sampling.py) and session routing.
 `splitmix64` is the definition, elementwise on numpy uint64 with wrapping arithmetic; trace/chain.py
-applies the same steps in place with numpy (no temporaries over millions of ids). `mix64` is its python-integer form, for one key at a time
-without numpy (the vLLM plugin, once per block); tests/trace/test_splitmix.py holds both to it.
+applies the same steps in place with numpy (no temporaries over millions of ids). `mix64` is its
+python-integer form, for one key at a time without numpy (the vLLM plugin, once per block);
+tests/trace/test_splitmix.py holds both to it.
 Standard library and numpy only: the plugin imports it.
 """
 
