@@ -20,12 +20,12 @@ from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine
 
-# At 767 usable blocks the slice's own fit (prefix-closed WA, exp model) and LRU trade the lead: with a
-# 10-s window and no margin (any significant lead switches) the guard goes to LRU and back (predicted
-# with every request of the slice and 2 output tokens: at 216.8 and 273.5 trace seconds, then twice more). At
-# sample_rate 1 both sides sample every block (the engine's block hashes and the simulator's ids select
-# different blocks below 1).
-NUM_BLOCKS, BLOCK_SIZE = 768, 32
+# At 639 usable blocks the slice's own fit (prefix-closed WA, exp model) and LRU trade the lead: with a
+# 10-s window and no margin (any significant lead switches) the guard goes to LRU and back (predicted with
+# the 135 requests the replay sends and their output tokens: to LRU at 78.8, back at 173.4, to LRU again
+# at 212.3 trace seconds; every block count from 512 to 704 gives these three). At sample_rate 1 both sides
+# sample every block (the engine's block hashes and the simulator's ids select different blocks below 1).
+NUM_BLOCKS, BLOCK_SIZE = 640, 32
 GUARD = {"guard": True, "guard_margin": 0.0, "guard_window_s": 10.0, "sample_rate": 1.0}
 GUARD_ENV = {"KVTRACE_GUARD": "1", "KVTRACE_GUARD_MARGIN": "0", "KVTRACE_GUARD_WINDOW_S": "10",
              "KVTRACE_SAMPLE_RATE": "1"}
