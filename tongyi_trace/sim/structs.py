@@ -141,13 +141,6 @@ def q_next(bk: np.ndarray, qs: np.ndarray, x: int) -> int:
 # block is cached and not pinned; stale entries are skipped on pop. When the heap is full it is compacted
 # to its valid entries (at most the capacity).
 @njit(cache=True, inline="always")
-def _less(hp: np.ndarray, i: int, j: int) -> bool:
-    if hp[i, HKEY] != hp[j, HKEY]:
-        return hp[i, HKEY] < hp[j, HKEY]
-    return hp[i, HTIE] < hp[j, HTIE]
-
-
-@njit(cache=True, inline="always")
 def _move(hp: np.ndarray, dst: int, src: int) -> None:
     hp[dst, HKEY] = hp[src, HKEY]
     hp[dst, HTIE] = hp[src, HTIE]
@@ -227,7 +220,9 @@ def _pop_root(hp: np.ndarray, n: int) -> None:
 
 
 @njit(cache=True, inline="always")
-def _valid(bk: np.ndarray, hp: np.ndarray, i: int) -> bool:
+def entry_valid(bk: np.ndarray, hp: np.ndarray, i: int) -> bool:
+    """Entry I of HP is its block's newest (its stamp is the block's HVER) and the block is cached and not
+    pinned: the lazy heap's rule (GDSF's run heap keeps its entries by the same rule)."""
     x = hp[i, HTIE] & ID_MASK
     return hp[i, HTIE] >> 32 == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
 
@@ -237,7 +232,7 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> None:
     n = g[G_HSIZE]
     m = 0
     for i in range(HOFF, n + HOFF):
-        if _valid(bk, hp, i):
+        if entry_valid(bk, hp, i):
             _move(hp, m + HOFF, i)
             m += 1
     g[G_HSIZE] = m
@@ -263,7 +258,7 @@ def heap_push(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, x: int, key: int) -
 def heap_pop_valid(bk: np.ndarray, hp: np.ndarray, g: np.ndarray) -> tuple[int, int]:
     """Remove the valid block with the smallest key: (block, its key), or (-1, 0) when there is none."""
     while g[G_HSIZE] > 0:
-        ok = _valid(bk, hp, HOFF)
+        ok = entry_valid(bk, hp, HOFF)
         x = hp[HOFF, HTIE] & ID_MASK
         key = hp[HOFF, HKEY]
         _pop_root(hp, g[G_HSIZE])

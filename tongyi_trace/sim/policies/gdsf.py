@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, PINNED, PRESENT
+from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, entry_valid
 
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
@@ -110,13 +110,6 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 
 @njit(cache=True, inline="always")
-def _valid(bk: np.ndarray, hp: np.ndarray, e: int) -> bool:
-    """Entry E is its block's newest and the block is cached and not pinned (structs' lazy-heap rule)."""
-    x = hp[e, HTIE] & ID_MASK
-    return hp[e, HTIE] >> 32 == bk[x, HVER] and bk[x, PRESENT] == 1 and bk[x, PINNED] == 0
-
-
-@njit(cache=True, inline="always")
 def _sift_down(it: np.ndarray, n: int, i: int) -> None:
     """The run at slot I of the N-run heap moves down to its place (by its next entry's key, then stamp)."""
     m = it.shape[0] // 5
@@ -182,7 +175,7 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> N
         a, e = it[RUN_CUR * m + s], it[RUN_END * m + s]
         w0 = w
         for i in range(a, e):
-            if _valid(bk, hp, i):
+            if entry_valid(bk, hp, i):
                 hp[w, HKEY], hp[w, HTIE] = hp[i, HKEY], hp[i, HTIE]
                 w += 1
         if w > w0:
@@ -249,7 +242,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         else:
             it[RH_KEY * m], it[RH_TIE * m] = hp[e + 1, HKEY], hp[e + 1, HTIE]
         _sift_down(it, g[NRUNS], 0)
-        if _valid(bk, hp, e):
+        if entry_valid(bk, hp, e):
             gf[CLOCK] = float(hp[e, HKEY]) / KEY_SCALE
             return hp[e, HTIE] & ID_MASK
     return -1
