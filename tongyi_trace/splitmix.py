@@ -2,10 +2,10 @@
 
 It makes prefix-chained block ids (trace/chain.py), prompt tokens (replay/prompts.py), the replay's
 sampled requests (replay/schedule.py), spatial sampling (guard/sampling.py) and session routing.
-`splitmix64` is the definition, elementwise on numpy uint64 with wrapping arithmetic; trace/chain.py
-applies the same steps in place with numpy (no temporaries over millions of ids). `mix64` is its
-python-integer form, for one key at a time without numpy (the vLLM plugin, once per block);
-tests/trace/test_splitmix.py holds both to it.
+`splitmix64_inplace` is the definition, on numpy uint64 arrays with wrapping arithmetic, in place (no
+temporaries over millions of ids: trace/chain.py mixes block ids with it); `splitmix64` applies it to a
+copy. `mix64` is its python-integer form, for one key at a time without numpy (the vLLM plugin, once per
+block); tests/trace/test_splitmix.py holds both to it.
 Standard library and numpy only: the plugin imports it.
 """
 
@@ -21,12 +21,27 @@ _MASK = (1 << 64) - 1
 _GOLDEN_INT, _M1_INT, _M2_INT = int(GOLDEN), int(M1), int(M2)
 
 
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def splitmix64_inplace(h: npt.NDArray[np.uint64], tmp: npt.NDArray[np.uint64]) -> None:
+    """H = the splitmix64 finalizer of H + GOLDEN, elementwise and in place (TMP: scratch of H's shape)."""
+    h += GOLDEN
+    np.right_shift(h, _S30, out=tmp)
+    h ^= tmp
+    h *= M1
+    np.right_shift(h, _S27, out=tmp)
+    h ^= tmp
+    h *= M2
+    np.right_shift(h, _S31, out=tmp)
+    h ^= tmp
+
+
 def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """The splitmix64 finalizer of X + GOLDEN, elementwise (uint64 array or, compiled, a uint64)."""
-    z = x + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * M1
-    z = (z ^ (z >> np.uint64(27))) * M2
-    return z ^ (z >> np.uint64(31))
+    """The splitmix64 finalizer of X + GOLDEN, elementwise over the uint64 array X (a new array)."""
+    z = np.array(x, dtype=np.uint64)
+    splitmix64_inplace(z, np.empty_like(z))
+    return z
 
 
 def mix64(key: int) -> int:

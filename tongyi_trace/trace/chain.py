@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from tongyi_trace.splitmix import GOLDEN, M1, M2
+from tongyi_trace.splitmix import splitmix64_inplace
 
 _SEED = np.uint64(0x6B76747261636521)  # "kvtrace!"
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _SLICE = 1 << 16  # ids mixed per step of the first pass
 
 
@@ -28,7 +27,7 @@ def chain_ids(block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) 
     out = np.array(block_ids, dtype=np.int64).view(np.uint64)  # mixed, then chained, in place
     tmp = np.empty(min(out.shape[0], _SLICE), dtype=np.uint64)
     for i in range(0, out.shape[0], _SLICE):  # slices: the scratch stays small (no page faults per step)
-        _mix(out[i:i + _SLICE], tmp[:min(_SLICE, out.shape[0] - i)])
+        splitmix64_inplace(out[i:i + _SLICE], tmp[:min(_SLICE, out.shape[0] - i)])
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.diff(offsets)
     if out.shape[0] == 0:
@@ -46,19 +45,6 @@ def chain_ids(block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) 
         np.add(starts[:n], p, out=ix)
         np.take(out, ix, out=t)
         hp ^= t  # h = splitmix64(h ^ splitmix64(block))
-        _mix(hp, t)
+        splitmix64_inplace(hp, t)
         out[ix] = hp
     return out.view(np.int64)
-
-
-def _mix(h: npt.NDArray[np.uint64], tmp: npt.NDArray[np.uint64]) -> None:
-    """H = splitmix64(H) in place (TMP: scratch of H's length): the steps of splitmix.splitmix64."""
-    h += GOLDEN
-    np.right_shift(h, _S30, out=tmp)
-    h ^= tmp
-    h *= M1
-    np.right_shift(h, _S27, out=tmp)
-    h ^= tmp
-    h *= M2
-    np.right_shift(h, _S31, out=tmp)
-    h ^= tmp
