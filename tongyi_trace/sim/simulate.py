@@ -130,6 +130,18 @@ def cycles_per_ns() -> float:
     return max((c1 - c0) / (t1 - t0), 1e-9)
 
 
+def _resolved(policy: str | Policy, params: dict[str, Any] | None, fit: PolicyParams | None,
+              capacity_blocks: int, block_size: int) -> tuple[str | Policy, dict[str, Any] | None]:
+    """(POLICY, PARAMS), with "fitted" replaced by what FIT chose for CAPACITY_BLOCKS (PARAMS on top)."""
+    if str(policy) != FITTED:
+        return policy, params
+    if fit is None:
+        raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
+                         "(from 'kvtrace fit')")
+    name, chosen, _ = resolve_fitted(fit, capacity_blocks, block_size)
+    return name, {**chosen, **(params or {})}
+
+
 def resolve_fitted(fit: PolicyParams, capacity_blocks: int, block_size: int,
                    ) -> tuple[str, dict[str, Any], str | None]:
     """(policy, parameters, choice's capacity label) that the policy file chose for a cache of
@@ -156,12 +168,7 @@ class Cache:
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                  engine: EngineShape | None = None, next_req: np.ndarray | None = None,
                  timing: bool = True, tiered: bool = False) -> None:
-        if str(policy) == FITTED:
-            if fit is None:
-                raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
-                                 "(from 'kvtrace fit')")
-            policy, chosen, _ = resolve_fitted(fit, capacity_blocks, stream.block_size)
-            params = {**chosen, **(params or {})}
+        policy, params = _resolved(policy, params, fit, capacity_blocks, stream.block_size)
         spec = get_policy(policy)
         typed, self.leaf_only = spec.make_params(params)
         if spec.needs_fit and fit is None:
@@ -254,21 +261,13 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     return cache.result()
 
 
-
-
 def tier_policies(policy: str | Policy, params: dict[str, Any] | None, hbm_policy: str | None,
                   fit: PolicyParams | None, capacity_blocks: int, block_size: int,
                   ) -> tuple[tuple[str, dict[str, Any] | None], tuple[str, dict[str, Any] | None]]:
     """((HBM policy, its params), (DRAM policy, its params)) of a two-tier cache of CAPACITY_BLOCKS blocks:
     DRAM runs POLICY with PARAMS ("fitted": what FIT chose for the whole capacity), HBM runs HBM_POLICY
     with its defaults, or the same as DRAM when it is None or the same policy."""
-    name, values = str(policy), params
-    if name == FITTED:
-        if fit is None:
-            raise UsageError("policy fitted needs fitted parameters: pass --policy-file policy.json "
-                             "(from 'kvtrace fit')")
-        name, chosen, _ = resolve_fitted(fit, capacity_blocks, block_size)
-        values = {**chosen, **(params or {})}
+    name, values = _resolved(policy, params, fit, capacity_blocks, block_size)
     dram = (get_policy(name).name, values)
     if hbm_policy is None or get_policy(hbm_policy).name == dram[0]:
         return dram, dram
