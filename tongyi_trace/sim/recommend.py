@@ -28,10 +28,10 @@ import numpy as np
 
 from tongyi_trace.models import GIB, PRESETS, ModelPreset
 from tongyi_trace.schemas import RECOMMENDATION_SCHEMA
-from tongyi_trace.sim.registry import ORACLE_VARIANTS, WA_ABLATION
+from tongyi_trace.sim.registry import VARIANTS
 
 TARGETS = (0.80, 0.90, 0.95)
-NOT_DEPLOYABLE = frozenset({"oracle", *ORACLE_VARIANTS, *WA_ABLATION})  # bounds and ablations, not settings one runs
+NOT_DEPLOYABLE = frozenset({"oracle", *VARIANTS})  # bounds and ablations, not settings one runs
 NOT_DEPLOYABLE_ROUTERS = frozenset({"oracle-affinity"})  # an upper bound, not a router one can run
 FITTED_NAMES = ("fitted", "wa")  # the exported policy: `fitted` when simulated, else `wa`
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tongyi_trace.errors import UsageError
 
@@ -40,6 +40,10 @@ WA_ABLATION: dict[str, dict[str, bool]] = {
 }
 # the oracle's variants: bounds that know less of the future (policies/oracle.py)
 ORACLE_VARIANTS: dict[str, dict[str, str]] = {"oracle-dead": {"knows": "dead"}}
+# every variant `kvtrace simulate` runs under its own name: name -> (its policy, the parameters it sets)
+VARIANTS: dict[str, tuple[Policy, dict[str, Any]]] = {
+    **{name: (Policy.WA, over) for name, over in WA_ABLATION.items()},
+    **{name: (Policy.ORACLE, over) for name, over in ORACLE_VARIANTS.items()}}
 FITTED = "fitted"
 # WA's gain over the best baseline the paper reports (hit-ratio points, smallest to largest capacity):
 # Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 5

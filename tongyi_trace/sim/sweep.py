@@ -32,11 +32,9 @@ from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import BASELINES, DEFAULT_POLICIES, ORACLE_VARIANTS, WA_ABLATION, Policy, get_policy
+from tongyi_trace.sim.registry import BASELINES, DEFAULT_POLICIES, VARIANTS, WA_ABLATION, Policy, get_policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_tiered
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
-
-# WA ablation variants: name -> parameter overrides of wa
 
 
 @dataclass(frozen=True)
@@ -71,10 +69,9 @@ class SweepResult:
 def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
     """'wa-no-life' -> ('wa', {'use_life': False}); 'fitted' -> ('fitted', {}); a policy -> (name, {})."""
     low = name.lower()
-    if low in WA_ABLATION:
-        return "wa", dict(WA_ABLATION[low])
-    if low in ORACLE_VARIANTS:
-        return "oracle", dict(ORACLE_VARIANTS[low])
+    if low in VARIANTS:
+        base, over = VARIANTS[low]
+        return base.value, dict(over)
     if low == FITTED:
         return FITTED, {}
     return get_policy(low).name, {}
@@ -361,7 +358,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
     names: list[str] = []
     for item in (opts.policies.split(",") if opts.policies.strip() else []):
         low = item.strip().lower()
-        if low in (FITTED, *WA_ABLATION, *ORACLE_VARIANTS):
+        if low in (FITTED, *VARIANTS):
             extra = [low]
         elif low:
             extra = [p.value for p in parse_policies(low)]
@@ -431,6 +428,6 @@ def describe_policies() -> list[dict[str, Any]]:
 
     out = [{"policy": p.value, "summary": s.summary, "needs_params_file": s.needs_fit,
             "parameters": s.describe()} for p, s in REGISTRY.items()]
-    out += [{"policy": v, "summary": f"WA ablation: wa with {over}", "needs_params_file": True,
-             "parameters": []} for v, over in WA_ABLATION.items()]
+    out += [{"policy": v, "summary": f"{'WA ablation' if base == Policy.WA else 'bound'}: {base.value} with {over}",
+             "needs_params_file": REGISTRY[base].needs_fit, "parameters": []} for v, (base, over) in VARIANTS.items()]
     return out
