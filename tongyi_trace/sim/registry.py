@@ -83,17 +83,25 @@ def get_policy(name: str | Policy) -> PolicySpec:
     return _registry()[pol]
 
 
-def parse_policies(text: str) -> list[Policy]:
-    """'lru,fifo' or 'all' -> the policies, in order, without duplicates."""
-    if text.strip().lower() == "all":
-        return list(Policy)
-    out: list[Policy] = []
+def parse_policies(text: str) -> list[str]:
+    """`--policies`: 'lru,fitted,oracle-dead' (an item 'all': every policy) -> the names, in order, without
+    duplicates: policies, FITTED and the VARIANTS; an unknown name or an empty list is a UsageError."""
+    out: list[str] = []
     for part in text.split(","):
-        part = part.strip()
-        if part:
-            pol = Policy(get_policy(part).name)
-            if pol not in out:
-                out.append(pol)
+        low = part.strip().lower()
+        if not low:
+            continue
+        if low == "all":
+            names = [p.value for p in Policy]
+        elif low in (FITTED, *VARIANTS):
+            names = [low]
+        else:
+            try:
+                names = [Policy(low).value]
+            except ValueError:
+                raise UsageError(f"unknown policy {part.strip()!r}; choose from "
+                                 f"{', '.join([*Policy, FITTED, *VARIANTS])} (or all)") from None
+        out += [n for n in names if n not in out]
     if not out:
         raise UsageError("--policy is empty; give e.g. lru,fifo,wa")
     return out

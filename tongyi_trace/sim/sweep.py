@@ -355,16 +355,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
         raise UsageError(f"--jobs {opts.jobs}: give 0 (one per core) or a positive number")
     if opts.engine_block_size is not None and opts.engine_block_size <= 0:
         raise UsageError(f"--engine-block-size must be positive, got {opts.engine_block_size}")
-    names: list[str] = []
-    for item in (opts.policies.split(",") if opts.policies.strip() else []):
-        low = item.strip().lower()
-        if low in (FITTED, *VARIANTS):
-            extra = [low]
-        elif low:
-            extra = [p.value for p in parse_policies(low)]
-        else:
-            continue
-        names += [n for n in extra if n not in names]
+    names = parse_policies(opts.policies)
     if opts.ablation:
         if "wa" not in names:
             names.append("wa")
