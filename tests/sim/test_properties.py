@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import Policy
+from tongyi_trace.sim.registry import Policy, get_policy
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, stream_from_lists
 
@@ -96,14 +96,30 @@ def test_one_pass_curve_equals_lru_without_prefix_chaining(reqs: list[list[int]]
 @given(streams(), st.integers(1, 12))
 def test_leaf_only_never_evicts_a_block_with_cached_children(s: Stream, capacity: int) -> None:
     # Prefix closure, for every policy that can take it: no eviction orphans a cached child, so no
-    # reference ever meets a cached block behind a missing ancestor; and LRU is closed by itself.
+    # reference ever meets a cached block behind a missing ancestor.
     for pol in ALL:
         r = simulate_policy(s, pol, capacity, fit=FIT, params={"leaf_only": True})
         assert r.num_orphaning_evictions == 0 and r.orphaned_refs == 0, pol
         assert r.params["leaf_only"] is True
-    lru = simulate_policy(s, "lru", capacity, params={"leaf_only": False})
-    assert lru.num_orphaning_evictions == 0 and lru.orphaned_refs == 0 and lru.num_parked == 0
     assert simulate_policy(s, "wa", capacity, fit=FIT).params["leaf_only"] is True  # WA's default
+
+
+@settings(max_examples=80, deadline=None)
+@given(streams(), st.integers(1, 12))
+def test_prefix_closed_policies_never_choose_a_block_with_cached_children(s: Stream, capacity: int) -> None:
+    # The policies that declare PREFIX_CLOSED (the kernel then keeps no count of cached children without
+    # leaf_only, so it could count no orphaning eviction): with the count kept (leaf_only), none of their
+    # victims is ever held back, so leaf_only changes nothing and no eviction can orphan a block.
+    closed = [(p, kv) for p in ALL if getattr(get_policy(p).hooks, "PREFIX_CLOSED", False)
+              for kv in ([{"knows": "future"}, {"knows": "dead"}] if p == "oracle" else [{}])]
+    assert sorted({p for p, _ in closed}) == ["lru", "oracle"]
+    for pol, kv in closed:
+        tracked = simulate_policy(s, pol, capacity, params={**kv, "leaf_only": True})
+        plain = simulate_policy(s, pol, capacity, params={**kv, "leaf_only": False})
+        assert tracked.num_parked == 0 and tracked.num_orphaning_evictions == 0, (pol, kv)
+        assert plain.orphaned_refs == 0 and plain.num_orphaning_evictions == 0, (pol, kv)
+        assert plain.req_hit_blocks.tolist() == tracked.req_hit_blocks.tolist(), (pol, kv)
+        assert plain.num_evictions == tracked.num_evictions, (pol, kv)
 
 
 def test_orphans_are_counted_without_leaf_only() -> None:

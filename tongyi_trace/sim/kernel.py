@@ -22,6 +22,10 @@ longest-held block evicted although it has children (an engine must find room fo
 vLLM's plugin does the same). So no block is evicted before its descendants, and no cached
 block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
 parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
+Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy of the loop takes it at
+its word: without leaf_only it keeps no count of cached children (NCHILD, PGEN, GEN: two more random
+rows per eviction), so it counts no orphaning eviction, of which there is none (a property test checks
+the claim with the count kept).
 
 Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
 with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
@@ -74,6 +78,7 @@ NUM_STATS = 16
 # the compile-time switches of the two-tier copies (module doc), bound per copy by policy_kernel
 TIERED = False
 DEMOTE = False
+PREFIX_CLOSED = False  # the policy's claim (module doc), bound by policy_kernel for the plain copy only
 # rows of LREL: a block's last release in the upper tier
 L_REF, L_POS, L_CAT, L_LAST_US = range(4)
 TIMED_EVERY = 16
@@ -111,6 +116,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     rnext = rl[0]
     rprev = rl[1]
     num_out = 0
+    forest = leaf_only or not PREFIX_CLOSED  # keep NCHILD (module doc)
     for r in range(n_req):
         s = req_off[r]
         n = req_off[r + 1] - s
@@ -187,16 +193,17 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     g[G_SIZE] -= 1
                     stats[S_EVICTIONS] += 1
                     stats[S_EVICT_AGE_US] += now_us - bk[v, LAST]
-                    if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
-                        stats[S_ORPHANING] += 1
-                    p = parent[v]
-                    if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
-                        bk[p, NCHILD] -= 1
-                        if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
-                            _unlink(rnext, rprev, p)
-                            bk[p, PARK] = 2
-                            _append(rnext, rprev, d, p)
-                    bk[v, PGEN] = 0
+                    if forest:
+                        if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
+                            stats[S_ORPHANING] += 1
+                        p = parent[v]
+                        if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
+                            bk[p, NCHILD] -= 1
+                            if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                                _unlink(rnext, rprev, p)
+                                bk[p, PARK] = 2
+                                _append(rnext, rprev, d, p)
+                        bk[v, PGEN] = 0
                     if TIERED:
                         out[num_out] = v
                         num_out += 1
@@ -209,12 +216,13 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     continue
             present[x] = 1
             pinned[x] = 1
-            bk[x, GEN] += 1
-            bk[x, NCHILD] = 0
-            p = parent[x]
-            if p >= 0 and present[p] == 1:
-                bk[p, NCHILD] += 1
-                bk[x, PGEN] = bk[p, GEN]
+            if forest:
+                bk[x, GEN] += 1
+                bk[x, NCHILD] = 0
+                p = parent[x]
+                if p >= 0 and present[p] == 1:
+                    bk[p, NCHILD] += 1
+                    bk[x, PGEN] = bk[p, GEN]
             g[G_SIZE] += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
         # 3. served: release deepest first (DEMOTE: as the block's last release in the upper tier)
@@ -343,7 +351,8 @@ def policy_kernel(name: str, hooks: ModuleType, variant: str = "") -> Any:
     if (name, variant) not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
-                   TIERED=variant == "tiered", DEMOTE=variant == "demote")
+                   TIERED=variant == "tiered", DEMOTE=variant == "demote",
+                   PREFIX_CLOSED=getattr(hooks, "PREFIX_CLOSED", False) and variant == "")
         fn_name = f"run_{name}{'_' + variant if variant else ''}_{_sources_digest()}"
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name

@@ -6,6 +6,8 @@ policy owns its params struct:
             meaning (structs.py has the arrays; the kernel knows none of a policy's fields)
     init(params, ctx) -> Setup   (plain Python, once per cache) its parameter arrays ip/fp laid out for
             its hooks, its queues, heap size, initial scalars and tables for this capacity and stream
+    PREFIX_CLOSED  (optional, default False) True when the policy never evicts a block before its
+            cached children, whatever the stream: the kernel then skips counting them (kernel.py)
 
 and the compiled hooks (numba, inlined into the kernel's loop, kernel.policy_kernel), which share one
 argument list: the state arrays (bk, hp, g, gf, qs), the policy's ip, fp, its float table ft and its

@@ -21,6 +21,7 @@ from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setu
 from tongyi_trace.sim.structs import q_append, q_head, q_unlink
 
 SPEC = PolicySpec("lru", NoParams, "least recently used (vLLM's order)")
+PREFIX_CLOSED = True  # never evicts a parent before its children (module doc; kernel.py)
 STATE = StateDecl()  # one queue, no fields of its own
 
 

@@ -60,6 +60,7 @@ class OracleParams:
 
 
 SPEC = PolicySpec("oracle", OracleParams, "Belady/MIN with prefix semantics (upper bound)")
+PREFIX_CLOSED = True  # never evicts a parent before its children (module doc; kernel.py)
 STATE = StateDecl()  # its heap (structs.py) breaks ties of equal keys: the earlier released first
 
 
