@@ -163,13 +163,15 @@ def _sift_up(hp: np.ndarray, i: int) -> None:
 
 
 @intrinsic
-def _prefetch_row(typingctx, hp, row):
-    """Start loading row ROW of the C-contiguous 2-column int64 array HP into the cache (llvm.prefetch)."""
-    sig = types.void(hp, row)
+def prefetch_row(typingctx, a, row):
+    """Start loading row ROW of the C-contiguous 2-D array A into the cache (llvm.prefetch), so that a
+    read of it later does not wait for memory."""
+    sig = types.void(a, row)
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [builder.mul(args[1], ir.Constant(args[1].type, 2))])
+        r = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.gep(ary.data, [builder.mul(r, cgutils.unpack_tuple(builder, ary.shape, 2)[1])])
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
@@ -202,7 +204,7 @@ def _pop_root(hp: np.ndarray, n: int) -> None:
         nxt = ARITY * (first - HOFF) + 1 + HOFF  # the children's children: start loading them
         for c in range(ARITY):
             if nxt + ARITY * c < end:
-                _prefetch_row(hp, nxt + ARITY * c)  # type: ignore[call-arg]
+                prefetch_row(hp, nxt + ARITY * c)  # type: ignore[call-arg]
         m, mk, mt = first, hp[first, HKEY], hp[first, HTIE]
         if first + ARITY <= end:  # all children present: a fixed count, compiled without branches
             for c in range(first + 1, first + ARITY):

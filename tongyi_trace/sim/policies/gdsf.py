@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, entry_valid
+from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, entry_valid, prefetch_row
 
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
@@ -242,6 +242,8 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         else:
             it[RH_KEY * m], it[RH_TIE * m] = hp[e + 1, HKEY], hp[e + 1, HTIE]
         _sift_down(it, g[NRUNS], 0)
+        if g[NRUNS] > 0:  # the next victim, most likely: start loading its row
+            prefetch_row(bk, it[RH_TIE * m] & ID_MASK)  # type: ignore[call-arg]
         if entry_valid(bk, hp, e):
             gf[CLOCK] = float(hp[e, HKEY]) / KEY_SCALE
             return hp[e, HTIE] & ID_MASK
