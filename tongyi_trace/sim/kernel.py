@@ -117,6 +117,11 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     rprev = rl[1]
     num_out = 0
     forest = leaf_only or not PREFIX_CLOSED  # keep NCHILD (module doc)
+    # the cache's size and the per-eviction counts live in registers (stored into g and stats at the end)
+    size = g[G_SIZE]
+    num_evictions = 0
+    evict_age_us = 0
+    num_evict_runs = 0
     for r in range(n_req):
         s = req_off[r]
         n = req_off[r + 1] - s
@@ -168,12 +173,12 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if full:
                 stats[S_BYPASS] += 1
                 continue
-            if g[G_SIZE] >= cap:
-                timed = timing and stats[S_EVICT_RUNS] % TIMED_EVERY == 0
-                stats[S_EVICT_RUNS] += 1
-                ev0 = stats[S_EVICTIONS]
+            if size >= cap:
+                timed = timing and num_evict_runs % TIMED_EVERY == 0
+                num_evict_runs += 1
+                ev0 = num_evictions
                 t0 = read_cycles() if timed else np.uint64(0)  # type: ignore[call-arg]
-                while g[G_SIZE] >= cap:
+                while size >= cap:
                     v = rnext[d]  # a held-back block that became a leaf goes first
                     if v < d:
                         _unpark(bk, rnext, rprev, v)
@@ -190,9 +195,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     if v < 0:
                         break
                     present[v] = 0
-                    g[G_SIZE] -= 1
-                    stats[S_EVICTIONS] += 1
-                    stats[S_EVICT_AGE_US] += now_us - bk[v, LAST]
+                    size -= 1
+                    num_evictions += 1
+                    evict_age_us += now_us - bk[v, LAST]
                     if forest:
                         if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
                             stats[S_ORPHANING] += 1
@@ -209,8 +214,8 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                         num_out += 1
                 if timed:
                     stats[S_EVICT_CYCLES] += np.int64(read_cycles() - t0)  # type: ignore[call-arg]
-                    stats[S_TIMED_EVICTIONS] += stats[S_EVICTIONS] - ev0
-                if g[G_SIZE] >= cap:
+                    stats[S_TIMED_EVICTIONS] += num_evictions - ev0
+                if size >= cap:
                     full = True
                     stats[S_BYPASS] += 1
                     continue
@@ -223,7 +228,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 if p >= 0 and present[p] == 1:
                     bk[p, NCHILD] += 1
                     bk[x, PGEN] = bk[p, GEN]
-            g[G_SIZE] += 1
+            size += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
         # 3. served: release deepest first (DEMOTE: as the block's last release in the upper tier)
         for k in range(n - 1, -1, -1):
@@ -257,6 +262,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         cat_stats[c, 1] += hits
         cat_stats[c, 2] += tok
         cat_stats[c, 3] += hit_tok
+    g[G_SIZE] = size
+    stats[S_EVICTIONS] = num_evictions
+    stats[S_EVICT_AGE_US] = evict_age_us
+    stats[S_EVICT_RUNS] = num_evict_runs
     return stats, req_hits, req_hit_tokens, cat_stats
 
 
