@@ -46,7 +46,6 @@ from tongyi_trace.trace.chain import chain_ids
 from tongyi_trace.trace.dense import DenseIds
 from tongyi_trace.trace.reader import (
     Chunk,
-    ReadLineByLine,
     ReadStats,
     check_options,
     check_trace_path,
@@ -194,19 +193,34 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                          f"(run_id {old_id or 'unknown'}); pass --overwrite to replace it and delete its "
                          "analysis/fit/sim/replay results, or choose another folder")
     size = path.stat().st_size
-    on_read = None if progress is None else (lambda num_bytes: progress(num_bytes, size))
+    stats = ReadStats(on_read=None if progress is None else (lambda num_bytes: progress(num_bytes, size)))
+    findings: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    dense = DenseIds()
     file_order_path = temp_path(run.path / "blocks_file_order.parquet")
     blocks_tmp = temp_path(run.blocks_path)
     requests_tmp = temp_path(run.requests_path)
+    cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
+                                                   "input_tokens", "output_tokens", "type", "turn",
+                                                   "user_id", "num_blocks")}
+    num_req = 0
     try:
-        try:  # the columnar reader first; the line-by-line one where it cannot vouch for the file
-            read = _read_blocks(path, fmt, on_error, block_size, file_order_path, ReadStats(on_read=on_read),
-                                columnar=True)
-        except ReadLineByLine:
-            read = _read_blocks(path, fmt, on_error, block_size, file_order_path, ReadStats(on_read=on_read),
-                                columnar=False)
-        stats, findings, cols, num_req, dense = read
-        examples: dict[str, list[str]] = {}
+        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
+                ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
+            written: Future[None] | None = None
+            for chunk in read_chunks(path, fmt, on_error, stats):
+                for table in _block_tables(chunk, num_req, block_size, dense):
+                    if written is not None:
+                        written.result()
+                    written = pool.submit(writer.write_table, table)
+                findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
+                for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
+                          "output_tokens", "type", "turn", "user_id"):
+                    cols[k].append(getattr(chunk, k))
+                cols["num_blocks"].append(np.diff(chunk.offsets))
+                num_req += len(chunk)
+            if written is not None:
+                written.result()
         if progress is not None:  # the whole file, also when its last lines were all skipped
             progress(stats.num_bytes_read, size)
         if num_req == 0:
@@ -237,39 +251,6 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
         for p in (file_order_path, blocks_tmp, requests_tmp):
             p.unlink(missing_ok=True)
     return prov
-
-
-_COLUMNS = ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens", "output_tokens", "type", "turn",
-            "user_id")
-
-
-def _read_blocks(path: Path, fmt: str, on_error: str, block_size: int, file_order_path: Path, stats: ReadStats,
-                 *, columnar: bool) -> tuple[ReadStats, Counter[str], dict[str, list[Any]], int, DenseIds]:
-    """Read the trace, writing its block rows in file order to FILE_ORDER_PATH (replaced); return the read's
-    STATS, the findings so far, the request columns (a list of arrays each), the number of requests and
-    the chain ids' numbering. COLUMNAR: see read_chunks (ReadLineByLine propagates)."""
-    findings: Counter[str] = Counter()
-    dense = DenseIds()
-    cols: dict[str, list[Any]] = {k: [] for k in (*_COLUMNS, "num_blocks")}
-    num_req = 0
-    with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
-            ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
-        written: Future[None] | None = None
-        try:
-            for chunk in read_chunks(path, fmt, on_error, stats, columnar=columnar):
-                for table in _block_tables(chunk, num_req, block_size, dense):
-                    if written is not None:
-                        written.result()
-                    written = pool.submit(writer.write_table, table)
-                findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
-                for k in _COLUMNS:
-                    cols[k].append(getattr(chunk, k))
-                cols["num_blocks"].append(np.diff(chunk.offsets))
-                num_req += len(chunk)
-        finally:
-            if written is not None:
-                written.result()
-    return stats, findings, cols, num_req, dense
 
 
 def _existing_run_id(run: RunDir) -> str | None:

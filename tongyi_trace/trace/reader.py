@@ -6,20 +6,13 @@ Formats (paper-notes "The traces"):
 - mooncake: Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks).
 - parquet: the Bailian fields as columns (hash_ids a list column), as written by `kvtrace export`.
 Input may be .gz or .zst compressed. Records are parsed in fixed-size chunks, so memory stays bounded.
-
-Two JSONL readers give the same chunks: the columnar one (Arrow's multi-threaded JSON reader, strict types,
-the values then checked column by column; uncompressed files) is tried first and hands over to the line-by-
-line one (orjson per line; its errors name the line and the field, --on-error skip counts skipped lines)
-at anything it cannot vouch for.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import mmap
 import os
-import re
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -32,7 +25,6 @@ import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError, UsageError, located
@@ -574,33 +566,21 @@ def _parquet_kind_ok(kind: str, t: pa.DataType) -> bool:
     return bool((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type))
 
 
-BadRows = Callable[[npt.NDArray[np.bool_], int, str, str], None]  # (mask, row0, field, what): raise at a row
-
-
-def _parquet_bad_row(path: Path) -> BadRows:
-    """The Parquet reader's rule for a bad value: an InputError naming the first row of MASK and the field."""
-    def bad(mask: npt.NDArray[np.bool_], row0: int, name: str, what: str) -> None:
-        if mask.any():
-            i = int(np.argmax(mask))
-            raise located(path, row0 + i + 1, name, f"{what} (row {row0 + i + 1})", "fix the Parquet file")
-    return bad
-
-
-def _json_doubt(mask: npt.NDArray[np.bool_], row0: int, name: str, what: str) -> None:
-    """The columnar JSONL reader's rule for a bad value: the line-by-line reader takes over and names it."""
+def _parquet_bad_row(path: Path, row0: int, mask: npt.NDArray[np.bool_], name: str, what: str) -> None:
     if mask.any():
-        raise ReadLineByLine
+        i = int(np.argmax(mask))
+        raise located(path, row0 + i + 1, name, f"{what} (row {row0 + i + 1})", "fix the Parquet file")
 
 
-def _checked_ints(batch: pa.RecordBatch, name: str, row0: int, lo: int, hi: int, bad: BadRows
+def _parquet_ints(path: Path, batch: pa.RecordBatch, name: str, row0: int, lo: int, hi: int
                   ) -> npt.NDArray[np.int64]:
     col = batch.column(name)
-    bad(np.asarray(col.is_null()), row0, name, "is null")
+    _parquet_bad_row(path, row0, np.asarray(col.is_null()), name, "is null")
     arr = col.to_numpy(zero_copy_only=False)
     if arr.dtype == np.uint64:
-        bad(arr > np.uint64(hi), row0, name, "is out of range")
+        _parquet_bad_row(path, row0, arr > np.uint64(hi), name, "is out of range")
     arr = arr.astype(np.int64)
-    bad((arr < lo) | (arr > hi), row0, name, f"is out of range [{lo}, {hi}]")
+    _parquet_bad_row(path, row0, (arr < lo) | (arr > hi), name, f"is out of range [{lo}, {hi}]")
     return arr
 
 
@@ -609,22 +589,6 @@ def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     if len(batches) == 1:
         return batches[0]
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-
-
-def _batched_chunks(batches: Iterator[pa.RecordBatch], chunk: Callable[[pa.RecordBatch, int], Chunk]
-                    ) -> Iterator[Chunk]:
-    """CHUNK(batch, row0) over BATCHES gathered into chunks of about CHUNK_LINES rows or CHUNK_REFS ids."""
-    gathered: list[pa.RecordBatch] = []
-    row0 = rows = refs = 0
-    for batch in batches:
-        gathered.append(batch)
-        rows += batch.num_rows
-        refs += len(pc.list_flatten(batch.column("hash_ids")))
-        if rows >= CHUNK_LINES or refs >= CHUNK_REFS:
-            yield chunk(_one_batch(gathered), row0)
-            row0, gathered, rows, refs = row0 + rows, [], 0, 0
-    if gathered:
-        yield chunk(_one_batch(gathered), row0)
 
 
 def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
@@ -642,38 +606,37 @@ def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
             raise InputError(f"{path}: column '{name}' has type {t}, expected {_PARQUET_KINDS[name]}; "
                              "fix the Parquet file (write one with 'kvtrace export')")
     unsigned = pa.types.is_unsigned_integer(schema.field("hash_ids").type.value_type)
-    size, num_rows = path.stat().st_size, max(pf.metadata.num_rows, 1)
-    bad = _parquet_bad_row(path)
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        rows = 0
-        for batch in pf.iter_batches(batch_size=PROGRESS_LINES, columns=cols):  # progress: the share of rows read
-            rows += batch.num_rows
-            stats.advanced(size * rows // num_rows)
-            yield batch
-
+    row0 = 0
     try:
-        yield from _batched_chunks(batches(), lambda b, row0: _columns_chunk(b, row0, stats, bad, unsigned))
+        size, num_rows = path.stat().st_size, max(pf.metadata.num_rows, 1)
+        batches: list[pa.RecordBatch] = []
+        rows = refs = 0
+        for batch in pf.iter_batches(batch_size=PROGRESS_LINES, columns=cols):  # progress: the share of rows read
+            batches.append(batch)
+            rows += batch.num_rows
+            refs += len(pc.list_flatten(batch.column("hash_ids")))
+            stats.advanced(size * (row0 + rows) // num_rows)
+            if rows >= CHUNK_LINES or refs >= CHUNK_REFS:
+                yield _parquet_chunk(path, _one_batch(batches), row0, stats, unsigned)
+                row0, batches, rows, refs = row0 + rows, [], 0, 0
+        if batches:
+            yield _parquet_chunk(path, _one_batch(batches), row0, stats, unsigned)
+            row0 += rows
     except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{path}: unreadable Parquet data after row {stats.num_lines} "
-                         f"({' '.join(str(e).split())[:120]}); the file is damaged or truncated") from None
+        raise InputError(f"{path}: unreadable Parquet data after row {row0} ({' '.join(str(e).split())[:120]}); "
+                         "the file is damaged or truncated") from None
 
 
-def _columns_chunk(batch: pa.RecordBatch, row0: int, stats: ReadStats, bad: BadRows, unsigned: bool = False,
-                   time_scale: float = 1.0) -> Chunk:
-    """The chunk of a batch of trace columns (the Bailian fields; without chat_id and parent_chat_id every
-    request is a root; type, turn and user_id may be null or absent), each value checked by BAD (the rule of
-    the reader); the timestamps in seconds x TIME_SCALE."""
+def _parquet_chunk(path: Path, batch: pa.RecordBatch, row0: int, stats: ReadStats, unsigned: bool) -> Chunk:
     n = batch.num_rows
-    names = batch.schema.names
     stats.num_lines += n
     hashes = batch.column("hash_ids")
-    bad(np.asarray(hashes.is_null()), row0, "hash_ids", "is null")
+    _parquet_bad_row(path, row0, np.asarray(hashes.is_null()), "hash_ids", "is null")
     values = hashes.flatten()
     if values.null_count:
         offs = np.asarray(hashes.offsets)
         first = int(np.argmax(np.asarray(values.is_null())))
-        bad((offs[:-1] <= first) & (first < offs[1:]), row0, "hash_ids", "holds a null id")
+        _parquet_bad_row(path, row0, (offs[:-1] <= first) & (first < offs[1:]), "hash_ids", "holds a null id")
     offsets = np.asarray(hashes.offsets, dtype=np.int64)
     offsets = offsets - offsets[0]
     ids = np.ascontiguousarray(values.to_numpy(zero_copy_only=False))
@@ -681,119 +644,25 @@ def _columns_chunk(batch: pa.RecordBatch, row0: int, stats: ReadStats, bad: BadR
         stats.first_unsigned_line = stats.first_unsigned_line or row0 + 1
     ids = ids.astype(np.uint64 if unsigned else np.int64).view(np.int64) if ids.size else ids.astype(np.int64)
     ts_col = batch.column("timestamp")
-    bad(np.asarray(ts_col.is_null()), row0, "timestamp", "is null")
+    _parquet_bad_row(path, row0, np.asarray(ts_col.is_null()), "timestamp", "is null")
     ts = ts_col.to_numpy(zero_copy_only=False).astype(np.float64)
-    bad(~(np.abs(ts) <= MAX_ABS_TIME_S * time_scale), row0, "timestamp",
-        f"is not finite or out of range (|t| <= {MAX_ABS_TIME_S * time_scale:g})")
-    if time_scale != 1.0:
-        ts /= time_scale
-    none: list[Any] = [None] * n
-    turn = batch.column("turn") if "turn" in names else None
-    if turn is not None:
-        tv = np.nan_to_num(turn.to_numpy(zero_copy_only=False).astype(np.float64), nan=0.0)  # null: no turn
-        bad((tv < 0) | (tv > MAX_TURN), row0, "turn", f"is out of range [0, {MAX_TURN}]")
-    roots = np.full(n, -1, dtype=np.int64)
+    _parquet_bad_row(path, row0, ~(np.abs(ts) <= MAX_ABS_TIME_S), "timestamp",
+                     f"is not finite or out of range (|t| <= {MAX_ABS_TIME_S:g} s)")
+    turn = batch.column("turn")
+    tv = np.nan_to_num(turn.to_numpy(zero_copy_only=False).astype(np.float64), nan=0.0)  # null: no turn
+    _parquet_bad_row(path, row0, (tv < 0) | (tv > MAX_TURN), "turn", f"is out of range [0, {MAX_TURN}]")
     return Chunk(
         line_no=np.arange(row0 + 1, row0 + n + 1, dtype=np.int64),
-        chat_id=_checked_ints(batch, "chat_id", row0, *INT64, bad) if "chat_id" in names else roots,
-        parent_chat_id=_checked_ints(batch, "parent_chat_id", row0, *INT64, bad) if "chat_id" in names else roots,
+        chat_id=_parquet_ints(path, batch, "chat_id", row0, *INT64),
+        parent_chat_id=_parquet_ints(path, batch, "parent_chat_id", row0, *INT64),
         timestamp_s=ts,
-        input_tokens=_checked_ints(batch, "input_length", row0, 0, MAX_TOKENS, bad),
-        output_tokens=_checked_ints(batch, "output_length", row0, 0, MAX_TOKENS, bad),
-        type=batch.column("type").to_pylist() if "type" in names else none,
-        turn=turn.to_pylist() if turn is not None else none,
-        user_id=batch.column("user_id").to_pylist() if "user_id" in names else none,
+        input_tokens=_parquet_ints(path, batch, "input_length", row0, 0, MAX_TOKENS),
+        output_tokens=_parquet_ints(path, batch, "output_length", row0, 0, MAX_TOKENS),
+        type=batch.column("type").to_pylist(),
+        turn=turn.to_pylist(),
+        user_id=batch.column("user_id").to_pylist() if "user_id" in batch.schema.names else [None] * n,
         hash_ids=ids, offsets=offsets,
     )
-
-
-class ReadLineByLine(Exception):
-    """Raised by the columnar JSONL reader (read_chunks(columnar=True)) at anything its column checks cannot
-    vouch for: the caller reads the file again line by line (columnar=False), whose checks name the line
-    and the field of a bad value, or count it with --on-error skip."""
-
-
-_JSON_TYPES = {"chat_id": pa.int64(), "parent_chat_id": pa.int64(), "timestamp": pa.float64(),
-               "input_length": pa.int64(), "output_length": pa.int64(), "type": pa.string(), "turn": pa.int64(),
-               "hash_ids": pa.list_(pa.int64()), "user_id": pa.string()}
-_JSON_BLOCK_BYTES = 1 << 20  # the columnar reader's parse unit (and its progress step)
-_BLANK = rb"[ \t\r\x0b\x0c]*"  # what bytes.strip() removes from a line, but its newline
-
-
-class _CountedReads:
-    """A binary file read through for Arrow: counts the newlines and the last byte read, and reports the
-    read's progress to STATS."""
-
-    def __init__(self, raw: IO[bytes], stats: ReadStats) -> None:
-        self.raw, self.stats = raw, stats
-        self.num_newlines = 0
-        self.last = b"\n"
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        if data:
-            self.num_newlines += data.count(b"\n")
-            self.last = data[-1:]
-            self.stats.advanced(self.raw.tell())
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
-    @property
-    def num_lines(self) -> int:
-        """Lines read so far, as the line-by-line reader counts them (a last line may lack its newline)."""
-        return self.num_newlines + (self.last != b"\n")
-
-
-def _has_blank_line(raw: IO[bytes]) -> bool:
-    """True when the file RAW holds a line of blanks only (Arrow's reader passes over those silently,
-    which would shift the line numbers)."""
-    with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        tail = mm[mm.rfind(b"\n") + 1:]
-        return bool(re.match(_BLANK + rb"\n", mm) or re.search(rb"\n" + _BLANK + rb"\n", mm)
-                    or (tail and not tail.strip()))
-
-
-def _read_jsonl_columnar(path: Path, fmt: str, stats: ReadStats) -> Iterator[Chunk]:
-    """The chunks of an uncompressed JSONL trace by Arrow's multi-threaded reader (the fields of FMT and
-    nothing else, typed strictly: an integer field refuses 3.0, a string field a number), each value then
-    checked per column as the line-by-line reader checks it per record. It raises ReadLineByLine, possibly
-    after yielding chunks, at anything that check cannot vouch for: a compressed or empty file, a blank line,
-    a field missing, null, of another type or out of range, an unknown field, an id beyond int64 (the unsigned
-    domain), a line that is not one record."""
-    if path.suffix in (".gz", ".zst") or path.stat().st_size == 0:
-        raise ReadLineByLine
-    names = [*_BAILIAN, "user_id"] if fmt == "bailian" else list(_MOONCAKE)
-    opts = pj.ParseOptions(explicit_schema=pa.schema([(n, _JSON_TYPES[n]) for n in names]),
-                           unexpected_field_behavior="error")
-    scale = 1.0 if fmt == "bailian" else 1000.0
-
-    def chunk(batch: pa.RecordBatch, row0: int) -> Chunk:
-        if fmt == "bailian":  # required here; the Parquet reader takes them nullable
-            _json_doubt(np.asarray(batch.column("type").is_null()), row0, "type", "is null")
-            _json_doubt(np.asarray(batch.column("turn").is_null()), row0, "turn", "is null")
-        return _columns_chunk(batch, row0, stats, _json_doubt, time_scale=scale)
-
-    with path.open("rb") as raw:
-        if _has_blank_line(raw):
-            raise ReadLineByLine
-        reads = _CountedReads(raw, stats)
-        try:
-            reader = pj.open_json(reads, read_options=pj.ReadOptions(block_size=_JSON_BLOCK_BYTES),
-                                  parse_options=opts)
-            yield from _batched_chunks(iter(reader), chunk)
-        except (pa.ArrowException, UnicodeDecodeError):
-            raise ReadLineByLine from None
-    if stats.num_lines != reads.num_lines:  # a line held no record or several
-        raise ReadLineByLine
 
 
 def default_block_size(path: Path, fmt: str) -> int:
@@ -823,11 +692,8 @@ def check_options(fmt: str, on_error: str, block_size: int | None) -> None:
         raise UsageError(f"--block-size {block_size}: give a number of tokens in 1..{MAX_BLOCK_SIZE}")
 
 
-def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats, *, columnar: bool = False
-                ) -> Iterator[Chunk]:
-    """Parse PATH of format FMT chunk by chunk; ON_ERROR 'fail' raises on a bad line, 'skip' counts it.
-    COLUMNAR: a JSONL trace is read by the columnar reader, which raises ReadLineByLine (possibly after
-    some chunks) where only the line-by-line reader can say what is wrong: then start again without it."""
+def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
+    """Parse PATH of format FMT chunk by chunk; ON_ERROR 'fail' raises on a bad line, 'skip' counts it."""
     check_options(fmt, on_error, None)
     if fmt == "parquet":
         return _read_parquet(path, stats)
@@ -836,4 +702,4 @@ def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats, *, column
         if f.read(4) == b"PAR1":
             raise InputError(f"{path}: a Parquet file read as {fmt} JSONL; drop --format {fmt} or pass "
                              "--format parquet")
-    return _read_jsonl_columnar(path, fmt, stats) if columnar else _read_jsonl(path, fmt, on_error, stats)
+    return _read_jsonl(path, fmt, on_error, stats)
