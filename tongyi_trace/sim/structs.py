@@ -63,7 +63,7 @@ G_POLICY = 3
 LINE_BYTES = 128  # two cache lines: a row of bk is one aligned pair (the adjacent-line prefetcher)
 
 
-def _aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
+def aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
     """int64 zeros of SHAPE whose first element starts a cache line."""
     n = shape[0] * shape[1]
     per_line = LINE_BYTES // 8
@@ -79,7 +79,7 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     NUM_IDS + 1)."""
     d = num_ids
     nq = max(num_queues, 1)
-    bk = _aligned_zeros((d + nq, NUM_ROWS))
+    bk = aligned_zeros((d + nq, NUM_ROWS))
     bk[:, QID] = -1
     for q in range(nq):
         bk[d + q, QPREV] = d + q
@@ -88,7 +88,7 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     gf = np.array(gf0, np.float64) if len(gf0) else np.zeros(1, np.float64)
     rl = np.full((2, d + 2), d, np.int64)
     rl[:, d + 1] = d + 1
-    hp = _aligned_zeros((max(heap_size, 1) + HOFF, 2))
+    hp = aligned_zeros((max(heap_size, 1) + HOFF, 2))
     return bk, hp, g, gf, np.zeros(nq, np.int64), rl
 
 

@@ -26,7 +26,17 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import G_HSTAMP, HKEY, HOFF, HTIE, HVER, ID_MASK, entry_valid, prefetch_row
+from tongyi_trace.sim.structs import (
+    G_HSTAMP,
+    HKEY,
+    HOFF,
+    HTIE,
+    HVER,
+    ID_MASK,
+    aligned_zeros,
+    entry_valid,
+    prefetch_row,
+)
 
 KEY_SCALE = 2.0**32  # heap keys are int64: H is kept to 2^-32 (ties within that are broken by recency)
 
@@ -73,21 +83,24 @@ CLOCK = STATE.fslot("CLOCK")
 # heap, but each costs a sift in a heap of runs (a few hundred to thousands, cache resident) instead of one
 # over every entry. Entries stale since (the block was referenced again, i.e. has a newer stamp in HVER,
 # or left the cache, or is pinned) are skipped, as structs' lazy heap does. When the arena is full, the
-# valid entries are moved to its front (run by run). The int table it holds, per run (indexed by the
-# run's first arena row): RUN_END, RUN_CUR (its next entry); then the run heap: per slot the run (its first
-# arena row) and the key and tie of its next entry (so that sifting reads only the run heap).
-RUN_END, RUN_CUR, RH_RUN, RH_KEY, RH_TIE = range(5)  # blocks of `it`, each hp.shape[0] long
+# valid entries are moved to its front (run by run). The int table `it` is the run heap: heap slot i is
+# SLOT values at it[SLOT * (i + 1):], the key and tie of the run's next entry, that entry's arena row and
+# the run's end (so that sifting reads only the run heap, a slot's children share one cache line, and a
+# run needs no other table).
+R_KEY, R_TIE, R_CUR, R_END = range(4)  # the fields of a slot
+SLOT = 4
 MAX_SHIFT = 16
 
 
 def init(params: GdsfParams, ctx: InitContext) -> Setup:
     """The arena (the cached blocks, two longest requests, as many stale entries between compactions: the
-    lazy heap's size) and the run tables; block_size_tokens 0 becomes the stream's block size."""
+    lazy heap's size) and the run heap (a slot per arena row at most); block_size_tokens 0 becomes the
+    stream's block size."""
     ip, fp = params.to_arrays()
     if fp[FP_BLOCK_SIZE] <= 0:
         fp[FP_BLOCK_SIZE] = float(ctx.stream.block_size)
     size = ctx.lazy_heap_entries
-    return Setup(ip, fp, it=np.zeros(5 * (size + HOFF), np.int64), heap_size=size,
+    return Setup(ip, fp, it=aligned_zeros((size + HOFF + 1, SLOT)).reshape(-1), heap_size=size,
                  g0=np.array([0, 0, -1, 0], np.int64), gf0=np.zeros(1))
 
 
@@ -110,24 +123,42 @@ def cost_per_token(pos: int, ntok: int, block_size: float, attn_scale: float) ->
 
 
 @njit(cache=True, inline="always")
-def _sift_down(it: np.ndarray, n: int, i: int) -> None:
-    """The run at slot I of the N-run heap moves down to its place (by its next entry's key, then stamp)."""
-    m = it.shape[0] // 5
-    run, key, tie = it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i]
+def _put(it: np.ndarray, i: int, key: int, tie: int, cur: int, end: int) -> None:
+    """Slot I of the run heap holds (KEY, TIE, CUR, END)."""
+    o = SLOT * (i + 1)
+    it[o + R_KEY], it[o + R_TIE], it[o + R_CUR], it[o + R_END] = key, tie, cur, end
+
+
+@njit(cache=True, inline="always")
+def _move(it: np.ndarray, dst: int, src: int) -> None:
+    """Slot DST of the run heap takes the run of slot SRC."""
+    d, o = SLOT * (dst + 1), SLOT * (src + 1)
+    for f in range(SLOT):
+        it[d + f] = it[o + f]
+
+
+@njit(cache=True, inline="always")
+def _before(key: int, tie: int, key2: int, tie2: int) -> bool:
+    """The entry (KEY, TIE) leaves before (KEY2, TIE2)."""
+    return key < key2 or (key == key2 and tie < tie2)
+
+
+@njit(cache=True, inline="always")
+def _sift_down(it: np.ndarray, n: int, i: int, key: int, tie: int, cur: int, end: int) -> None:
+    """The run (KEY, TIE, CUR, END) takes slot I of the N-run heap and moves down to its place."""
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        ck, ct = it[RH_KEY * m + c], it[RH_TIE * m + c]
-        if c + 1 < n:
-            dk, dt = it[RH_KEY * m + c + 1], it[RH_TIE * m + c + 1]
-            if dk < ck or (dk == ck and dt < ct):
-                c, ck, ct = c + 1, dk, dt
-        if not (ck < key or (ck == key and ct < tie)):
+        o = SLOT * (c + 1)
+        ck, ct = it[o + R_KEY], it[o + R_TIE]
+        if c + 1 < n and _before(it[o + SLOT + R_KEY], it[o + SLOT + R_TIE], ck, ct):
+            c, ck, ct = c + 1, it[o + SLOT + R_KEY], it[o + SLOT + R_TIE]
+        if not _before(ck, ct, key, tie):
             break
-        it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = it[RH_RUN * m + c], ck, ct
+        _move(it, i, c)
         i = c
-    it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = run, key, tie
+    _put(it, i, key, tie, cur, end)
 
 
 @njit(cache=True, inline="always")
@@ -145,43 +176,35 @@ def _close_run(hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
         hp[b, HKEY], hp[b, HTIE] = k, t
         a += 1
         b -= 1
-    m = it.shape[0] // 5
-    it[RUN_END * m + s] = e
-    it[RUN_CUR * m + s] = s
     key, tie = hp[s, HKEY], hp[s, HTIE]
     i = g[NRUNS]
     g[NRUNS] += 1
     while i > 0:  # sift up
         p = (i - 1) // 2
-        pk, pt = it[RH_KEY * m + p], it[RH_TIE * m + p]
-        if not (key < pk or (key == pk and tie < pt)):
+        if not _before(key, tie, it[SLOT * (p + 1) + R_KEY], it[SLOT * (p + 1) + R_TIE]):
             break
-        it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = it[RH_RUN * m + p], pk, pt
+        _move(it, i, p)
         i = p
-    it[RH_RUN * m + i], it[RH_KEY * m + i], it[RH_TIE * m + i] = s, key, tie
+    _put(it, i, key, tie, s, e)
 
 
 @njit(cache=True, inline="always")
 def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> None:
     """Move the valid entries of every run, and the run being released, to the front of the arena (runs
     in arena order; a run left empty is dropped) and rebuild the run heap."""
-    m = it.shape[0] // 5
     n = g[NRUNS]
-    starts = np.sort(it[RH_RUN * m:RH_RUN * m + n])
+    runs = it[SLOT:SLOT * (n + 1)].reshape(n, SLOT)
+    runs = runs[np.argsort(runs[:, R_CUR])]  # a copy, in arena order
     w = 0
     k = 0
     for j in range(n):
-        s = starts[j]
-        a, e = it[RUN_CUR * m + s], it[RUN_END * m + s]
         w0 = w
-        for i in range(a, e):
+        for i in range(runs[j, R_CUR], runs[j, R_END]):
             if entry_valid(bk, hp, i):
                 hp[w, HKEY], hp[w, HTIE] = hp[i, HKEY], hp[i, HTIE]
                 w += 1
         if w > w0:
-            it[RUN_END * m + w0] = w
-            it[RUN_CUR * m + w0] = w0
-            it[RH_RUN * m + k], it[RH_KEY * m + k], it[RH_TIE * m + k] = w0, hp[w0, HKEY], hp[w0, HTIE]
+            _put(it, k, hp[w0, HKEY], hp[w0, HTIE], w0, w)
             k += 1
     p = g[PEND]
     if p >= 0:
@@ -192,7 +215,8 @@ def _compact(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, it: np.ndarray) -> N
     g[TAIL] = w
     g[NRUNS] = k
     for i in range(k // 2 - 1, -1, -1):
-        _sift_down(it, k, i)
+        o = SLOT * (i + 1)
+        _sift_down(it, k, i, it[o + R_KEY], it[o + R_TIE], it[o + R_CUR], it[o + R_END])
 
 
 @njit(cache=True, inline="always")
@@ -230,20 +254,18 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
     """The valid entry with the smallest (key, stamp); the clock becomes its key."""
     _close_run(hp, g, it)
-    m = it.shape[0] // 5
     while g[NRUNS] > 0:
-        r = it[RH_RUN * m]
-        e = it[RUN_CUR * m + r]
-        it[RUN_CUR * m + r] = e + 1
-        if e + 1 == it[RUN_END * m + r]:  # the run is used up: the last run takes its slot
+        e = it[SLOT + R_CUR]
+        end = it[SLOT + R_END]
+        if e + 1 == end:  # the run is used up: the last run takes its slot
             g[NRUNS] -= 1
-            n = g[NRUNS]
-            it[RH_RUN * m], it[RH_KEY * m], it[RH_TIE * m] = it[RH_RUN * m + n], it[RH_KEY * m + n], it[RH_TIE * m + n]
+            o = SLOT * (g[NRUNS] + 1)
+            _sift_down(it, g[NRUNS], 0, it[o + R_KEY], it[o + R_TIE], it[o + R_CUR], it[o + R_END])
         else:
-            it[RH_KEY * m], it[RH_TIE * m] = hp[e + 1, HKEY], hp[e + 1, HTIE]
-        _sift_down(it, g[NRUNS], 0)
-        if g[NRUNS] > 0:  # the next victim, most likely: start loading its row
-            prefetch_row(bk, it[RH_TIE * m] & ID_MASK)  # type: ignore[call-arg]
+            _sift_down(it, g[NRUNS], 0, hp[e + 1, HKEY], hp[e + 1, HTIE], e + 1, end)
+        if g[NRUNS] > 0:  # the next victim, most likely: start loading its row and its run's next entry
+            prefetch_row(bk, it[SLOT + R_TIE] & ID_MASK)  # type: ignore[call-arg]
+            prefetch_row(hp, it[SLOT + R_CUR] + 1)
         if entry_valid(bk, hp, e):
             gf[CLOCK] = float(hp[e, HKEY]) / KEY_SCALE
             return hp[e, HTIE] & ID_MASK
