@@ -24,15 +24,14 @@ import polars as pl
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, error_line, map_tasks
-from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.fleet.routers import get_router, parse_routers
 from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
 from tongyi_trace.run import RunDir, write_json
 from tongyi_trace.schemas import FLEET_SCHEMA
-from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
-from tongyi_trace.sim.registry import Policy, get_policy
+from tongyi_trace.sim.capacity import Capacity
+from tongyi_trace.sim.registry import Policy
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted
-from tongyi_trace.sim.stream import Stream, next_request_of_refs
+from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.sweep import (
     RowSink,
     SimulateOptions,
@@ -40,8 +39,7 @@ from tongyi_trace.sim.sweep import (
     _shared,
     _worker_stream,
     build_config,
-    policy_variant,
-    prepare_stream,
+    sweep_inputs,
 )
 
 TABLE_BYTES_PER_ID = 144  # a Cache's block table (structs.make_state): 16 int64 fields + 2 links per block id
@@ -132,26 +130,10 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
     ON_RESULT(row, done, total) as each ends."""
     routers = parse_routers(fleet.routers)
     counts = parse_instances(fleet.instances)
-    variants = [policy_variant(p) for p in cfg.policies]
-    fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
-    needy = [base for base, _ in variants if base in ("wa", FITTED)]
-    if fit is None and needy:
-        raise UsageError(f"policy {needy[0]} needs fitted parameters: run 'kvtrace fit {run.path}' first "
-                         "(simulate then uses its fit/policy.json) or pass --policy-file FILE")
-    for base, _ in variants:
-        if base != FITTED:
-            get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     assert cfg.cost is not None
-    stream = prepare_stream(run, cfg.engine_block_size, fit)
-    if stream.num_refs == 0:
-        raise UsageError(f"{run.path}: no block references to simulate")
-    next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
-    peak_live = int(peak_live_blocks(stream.req_off, next_req))
-
-    def capacities(text: str) -> list[Capacity]:
-        return parse_capacities(text, num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
-                                model=cfg.model, peak_live=peak_live)
-
+    inputs = sweep_inputs(run, cfg)
+    variants, fit, stream, next_req = inputs.variants, inputs.fit, inputs.stream, inputs.next_req
+    capacities = inputs.capacities
     caps = capacities(cfg.capacities)
     hbm = capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
     remote = capacities(fleet.remote_capacity)[0] if fleet.remote_capacity else None
@@ -202,7 +184,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         "schema": FLEET_SCHEMA, "num_requests": stream.num_requests, "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
-        "peak_live_blocks": peak_live, "capacities_per_instance": [asdict(c) for c in caps],
+        "peak_live_blocks": inputs.peak_live_blocks, "capacities_per_instance": [asdict(c) for c in caps],
         "instances": counts, "routers": routers, "policies": cfg.policies,
         "hbm_capacity": asdict(hbm) if hbm else None, "hbm_policy": cfg.hbm_policy,
         "remote_capacity": asdict(remote) if remote else None,

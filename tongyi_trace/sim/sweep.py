@@ -114,31 +114,51 @@ class RowSink:
             self.on_result(row, len(self.rows) + len(self.failed), total)
 
 
-def run_sweep(run: RunDir, cfg: SweepConfig,
-              on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
-    """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
+@dataclass(frozen=True)
+class SweepInputs:
+    """What every sweep (this one, the fleet's) starts from: the policies as (base, variant parameters),
+    the policy file, the stream, each reference's next request and the oracle's peak live set."""
+
+    variants: list[tuple[str, dict[str, Any]]]
+    fit: PolicyParams | None
+    stream: Stream
+    next_req: np.ndarray
+    peak_live_blocks: int
+    model: ModelPreset | None
+
+    def capacities(self, text: str) -> list[Capacity]:
+        """The capacities of TEXT (every unit simulate takes) for this stream."""
+        return parse_capacities(text, num_distinct=self.stream.num_ids, block_size_tokens=self.stream.block_size,
+                                model=self.model, peak_live=self.peak_live_blocks)
+
+
+def sweep_inputs(run: RunDir, cfg: SweepConfig) -> SweepInputs:
+    """The inputs of CFG's sweep over RUN, every policy's parameters checked before any work; a UsageError
+    when WA or `fitted` has no policy file or RUN has no block reference."""
     variants = [policy_variant(p) for p in cfg.policies]
     fit: PolicyParams | None = load_policy(cfg.params_path) if cfg.params_path else None
     needy = [base for base, _ in variants if base in ("wa", FITTED)]
     if fit is None and needy:
         raise UsageError(f"policy {needy[0]} needs fitted parameters: run 'kvtrace fit {run.path}' first "
                          "(simulate then uses its fit/policy.json) or pass --policy-file FILE")
-    for base, _ in variants:  # validate parameters before any work
-        if base == FITTED:
-            continue
-        get_policy(base).make_params({**cfg.policy_params.get(base, {})})
+    for base, _ in variants:
+        if base != FITTED:
+            get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     stream = prepare_stream(run, cfg.engine_block_size, fit)
-    warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
     if stream.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
-    peak_live = int(peak_live_blocks(stream.req_off, next_req))
-    caps = parse_capacities(cfg.capacities, num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
-                            model=cfg.model, peak_live=peak_live)
-    hbm = None
-    if cfg.hbm_capacity:
-        hbm = parse_capacities(cfg.hbm_capacity, num_distinct=stream.num_ids,
-                               block_size_tokens=stream.block_size, model=cfg.model, peak_live=peak_live)[0]
+    return SweepInputs(variants, fit, stream, next_req, int(peak_live_blocks(stream.req_off, next_req)), cfg.model)
+
+
+def run_sweep(run: RunDir, cfg: SweepConfig,
+              on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
+    """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
+    inputs = sweep_inputs(run, cfg)
+    variants, fit, stream, next_req = inputs.variants, inputs.fit, inputs.stream, inputs.next_req
+    warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
+    caps = inputs.capacities(cfg.capacities)
+    hbm = inputs.capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
     curve = lru_curve(stream)
     out_dir = sweep_dir(run, cfg.name) if cfg.write else None
     sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
@@ -166,7 +186,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         "num_refs": stream.num_refs,
         "num_distinct_blocks": stream.num_ids, "block_size": stream.block_size,
         "engine_block_size": cfg.engine_block_size, "ideal_hit_ratio": stream.ideal_hits() / stream.num_refs,
-        "peak_live_blocks": peak_live, "capacities": [asdict(c) for c in caps],
+        "peak_live_blocks": inputs.peak_live_blocks, "capacities": [asdict(c) for c in caps],
         "hbm_capacity": asdict(hbm) if hbm else None, "hbm_policy": cfg.hbm_policy,
         "model": cfg.model.name if cfg.model else None,
         "model_shape": asdict(cfg.model) if cfg.model else None,
