@@ -153,11 +153,6 @@ class Fig:
                  "text": annotation_text, "showarrow": False})
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        """The spec as JSON-ready data (typed arrays encoded)."""
-        out: dict[str, Any] = _jsonable({"data": self.data, "layout": self.layout})
-        return out
-
 
 def figure_json(fig: Fig) -> str:
     """FIG as compact, script-safe JSON (the page applies the shared template)."""
