@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.sim.kernel import S_EVICT_CYCLES
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import Policy, get_policy
-from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.simulate import Cache, simulate_policy
 from tongyi_trace.sim.stream import Stream, stream_from_lists
+from tongyi_trace.sim.structs import NARROW_ROWS, NUM_ROWS
 
 FIT = PolicyParams(categories={"a": CategoryParams(0.8, 0.5, 2.0, 5.0), "b": CategoryParams(0.2, 0.05, 20.0, 50.0)},
                    default=CategoryParams(0.5, 0.1, 10.0, 10.0))
@@ -120,6 +123,33 @@ def test_prefix_closed_policies_never_choose_a_block_with_cached_children(s: Str
         assert plain.orphaned_refs == 0 and plain.num_orphaning_evictions == 0, (pol, kv)
         assert plain.req_hit_blocks.tolist() == tracked.req_hit_blocks.tolist(), (pol, kv)
         assert plain.num_evictions == tracked.num_evictions, (pol, kv)
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams(), st.integers(1, 12))
+def test_a_narrow_state_gives_the_same_results(s: Stream, capacity: int) -> None:
+    # simulate_policy's cache is not tierable: LRU without leaf_only keeps one cache line per block
+    # (structs.NARROW_ROWS), every other setting the full row; both give the same results, stat by stat.
+    for pol, leaf_only in [("lru", False), ("lru", True), ("oracle", False), ("fifo", False)]:
+        params = {"leaf_only": leaf_only}
+        narrow, wide = (Cache(s, pol, capacity, params=params, tierable=t) for t in (False, True))
+        assert wide.state[0].shape[1] == NUM_ROWS
+        assert narrow.state[0].shape[1] == (NARROW_ROWS if (pol, leaf_only) == ("lru", False) else NUM_ROWS)
+        for c in (narrow, wide):
+            c.serve(0, s.num_requests)
+        a, b = narrow.result(), wide.result()
+        assert a.req_hit_blocks.tolist() == b.req_hit_blocks.tolist(), pol
+        assert (narrow.stats[:S_EVICT_CYCLES] == wide.stats[:S_EVICT_CYCLES]).all(), pol
+        assert (narrow.stats[S_EVICT_CYCLES + 1:] == wide.stats[S_EVICT_CYCLES + 1:]).all(), pol
+
+
+def test_the_kernel_refuses_a_narrow_state_where_it_counts_cached_children() -> None:
+    s = stream_from_lists([[1, 2], [3]])
+    c = Cache(s, "lru", 2, tierable=False)
+    assert c.state[0].shape[1] == NARROW_ROWS
+    c.leaf_only = True  # leaf_only needs the count of cached children, which a narrow row has no room for
+    with pytest.raises(ValueError, match="narrow state"):
+        c.serve(0, 2)
 
 
 def test_orphans_are_counted_without_leaf_only() -> None:

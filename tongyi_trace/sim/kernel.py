@@ -25,7 +25,7 @@ parent is always at least as recent as its children); ORACLE too (a parent's nex
 Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy of the loop takes it at
 its word: without leaf_only it keeps no count of cached children (NCHILD, PGEN, GEN: two more random
 rows per eviction), so it counts no orphaning eviction, of which there is none (a property test checks
-the claim with the count kept).
+the claim with the count kept); its state may then be narrow (structs.NARROW_ROWS, simulate.Cache).
 
 Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
 with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
@@ -61,6 +61,7 @@ from tongyi_trace.sim.structs import (
     GEN,
     LAST,
     NCHILD,
+    NUM_ROWS,
     PARK,
     PGEN,
     PINNED,
@@ -117,6 +118,8 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     rprev = rl[1]
     num_out = 0
     forest = leaf_only or not PREFIX_CLOSED  # keep NCHILD (module doc)
+    if forest and bk.shape[1] < NUM_ROWS:
+        raise ValueError("a narrow state (structs.NARROW_ROWS) has no room to count cached children")
     # the cache's size and the per-eviction counts live in registers (stored into g and stats at the end)
     size = g[G_SIZE]
     num_evictions = 0

@@ -17,7 +17,10 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                             (0 = not counted); GEN counts this block's insertions
                                  the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
                                  and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
-                                 documents in its own file (policy_base.StateDecl)
+                                 documents in its own file (policy_base.StateDecl). A state that needs
+                                 no column after NCHILD has NARROW_ROWS columns: one cache line per
+                                 block (simulate.Cache decides; the kernel refuses it when it would
+                                 count cached children)
     hp  int64[Hn, 2]             heap entries (HKEY, HTIE), 16 bytes each: a node's 4 children fill one
                                  cache line
     g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE; G_HSIZE, G_HSTAMP), then
@@ -48,6 +51,7 @@ PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, NCHILD, PGEN, GEN, HVER = range(
 POLICY_COL0 = 11  # the first column a policy may declare (policy_base.StateDecl)
 POLICY_COLUMNS = 5
 NUM_ROWS = POLICY_COL0 + POLICY_COLUMNS
+NARROW_ROWS = NCHILD + 1  # the columns of a narrow state (module doc)
 # columns of hp
 HKEY, HTIE = 0, 1  # the key; push stamp << 32 | block id (the tie-break, and the entry's block and version)
 ID_MASK = (1 << 32) - 1
@@ -72,14 +76,17 @@ def aligned_zeros(shape: tuple[int, int]) -> np.ndarray:
     return buf[off:off + n].reshape(shape)
 
 
-def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf0: np.ndarray
+def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf0: np.ndarray,
+               num_columns: int = NUM_ROWS,
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(bk, hp, g, gf, qs, rl) for NUM_IDS blocks; G0 and GF0 are the policy's initial scalars (after the
     kernel's in g); rl = the links of the kernel's lists of held-back blocks (sentinels NUM_IDS and
-    NUM_IDS + 1)."""
+    NUM_IDS + 1). NUM_COLUMNS: NUM_ROWS, or NARROW_ROWS for a narrow state (module doc)."""
+    if num_columns not in (NUM_ROWS, NARROW_ROWS):
+        raise ValueError(f"a state has {NUM_ROWS} or {NARROW_ROWS} columns, not {num_columns}")
     d = num_ids
     nq = max(num_queues, 1)
-    bk = aligned_zeros((d + nq, NUM_ROWS))
+    bk = aligned_zeros((d + nq, num_columns))
     bk[:, QID] = -1
     for q in range(nq):
         bk[d + q, QPREV] = d + q
