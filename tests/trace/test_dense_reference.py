@@ -108,3 +108,20 @@ def test_random_streams(requests: list[list[int]], seed: int, cuts: list[int]) -
         finally:
             con.close()
     assert sql_chain.tolist() == chain.tolist() and sql_idx.tolist() == by_hand
+
+
+def test_many_batches_grow_the_table() -> None:
+    """Past the first batch the ids go to the compiled table, which grows from 16 slots to ~2^17 here: the
+    numbering is the first-appearance one whatever the batches (uniform 64-bit ids, negatives included, and
+    dense small integers, whose low bits alone would collide)."""
+    rng = np.random.default_rng(7)
+    for pool in (rng.integers(-(2**63), 2**63 - 1, 60_000, dtype=np.int64), np.arange(60_000, dtype=np.int64)):
+        ids = rng.choice(pool, 200_000)
+        first_seen: dict[int, int] = {}
+        by_hand = [first_seen.setdefault(c, len(first_seen)) for c in ids.tolist()]
+        for cuts in ([0], [5, 1_000, 0, 30_000, 30_000, 60_000]):
+            dense = DenseIds()
+            assert reference(ids, cuts).tolist() == by_hand
+            dense.assign(ids[:0])
+            dense.assign(ids)
+            assert dense.num_distinct == len(first_seen)
