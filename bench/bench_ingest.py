@@ -4,7 +4,8 @@ Prints wall time, block references per second and peak RSS of `kvtrace ingest`, 
 merely parsing the same JSONL with the fastest reader available here (the floor: the faster of
 Polars' NDJSON reader and an orjson line loop), each in a child process of its own, in the same run.
 Target: ingest <= 4x the floor, peak RSS no higher than before (977 MB). The CPU-time ratio is printed
-too: on shared cores the wall ratio is inflated by waiting.
+too: on shared cores the wall ratio is inflated by waiting. Then the scaling: the same profile at 4x the
+size (several chunks: the chain ids' numbering must stay linear across them), CPU time against the x1's.
 
     .venv/bin/python bench/bench_ingest.py
 """
@@ -19,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 from _common import KVTRACE, synthetic_trace, timed_child
+
+from tongyi_trace.trace.reader import CHUNK_REFS
 
 FLOOR_POLARS = "import polars as pl, sys; pl.read_ndjson(sys.argv[1])"
 FLOOR_ORJSON = ("import orjson, sys\n"
@@ -51,6 +54,12 @@ def main() -> None:
     fw, fc, _ = floors[floor_name]
     print(f"  ingest / floor ({floor_name}) = {wall / fw:.2f}x wall, {cpu / fc:.2f}x CPU "
           f"(target <= 4x; load average {os.getloadavg()[0]:.1f})")
+    big = synthetic_trace("to-c", 4.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cpu4, rss4 = _timed([*KVTRACE, "ingest", str(big), "-o", tmp, "-q"])
+        refs4 = json.loads((Path(tmp) / "provenance.json").read_text())["num_block_refs"]
+    print(f"  scaling: {big.name} ({refs4:,} refs, {-(-refs4 // CHUNK_REFS)} chunks): CPU {cpu4:.2f} s = "
+          f"{cpu4 / cpu:.2f}x the x1 trace's for {refs4 / refs:.2f}x its refs; peak RSS {rss4:,.0f} MiB")
 
 
 if __name__ == "__main__":
