@@ -82,7 +82,7 @@ DEMOTE = False
 PREFIX_CLOSED = False  # the policy's claim (module doc), bound by policy_kernel for the plain copy only
 # rows of LREL: a block's last release in the upper tier
 L_REF, L_POS, L_CAT, L_LAST_US = range(4)
-TIMED_EVERY = 16
+TIMED_EVERY = 64
 
 
 def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: np.ndarray,
@@ -120,6 +120,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     forest = leaf_only or not PREFIX_CLOSED  # keep NCHILD (module doc)
     if forest and bk.shape[1] < NUM_ROWS:
         raise ValueError("a narrow state (structs.NARROW_ROWS) has no room to count cached children")
+    held = leaf_only or rnext[d] != d or rnext[d + 1] != d + 1  # a block may be held back (PARK != 0)
     # the cache's size and the per-eviction counts live in registers (stored into g and stats at the end)
     size = g[G_SIZE]
     num_evictions = 0
@@ -141,7 +142,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
                     break
                 pinned[x] = 1
-                if bk[x, PARK] != 0:
+                if held and bk[x, PARK] != 0:
                     _unpark(bk, rnext, rprev, x)
                 access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
                 h += 1
@@ -165,7 +166,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if present[x] == 1:
                 if pinned[x] == 0:
                     pinned[x] = 1
-                    if bk[x, PARK] != 0:
+                    if held and bk[x, PARK] != 0:
                         _unpark(bk, rnext, rprev, x)
                     access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
                     if k < nstat:
