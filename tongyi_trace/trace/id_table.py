@@ -3,8 +3,9 @@ trace/dense.DenseIds that serves every batch after the first, so that numbering 
 references however many batches it comes in (one look-up or insert per reference; the table grows by
 doubling, each id moved once per growth).
 
-Slots: KEYS[s] the id, VALS[s] its number (-1 = empty); linear probing from a multiplicative (Fibonacci)
-hash of the id, so dense integers spread as well as uniform chain ids. Kept at most MAX_LOAD full.
+Slots: SLOTS[s] = (the id, its number; -1 = empty), side by side so that a probe reads one cache line;
+linear probing from a multiplicative (Fibonacci) hash of the id, so dense integers spread as well as
+uniform chain ids. Kept at most MAX_LOAD full.
 """
 
 from __future__ import annotations
@@ -23,25 +24,25 @@ def _slot(key: np.int64, shift: np.uint64) -> np.int64:
 
 
 @njit(cache=True, nogil=True)
-def _assign(keys: np.ndarray, vals: np.ndarray, shift: np.uint64, ids: np.ndarray, start: int, out: np.ndarray,
-            num: int, limit: int) -> tuple[int, int]:
+def _assign(slots: np.ndarray, shift: np.uint64, ids: np.ndarray, start: int, out: np.ndarray, num: int,
+            limit: int) -> tuple[int, int]:
     """Number IDS[start:] into OUT (known ids their number, new ones NUM, NUM + 1, ...) until the table
     holds LIMIT ids; return (the next number, where it stopped)."""
-    mask = keys.shape[0] - 1
+    mask = slots.shape[0] - 1
     for i in range(start, ids.shape[0]):
         if num >= limit:
             return num, i
         k = ids[i]
         s = _slot(k, shift)
         while True:
-            v = vals[s]
+            v = slots[s, 1]
             if v < 0:
-                keys[s] = k
-                vals[s] = num
+                slots[s, 0] = k
+                slots[s, 1] = num
                 out[i] = num
                 num += 1
                 break
-            if keys[s] == k:
+            if slots[s, 0] == k:
                 out[i] = v
                 break
             s = (s + 1) & mask
@@ -49,24 +50,24 @@ def _assign(keys: np.ndarray, vals: np.ndarray, shift: np.uint64, ids: np.ndarra
 
 
 @njit(cache=True, nogil=True)
-def _move(keys: np.ndarray, vals: np.ndarray, new_keys: np.ndarray, new_vals: np.ndarray, shift: np.uint64) -> None:
-    """Insert every id of the table (KEYS, VALS) into the empty table (NEW_KEYS, NEW_VALS)."""
-    mask = new_keys.shape[0] - 1
-    for j in range(keys.shape[0]):
-        if vals[j] < 0:
+def _move(slots: np.ndarray, new: np.ndarray, shift: np.uint64) -> None:
+    """Insert every id of the table SLOTS into the empty table NEW."""
+    mask = new.shape[0] - 1
+    for j in range(slots.shape[0]):
+        if slots[j, 1] < 0:
             continue
-        s = _slot(keys[j], shift)
-        while new_vals[s] >= 0:
+        s = _slot(slots[j, 0], shift)
+        while new[s, 1] >= 0:
             s = (s + 1) & mask
-        new_keys[s] = keys[j]
-        new_vals[s] = vals[j]
+        new[s, 0] = slots[j, 0]
+        new[s, 1] = slots[j, 1]
 
 
 class IdTable:
     """Dense numbers of 64-bit ids, continuing from the ids already numbered (SEEN, in order)."""
 
     def __init__(self, seen: npt.NDArray[np.int64]) -> None:
-        self.keys, self.vals, self.shift = _empty(max(16, int(seen.shape[0] / MAX_LOAD) + 1))
+        self.slots, self.shift = _empty(max(16, int(seen.shape[0] / MAX_LOAD) + 1))
         self.num_distinct = 0
         self.assign(np.ascontiguousarray(seen, dtype=np.int64))
 
@@ -75,17 +76,16 @@ class IdTable:
         out = np.empty(ids.shape[0], np.int64)
         start = 0
         while True:
-            limit = int(self.keys.shape[0] * MAX_LOAD)
-            self.num_distinct, start = _assign(self.keys, self.vals, self.shift, ids, start, out,
-                                               self.num_distinct, limit)
+            limit = int(self.slots.shape[0] * MAX_LOAD)
+            self.num_distinct, start = _assign(self.slots, self.shift, ids, start, out, self.num_distinct, limit)
             if start == ids.shape[0]:
                 return out
-            keys, vals, shift = _empty(2 * self.keys.shape[0])
-            _move(self.keys, self.vals, keys, vals, shift)
-            self.keys, self.vals, self.shift = keys, vals, shift
+            slots, shift = _empty(2 * self.slots.shape[0])
+            _move(self.slots, slots, shift)
+            self.slots, self.shift = slots, shift
 
 
-def _empty(min_slots: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], np.uint64]:
+def _empty(min_slots: int) -> tuple[npt.NDArray[np.int64], np.uint64]:
     """An empty table of at least MIN_SLOTS slots (a power of two) and its hash shift."""
     bits = max(4, int(min_slots - 1).bit_length())
-    return np.zeros(1 << bits, np.int64), np.full(1 << bits, -1, np.int64), np.uint64(64 - bits)
+    return np.full((1 << bits, 2), -1, np.int64), np.uint64(64 - bits)
