@@ -3,7 +3,7 @@
 Speed (issue: to-C < 15 s, to-B < 20 s, coder < 30 s on 2 cores): the end-to-end CLI in a child
 process (wall time, peak RSS) and, in this process, draw + assemble vs writing the JSONL (CPU times
 matter when the machine is shared: the load average is printed).
-Bands (the slow check): `kvtrace synth --profile P --check` for to-C seeds 1-3 and to-B, thinking
+Bands (the slow check): `kvtrace synth --profile P --check` for to-C and to-B seeds 1-3 and thinking
 and coder seed 1, at full size, through the real ingest, analyses and LRU curve.
 """
 
@@ -23,7 +23,8 @@ from tongyi_trace.trace.synth_core import write_jsonl
 
 SEED = 1
 TARGET_S = {"to-c": 15, "to-b": 20, "thinking": 15, "coder": 30}
-BAND_RUNS = [("to-c", 1), ("to-c", 2), ("to-c", 3), ("to-b", 1), ("thinking", 1), ("coder", 1)]
+BAND_RUNS = [("to-c", 1), ("to-c", 2), ("to-c", 3), ("to-b", 1), ("to-b", 2), ("to-b", 3), ("thinking", 1),
+             ("coder", 1)]
 
 
 def speed(tmp: Path) -> None:

@@ -2,10 +2,12 @@
 
 Programs (API keys, each its own user) have a very skewed request rate: lognormal weights drawn one
 per quantile slice (the population is the same at every seed; only who is who changes) with the
-z-score capped, so that most keys send nothing in two hours and a few dozen send most requests.
+z-score capped, so that most keys send nothing in two hours and a few dozen send most requests;
+each sends its expected number of requests, rounded up or down (systematic sampling, not Poisson).
 A program calls the model with a few prompt templates (its tasks: a bigger application has more;
-Zipf popularity): every request is one template's fixed system prompt, then a new input of the
-template's typical length; all are single-turn. Part of each program's traffic is batch jobs (one
+Zipf popularity; lengths one per quantile slice within the program): every request is one
+template's fixed system prompt, then a new input of the template's typical length; all are
+single-turn. Part of each program's traffic is batch jobs (one
 template over many inputs within minutes), the rest a steady stream over the whole trace: the jobs
 put the prompt reuse within seconds, the steady streams of rarely used templates after 10+ s.
 Reuse of the new input comes from sending a request again: n-sampling as separate calls (the same
@@ -35,8 +37,8 @@ from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, F64, I64, MAIN, REG
 class ApiParams:
     """The to-B generative model; see docs/synth.md for each value's source."""
 
-    requests_per_program: float = 23.0  # programs = requests / this (most send nothing in 2 h)
-    program_rate_sigma: float = 5.0  # lognormal spread of program request rates (Fig 8: 4% give 90% of hits)
+    requests_per_program: float = 18.0  # programs = requests / this (most send nothing in 2 h)
+    program_rate_sigma: float = 4.75  # lognormal spread of program request rates (Fig 8: 4% give 90% of hits)
     program_rate_cap_z: float = 3.4  # the busiest programs' rate z-score is capped here
     requests_per_template: float = 400.0  # a program's templates = its expected requests / this (at least 1)
     template_zipf: float = 0.4  # popularity of a program's templates
@@ -50,7 +52,7 @@ class ApiParams:
     repeat_prob: float = 0.16  # P(a request is sent twice: n-sampling as separate calls)
     repeat_gap_s: Lognormal = (0.3, 1.0)  # time to the second send
     retry_prob: float = 0.016  # P(a request is retried after a client timeout)
-    retry_gap_s: Lognormal = (80.0, 0.45)  # time to the retry
+    retry_gap_s: Lognormal = (76.0, 0.45)  # time to the retry
     follow_up_prob: float = 0.0005  # Fig 5: <0.1% multi-turn in B
     follow_up_gap_mean_s: float = 5.0
 
@@ -115,7 +117,9 @@ def draw_api(rng: np.random.Generator, num_requests: int, duration_s: float,
     job_start = rng.random(job_prog.size) * (duration_ms - job_ms)
 
     n_roots = num_requests + 16 + num_requests // 50  # spare: repeats and follow-ups past the end drop
-    prog = rng.choice(num_programs, size=n_roots, p=weights)
+    # each program sends its expected share of the requests, rounded up or down (systematic sampling)
+    slots = np.searchsorted(np.cumsum(weights) * n_roots, np.arange(n_roots) + rng.random(), side="right")
+    prog = rng.permutation(np.minimum(slots, num_programs - 1)).astype(np.int64)
     # a steady request: any of the program's templates at any time; a batch one: in one of its jobs
     tpl = _pick_template(rng, tpl_cdf, prog)
     t0 = rng.integers(0, duration_ms, size=n_roots)
