@@ -17,7 +17,10 @@ HOLDING = {
     # ideal hit and LRU curve are checked at full size only (bench/bench_synth.py)
     "to-c": {"num_requests", "single_turn_next_prob", "users_for_90pct_hits", "top10_turn_ratio",
              "lifespan_p90_s"},
-    "to-b": {"num_requests", "ideal_hit", "single_turn_hit_share", "multi_turn_share", "lifespan_p90_s"},
+    # to-B at a quarter size: the programs giving 90% of hits swing (.034-.046 at seeds 1-3: a quarter of
+    # the programs, the busiest one not capped), the LRU gap needs the full size
+    "to-b": {"num_requests", "num_block_refs", "ideal_hit", "reuse_within_10s", "single_turn_hit_share",
+             "multi_turn_share", "lifespan_p90_s", "lifespan_p99_s"},
     "thinking": {"num_requests", "num_block_refs", "ideal_hit"},
 }
 

@@ -42,7 +42,7 @@ class ApiParams:
     program_rate_cap_z: float = 3.4  # the busiest programs' rate z-score is capped here
     requests_per_template: float = 400.0  # a program's templates = its expected requests / this (at least 1)
     template_zipf: float = 0.4  # popularity of a program's templates
-    system_prompt_tokens: Lognormal = (380, 0.6)  # per template (Fig 4: B ideal hit 54%)
+    system_prompt_tokens: Lognormal = (410, 0.45)  # per template (Fig 4: B ideal hit 54%)
     input_to_prompt_ratio: Lognormal = (0.95, 0.3)  # per template: median new input / prompt
     input_tokens_sigma: float = 0.4  # spread of one template's new inputs
     output_tokens: Lognormal = (150, 0.8)
