@@ -24,9 +24,9 @@ from scipy.special import ndtri
 
 from tongyi_trace.trace.synth_chat import (
     Lognormal,
-    _stratified_normal,
     prefix_mask,
     select_requests,
+    stratified_normal,
     tokens,
     within_session_cumsum,
 )
@@ -101,7 +101,7 @@ def draw_api(rng: np.random.Generator, num_requests: int, duration_s: float,
     p = p or ApiParams()
     duration_ms = round(duration_s * 1000)
     num_programs = max(1, round(num_requests / p.requests_per_program))
-    z = np.minimum(_stratified_normal(rng, num_programs), p.program_rate_cap_z)
+    z = np.minimum(stratified_normal(rng, num_programs), p.program_rate_cap_z)
     w = np.exp(p.program_rate_sigma * (z - z.max()))
     weights = w / w.sum()
     expected = weights * num_requests

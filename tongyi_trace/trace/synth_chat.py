@@ -150,7 +150,7 @@ class Population:
     prompt_base: I64  # first prompt id of each type
 
 
-def _stratified_normal(rng: np.random.Generator, size: int) -> F64:
+def stratified_normal(rng: np.random.Generator, size: int) -> F64:
     """SIZE standard normal draws, one from each of SIZE equal-probability strata, in random order."""
     u = (rng.permutation(size) + rng.random(size)) / size
     return np.asarray(ndtri(u), dtype=np.float64)
@@ -158,7 +158,7 @@ def _stratified_normal(rng: np.random.Generator, size: int) -> F64:
 
 def draw_population(rng: np.random.Generator, num_users: int, p: ChatParams) -> Population:
     """Users (activity, engagement, pace) and the shared prompts of every type."""
-    normal = _stratified_normal if p.stratified_users else (lambda g, n: g.standard_normal(n))
+    normal = stratified_normal if p.stratified_users else (lambda g, n: g.standard_normal(n))
     z_act = normal(rng, num_users)
     z_eng = p.engagement_activity_corr * z_act + np.sqrt(1 - p.engagement_activity_corr ** 2) * \
         normal(rng, num_users)
