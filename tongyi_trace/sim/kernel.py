@@ -56,6 +56,7 @@ from numba import njit
 
 # The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
+from tongyi_trace.sim.policy_base import prefix_closed
 from tongyi_trace.sim.structs import (
     G_SIZE,
     GEN,
@@ -365,7 +366,7 @@ def policy_kernel(name: str, hooks: ModuleType, variant: str = "") -> Any:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
                    TIERED=variant == "tiered", DEMOTE=variant == "demote",
-                   PREFIX_CLOSED=getattr(hooks, "PREFIX_CLOSED", False) and variant == "")
+                   PREFIX_CLOSED=prefix_closed(hooks) and variant == "")
         fn_name = f"run_{name}{'_' + variant if variant else ''}_{_sources_digest()}"
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name

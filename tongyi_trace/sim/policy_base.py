@@ -163,6 +163,11 @@ class PolicySpec:
         return out
 
 
+def prefix_closed(hooks: Any) -> bool:
+    """The policy module HOOKS' PREFIX_CLOSED claim (module doc; False when it makes none)."""
+    return bool(getattr(hooks, "PREFIX_CLOSED", False))
+
+
 def _coerce(policy: str, key: str, typ: Any, v: Any) -> Any:
     t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
     try:

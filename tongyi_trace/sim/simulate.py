@@ -49,7 +49,7 @@ from tongyi_trace.sim.kernel import (
     policy_kernel,
     promote,
 )
-from tongyi_trace.sim.policy_base import InitContext
+from tongyi_trace.sim.policy_base import InitContext, prefix_closed
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.structs import G_SIZE, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
@@ -187,7 +187,7 @@ class Cache:
             lens = np.diff(stream.req_off)
             engine = EngineShape(lens, lens, np.zeros(n, np.int64))
         self.engine = engine
-        narrow = (not tierable and not tiered and not self.leaf_only and getattr(spec.hooks, "PREFIX_CLOSED", False)
+        narrow = (not tierable and not tiered and not self.leaf_only and prefix_closed(spec.hooks)
                   and not setup.heap_size and not spec.hooks.STATE.columns)
         self.tierable = tierable
         self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0,
