@@ -215,9 +215,11 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ingest_trace(d / "toc.jsonl", d / "run")
     policy = d / "policy.json"
     fit_policy(d / "run", policy, capacities="510", context="gap,pace")
-    # The exactness checked below is the WA plugin's (LRU's is tests/replay/test_engine.py's): the plugin's
-    # FIFO and S3-FIFO orders are not yet the simulator's, so when the fit chose one of those on this small
-    # slice, the choice is pinned to a prefix-closed WA setting (km model, conditional, 30 s window).
+    # The exactness checked below is the WA plugin's (LRU's is tests/replay/test_engine.py's): FIFO and
+    # S3-FIFO without prefix closure can keep a block whose parent was evicted, which vLLM recomputes and
+    # the simulator reuses (tests/vllm_plugin/test_same_order_as_simulator.py), so when the fit chose one
+    # of those on this small slice, the choice is pinned to a prefix-closed WA setting (km model,
+    # conditional, 30 s window).
     pol = load_policy(policy)
     if pol.choices[0].policy != "wa":
         wa = {"model": "km", "conditional": True, "life_s": 30.0, "leaf_only": True}

@@ -23,12 +23,15 @@ pytestmark = pytest.mark.engine
 # At 639 usable blocks the slice's own fit (prefix-closed WA, exp model) and LRU trade the lead: with a
 # 10-s window and no margin (any significant lead switches) the guard goes to LRU and back (predicted with
 # the 135 requests the replay sends and their output tokens: to LRU at 78.8, back at 173.4, to LRU again
-# at 212.3 trace seconds; every block count from 512 to 704 gives these three). At sample_rate 1 both sides
-# sample every block (the engine's block hashes and the simulator's ids select different blocks below 1).
+# at 212.3 trace seconds; every block count from 512 to 704 gives these three). The shadows sample 512 of
+# 639 blocks (shadow_rate: sample_rate 0.25 raised to MIN_SHADOW_BLOCKS) and the refit, every 60 s, a
+# quarter of them: both sides sample the same blocks because the replay sends each request's block ids
+# (kv_block_keys), which the plugin samples on instead of vLLM's block hashes.
 NUM_BLOCKS, BLOCK_SIZE = 640, 32
-GUARD = {"guard": True, "guard_margin": 0.0, "guard_window_s": 10.0, "sample_rate": 1.0}
+GUARD = {"guard": True, "guard_margin": 0.0, "guard_window_s": 10.0, "sample_rate": 0.25, "refit_s": 60.0,
+         "window_s": 120.0}
 GUARD_ENV = {"KVTRACE_GUARD": "1", "KVTRACE_GUARD_MARGIN": "0", "KVTRACE_GUARD_WINDOW_S": "10",
-             "KVTRACE_SAMPLE_RATE": "1"}
+             "KVTRACE_SAMPLE_RATE": "0.25", "KVTRACE_REFIT_S": "60", "KVTRACE_REFIT_WINDOW_S": "120"}
 
 
 def _wa_policy(fitted: Path, out: Path) -> Path:
@@ -107,7 +110,8 @@ def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[
     sim = predict_guarded(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), BLOCK_SIZE, NUM_BLOCKS,
                           "fitted", load_policy(policy), GUARD, out_tok)
     g = stats["guard"]
-    assert g["enabled"] and g["sample_rate"] == 1.0 and g["shadow_capacity_blocks"] == sim.shadow_capacity_blocks
+    assert g["enabled"] and g["refit_sample_rate"] == 0.25 and g["sample_rate"] < 1.0
+    assert g["shadow_capacity_blocks"] == sim.shadow_capacity_blocks == 512
     # the guard's inputs: every sampled reference and both shadows' hits
     tl = sim.timeline
     assert g["sampled_refs"] == sum(r["num_sampled_refs"] for r in tl)
@@ -122,5 +126,12 @@ def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[
     assert g["time_in_mode_s"] == pytest.approx(sim.time_in_mode_s)
     assert g["window_policy_hit_ratio"] == pytest.approx(tl[-1]["window_policy_hit_ratio"])
     assert g["window_lru_hit_ratio"] == pytest.approx(tl[-1]["window_lru_hit_ratio"])
+    # the refits: when, and what each saw of every category (the refit's quarter of the sampled blocks)
+    times = sorted({r["time_s"] for r in sim.refits})
+    assert g["refits"] == len(times) >= 5
+    last = {r["category"]: r["num_samples"] for r in sim.refits if r["time_s"] == times[-1]}
+    assert {c: m["num_samples"] for c, m in g["category_metrics"].items()} == last
+    assert [{c: v["new_reuse_prob"] for c, v in e["refitted"].items()} for e in g["refit_log"]] == [
+        {r["category"]: r["new_reuse_prob"] for r in sim.refits if r["time_s"] == t and r["refitted"]} for t in times]
     # and the cache's hits, request for request
     assert recs["cached_tokens"].to_numpy().astype(np.int64).tolist() == sim.result.req_hit_tokens.tolist()

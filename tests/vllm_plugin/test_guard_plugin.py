@@ -12,6 +12,7 @@ from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
 from tongyi_trace.guard.decide import LRU, GuardSettings
 from tongyi_trace.guard.sampling import is_sampled, threshold
 from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
+from tongyi_trace.vllm_plugin.guard import block_key
 from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PROM_FILE, STATS_FILE, PluginStats
@@ -119,3 +120,22 @@ def test_guard_settings_from_the_environment() -> None:
         guard_settings({"KVTRACE_SAMPLE_RATE": "2"})
     with pytest.raises(PluginConfigError, match="KVTRACE_REFIT_S"):
         guard_settings({"KVTRACE_REFIT_S": "soon"})
+
+
+def test_refit_on_vllm_block_hashes(tmp_path) -> None:
+    """vLLM's block hashes are bytes whose first 8 bytes read as any 64-bit value: the refit's window (int64)
+    takes them all, so the refit runs on every step, as with small ids, and never falls back."""
+    settings = GuardSettings(guard=True, refit_s=60.0, sample_rate=0.25)
+    stats = PluginStats(mode="wa", stats_dir=tmp_path)
+    q = PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], _policy(settings), stats)
+    st = shifted()
+    pool = ShadowCache.over(q)
+    for r in range(st.num_requests):
+        keys = [(int(k) * 0x9E3779B97F4A7C15 % (1 << 64)).to_bytes(8, "little") + b"rest of the hash"
+                for k in st.blk[st.req_off[r]:st.req_off[r + 1]]]
+        pool.serve(keys, st.categories[st.req_cat[r]], float(st.req_time_s[r]))  # type: ignore[arg-type]
+    g = q.guard_ctl.snapshot()
+    assert stats.fallbacks == 0 and g["refits"] == len(g["refit_log"]) == 19
+    assert sum(m["num_samples"] for m in g["category_metrics"].values()) > 0
+    keys = (b"\xff" * 8, (1 << 64) - 1, 1 << 63, b"\x01" + b"\x00" * 7)
+    assert [block_key(k) for k in keys] == [-1, -1, -(1 << 63), 1]

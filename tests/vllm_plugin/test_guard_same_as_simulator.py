@@ -6,6 +6,7 @@ switch at the same requests with the same estimates, and refit at the same times
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -32,9 +33,11 @@ def _cat(p: float, rate: float) -> CategoryParams:
 FIT = PolicyParams(categories={"a": _cat(0.9, 0.01), "b": _cat(0.01, 0.001)}, default=_cat(0.5, 0.01))
 
 
-def _plugin(stream: Stream, settings: GuardSettings) -> tuple[list[int], PolicyFreeQueue]:
-    """STREAM through the plugin's queue (block identity = the stream's dense id, so both sides sample the
-    same blocks); hits per request and the queue."""
+def _plugin(stream: Stream, settings: GuardSettings, hash_salt: int = 0,
+            send_keys: bool = False) -> tuple[list[int], PolicyFreeQueue]:
+    """STREAM through the plugin's queue; hits per request and the queue. A block's hash is the stream's
+    dense id (+ HASH_SALT: then it is like vLLM's, another identity than the simulator samples on); with
+    SEND_KEYS each request also carries its dense ids, as `kvtrace replay` sends them (kv_block_keys)."""
     def prio(c: CategoryParams) -> CategoryPriority:
         return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
 
@@ -45,7 +48,8 @@ def _plugin(stream: Stream, settings: GuardSettings) -> tuple[list[int], PolicyF
     hits = []
     for r in range(stream.num_requests):
         keys = [int(k) for k in stream.blk[stream.req_off[r]:stream.req_off[r + 1]]]
-        hits.append(pool.serve(keys, stream.categories[stream.req_cat[r]], float(stream.req_time_s[r])))
+        hits.append(pool.serve([k + hash_salt for k in keys], stream.categories[stream.req_cat[r]],
+                               float(stream.req_time_s[r]), keys if send_keys else None))
     return hits, queue
 
 
@@ -81,13 +85,7 @@ def test_plugin_refit_as_the_simulators_engine_mode(guard: bool, sample_rate: fl
     hits, queue = _plugin(st, GuardSettings(**knobs))
     sim = simulate_guarded(st, "wa", CAPACITY, params=knobs, fit=FIT, per_request=True, timing=False)
     ctl = queue.guard_ctl
-    plugin_log = {e["time_s"]: {c: (v["new_reuse_prob"], v["new_rate_per_s"]) for c, v in e["refitted"].items()}
-                  for e in ctl.refit_log}
-    sim_log: dict[float, dict[str, tuple[float, float]]] = {}
-    for r in sim.refits:
-        refitted = sim_log.setdefault(r["time_s"], {})
-        if r["refitted"]:
-            refitted[r["category"]] = (r["new_reuse_prob"], r["new_rate_per_s"])
+    plugin_log, sim_log = _plugin_refits(queue), _sim_refits(sim.refits)
     assert plugin_log == sim_log
     assert sorted(plugin_log) == [60.0 * k for k in range(1, 20)]  # every 60 s of the 1,199-s stream
     late = {c: v for t, d in plugin_log.items() if t >= T_SHIFT_S + 2 * 60.0 for c, v in d.items()}
@@ -95,3 +93,33 @@ def test_plugin_refit_as_the_simulators_engine_mode(guard: bool, sample_rate: fl
     assert hits == sim.result.req_hit_blocks.tolist()
     if guard:
         assert ctl.guard.switches == sim.switches
+
+
+def test_the_sent_block_keys_make_the_plugin_sample_the_simulators_blocks() -> None:
+    """Below rate 1, with hashes that are not the simulator's ids (as vLLM's are not), the plugin samples
+    other blocks than the simulator and refits to other parameters; when each request carries its blocks'
+    ids (kv_block_keys, sent by `kvtrace replay`) it refits exactly as the simulator again."""
+    knobs = {"guard": False, "refit_s": 60.0, "window_s": 300.0, "sample_rate": 0.25}
+    st = shifted()
+    sim = _sim_refits(simulate_guarded(st, "wa", CAPACITY, params=knobs, fit=FIT, per_request=True,
+                                       timing=False).refits)
+    salt = 1 << 40
+    assert _plugin_refits(_plugin(st, GuardSettings(**knobs), salt)[1]) != sim
+    assert _plugin_refits(_plugin(st, GuardSettings(**knobs), salt, send_keys=True)[1]) == sim
+
+
+def _plugin_refits(queue: PolicyFreeQueue) -> dict[float, dict[str, tuple[float, float]]]:
+    """Refit time -> refitted category -> (new reuse_prob, new rate_per_s), from the plugin's refit log."""
+    assert queue.guard_ctl is not None
+    return {e["time_s"]: {c: (v["new_reuse_prob"], v["new_rate_per_s"]) for c, v in e["refitted"].items()}
+            for e in queue.guard_ctl.refit_log}
+
+
+def _sim_refits(refits: list[dict[str, Any]]) -> dict[float, dict[str, tuple[float, float]]]:
+    """The same from the simulator's refit rows."""
+    out: dict[float, dict[str, tuple[float, float]]] = {}
+    for r in refits:
+        refitted = out.setdefault(r["time_s"], {})
+        if r["refitted"]:
+            refitted[r["category"]] = (r["new_reuse_prob"], r["new_rate_per_s"])
+    return out

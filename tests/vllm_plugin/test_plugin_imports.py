@@ -29,3 +29,30 @@ def test_plugin_configuration_loads_no_heavy_library(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_engines_refit_needs_only_scipy_beyond_the_plugin(tmp_path: Path) -> None:
+    """The online refit runs inside the engine, whose environment has vLLM, numpy and pyproject's `vllm`
+    extra (scipy) only: a stale category's refit (Kaplan-Meier table and exponential MLE) must run with
+    polars, duckdb, pyarrow and numba unimportable, and load nothing heavy but scipy."""
+    code = (
+        "import sys, json, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('polars', 'duckdb', 'pyarrow', 'numba'):\n"
+        "            raise ImportError(f'{name} is not in the engine environment')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import numpy as np\n"
+        "from tongyi_trace.fit.reuse_model import Samples\n"
+        "from tongyi_trace.guard.refit import CategoryFit, refit\n"
+        "from tongyi_trace.wa_priority import MODEL_EXP, km_grid_s\n"
+        "rng = np.random.default_rng(1)\n"
+        "d = rng.exponential(5.0, 400); seen = rng.random(400) < 0.6\n"
+        "s = Samples(np.where(seen, d, 60.0), seen, np.ones(400, np.int64))\n"
+        "old = CategoryFit(0.05, 1.0, tuple(0.0 for _ in km_grid_s()))\n"
+        "fits, _ = refit({0: s}, {0: old}, MODEL_EXP)\n"
+        "assert 0.5 < fits[0].reuse_prob < 0.7 and 0.1 < fits[0].rate_per_s < 0.3, fits\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["scipy"]

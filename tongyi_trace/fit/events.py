@@ -26,6 +26,7 @@ import polars as pl
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import RequestContext
+from tongyi_trace.fit.reuse_model import Samples
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
 
@@ -65,34 +66,6 @@ def parse_window(text: str, trace_end_s: float, option: str) -> Window:
     if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
         raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
     return Window(start_s, end_s, include_end=end_s >= trace_end_s)
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Weighted reuse-time samples of one category: times, observed flags, count of each."""
-
-    time_s: np.ndarray  # float64: reuse time d when observed, censoring time c otherwise
-    observed: np.ndarray  # bool
-    count: np.ndarray  # int64, >= 1
-
-    @property
-    def num_samples(self) -> int:
-        """Number of accesses (observed + censored)."""
-        return int(self.count.sum())
-
-    @property
-    def num_observed(self) -> int:
-        """Number of accesses whose next access falls inside the window."""
-        return int(self.count[self.observed].sum())
-
-    @staticmethod
-    def concat(parts: list[Samples]) -> Samples:
-        """Pool several categories' samples."""
-        if not parts:
-            return Samples(np.empty(0), np.empty(0, dtype=bool), np.empty(0, dtype=np.int64))
-        return Samples(np.concatenate([p.time_s for p in parts]),
-                       np.concatenate([p.observed for p in parts]),
-                       np.concatenate([p.count for p in parts]))
 
 
 @dataclass(frozen=True)

@@ -41,16 +41,15 @@ import polars as pl
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
-from tongyi_trace.fit.events import Samples, Window, block_lifespans, load_accesses, parse_window, window_samples
+from tongyi_trace.fit.events import Window, block_lifespans, load_accesses, parse_window, window_samples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, save_policy
-from tongyi_trace.fit.reuse_model import ReuseFit, fit_reuse, km_curve, ks_distance, model_cdf
+from tongyi_trace.fit.reuse_model import ReuseFit, Samples, fit_reuse, km_curve, km_table, ks_distance, model_cdf
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 from tongyi_trace.trace.categories import follow_up_gaps_s
 from tongyi_trace.trace.synth_like import workload_summary
-from tongyi_trace.wa_priority import km_grid_s
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9
@@ -81,18 +80,6 @@ def _category_params(fit: ReuseFit, samples: Samples, life_s: float, num_samples
     return CategoryParams(reuse_prob=fit.reuse_prob, rate_per_s=fit.rate_per_s,
                           mean_reuse_s=fit.mean_reuse_s, life_s=life_s, num_samples=num_samples,
                           ks=ks, fallback=fallback, km_cdf=km_table(samples))
-
-
-def km_table(samples: Samples) -> tuple[float, ...]:
-    """The Kaplan-Meier CDF of SAMPLES at wa_priority.km_grid_s(), held flat past the largest sample."""
-    grid = np.asarray(km_grid_s())
-    if samples.num_samples == 0:
-        return tuple(0.0 for _ in grid)
-    vals = km_curve(samples, grid)
-    known = np.flatnonzero(~np.isnan(vals))
-    last = float(vals[known[-1]]) if known.size else 0.0
-    vals = np.where(np.isnan(vals), last, vals)
-    return tuple(float(v) for v in np.clip(np.maximum.accumulate(vals), 0.0, 1.0))
 
 
 def _num(x: float) -> float | None:

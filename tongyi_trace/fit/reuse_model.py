@@ -22,13 +22,41 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tongyi_trace.fit.events import Samples
+from tongyi_trace.wa_priority import km_grid_s
 
 # Bounds of lambda (1/s): reuses at the same timestamp (d = 0) would otherwise drive it to infinity.
 MIN_RATE_PER_S = 1e-9
 MAX_RATE_PER_S = 1e4
 _LOG_RATE_MIN, _LOG_RATE_MAX = math.log(MIN_RATE_PER_S), math.log(MAX_RATE_PER_S)
 _MAX_LOGIT = 40.0  # p within 4e-18 of 0 or 1
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Weighted reuse-time samples of one category: times, observed flags, count of each."""
+
+    time_s: np.ndarray  # float64: reuse time d when observed, censoring time c otherwise
+    observed: np.ndarray  # bool
+    count: np.ndarray  # int64, >= 1
+
+    @property
+    def num_samples(self) -> int:
+        """Number of accesses (observed + censored)."""
+        return int(self.count.sum())
+
+    @property
+    def num_observed(self) -> int:
+        """Number of accesses whose next access falls inside the window."""
+        return int(self.count[self.observed].sum())
+
+    @staticmethod
+    def concat(parts: list[Samples]) -> Samples:
+        """Pool several categories' samples."""
+        if not parts:
+            return Samples(np.empty(0), np.empty(0, dtype=bool), np.empty(0, dtype=np.int64))
+        return Samples(np.concatenate([p.time_s for p in parts]),
+                       np.concatenate([p.observed for p in parts]),
+                       np.concatenate([p.count for p in parts]))
 
 
 @dataclass(frozen=True)
@@ -168,3 +196,15 @@ def km_curve(samples: Samples, grid_s: np.ndarray) -> np.ndarray:
     out = np.where(idx >= 0, km[np.maximum(idx, 0)] if len(km) else 0.0, 0.0)
     t_max = float(samples.time_s.max()) if samples.num_samples else -1.0
     return np.where(grid_s <= t_max, out, np.nan)
+
+
+def km_table(samples: Samples) -> tuple[float, ...]:
+    """The Kaplan-Meier CDF of SAMPLES at wa_priority.km_grid_s(), held flat past the largest sample."""
+    grid = np.asarray(km_grid_s())
+    if samples.num_samples == 0:
+        return tuple(0.0 for _ in grid)
+    vals = km_curve(samples, grid)
+    known = np.flatnonzero(~np.isnan(vals))
+    last = float(vals[known[-1]]) if known.size else 0.0
+    vals = np.where(np.isnan(vals), last, vals)
+    return tuple(float(v) for v in np.clip(np.maximum.accumulate(vals), 0.0, 1.0))

@@ -31,7 +31,7 @@ import numpy as np
 from tongyi_trace.wa_priority import MODEL_EXP, exp_cdf, km_cdf
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.events import Samples
+    from tongyi_trace.fit.reuse_model import Samples
 
 HORIZONS_S = (1.0, 10.0, 60.0, 300.0)  # where observed reuse is compared with the prediction
 DEFAULT_MIN_SAMPLES = 200
@@ -130,7 +130,7 @@ class ReuseWindow:
 
     def samples(self, now_s: float) -> dict[int, Samples]:
         """Per category, the censored reuse-time samples of the window ending at NOW_S."""
-        from tongyi_trace.fit.events import Samples
+        from tongyi_trace.fit.reuse_model import Samples
 
         self.trim(now_s)
         a, cat, nxt = (x[self._lo:self._hi] for x in (self._t, self._cat, self._next))
@@ -156,8 +156,7 @@ def refit(samples: dict[int, Samples], current: dict[int, CategoryFit], model: i
     """(new fits, metrics of the current fits) per category of SAMPLES: the estimator of `kvtrace fit`
     (the Kaplan-Meier table, and the exponential MLE when MODEL is exp; under km p and rate stay) on each
     category with at least MIN_SAMPLES samples whose CURRENT fit is stale (is_stale)."""
-    from tongyi_trace.fit.policy_fit import km_table
-    from tongyi_trace.fit.reuse_model import fit_reuse
+    from tongyi_trace.fit.reuse_model import fit_reuse, km_table
 
     out, metrics = {}, {}
     for c, s in samples.items():

@@ -3,9 +3,10 @@
 Each request is sent at its scheduled time (drift = actual - scheduled send time is recorded) as
 POST /v1/completions with the token-id prompt, max_tokens = min_tokens = the trace's output length,
 ignore_eos, stream with stream_options.include_usage (the final usage chunk carries
-prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category, "kv_time_s": trace time}`
-(arrives in the engine as SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as the
-simulator does). TTFT = first chunk with a choice - send time.
+prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category, "kv_time_s": trace time,
+"kv_block_keys": the simulator's ids of the request's engine blocks}` (arrives in the engine as
+SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as the simulator does, and its
+guard samples the blocks the simulator samples). TTFT = first chunk with a choice - send time.
 With several servers (a fleet replay), each request goes to the server of its instance (fleet/replay.py
 routes them) and its record says which.
 A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
@@ -29,7 +30,7 @@ import numpy as np
 from tongyi_trace.replay.records import RecordWriter, RequestRecord
 from tongyi_trace.replay.schedule import ScheduledRequest
 
-PromptFn = Callable[[ScheduledRequest], np.ndarray]
+PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -62,8 +63,12 @@ class DispatchOptions:
     start_delay_s: float = 0.05
 
 
-def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest) -> bytes:
-    """The JSON body of one completion request."""
+def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest,
+                 block_keys: np.ndarray | None = None) -> bytes:
+    """The JSON body of one completion request (BLOCK_KEYS: its engine blocks' ids, sent when given)."""
+    xargs: dict[str, object] = {"kv_category": sr.category, "kv_time_s": sr.arrival_s}
+    if block_keys is not None:
+        xargs["kv_block_keys"] = block_keys.tolist()
     return json.dumps({
         "model": model,
         "prompt": prompt.tolist(),
@@ -73,7 +78,7 @@ def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest) -> bytes:
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "vllm_xargs": {"kv_category": sr.category, "kv_time_s": sr.arrival_s},
+        "vllm_xargs": xargs,
     }, separators=(",", ":")).encode()
 
 
@@ -215,8 +220,8 @@ async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], p
                     sem.release()
 
         for sr in requests:
-            prompt = prompt_fn(sr)
-            body = request_body(opts.model, prompt, sr)
+            prompt, keys = prompt_fn(sr)
+            body = request_body(opts.model, prompt, sr, keys)
             if opts.closed_sessions:
                 finished[sr.req_idx] = asyncio.Event()
             parent = finished.get(sr.parent_req_idx) if (

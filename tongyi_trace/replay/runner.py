@@ -243,10 +243,11 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     routing = _fleet_routing(run, sched, infos, opts) if len(infos) > 1 else None
     synth = PromptSynth(opts.seed, opts.vocab_size, int(prov["block_size"]), opts.min_token_id)
     index = BlockIndex(run, [r.req_idx for r in sched.requests])
+    keys = _block_keys(run, sched, {_engine_figures(i, opts)["block_size"] for i in infos})
 
-    def prompt_of(sr: ScheduledRequest) -> np.ndarray:
+    def prompt_of(sr: ScheduledRequest) -> tuple[np.ndarray, np.ndarray | None]:
         ids, ntok = index.blocks_of(sr.req_idx)
-        return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens)
+        return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens), keys.get(sr.req_idx)
 
     if replacing:
         shutil.rmtree(out_dir)
@@ -301,6 +302,19 @@ def _engine_figures(info: ServerInfo, opts: ReplayOptions) -> dict[str, Any]:
             "block_size": opts.engine_block_size or (info.metrics.block_size if info.metrics else None),
             "num_gpu_blocks": opts.engine_num_blocks or (info.metrics.num_gpu_blocks if info.metrics else None),
             "cache_config": info.metrics.cache_info if info.metrics else {}}
+
+
+def _block_keys(run: RunDir, sched: Schedule, block_sizes: set[int | None]) -> dict[int, np.ndarray]:
+    """Each scheduled request's kv_block_keys (sim.engine_model.engine_block_ids), when every server has
+    one known block size; else none (the plugin's guard then samples vLLM's block hashes)."""
+    from tongyi_trace.sim.engine_model import engine_block_ids
+
+    bs = next(iter(block_sizes)) if len(block_sizes) == 1 else None
+    if bs is None:
+        return {}
+    req_idx = np.array([r.req_idx for r in sched.requests], np.int64)
+    ids = engine_block_ids(run, req_idx, bs, np.array([r.max_tokens for r in sched.requests], np.int64))
+    return dict(zip(req_idx.tolist(), ids, strict=True))
 
 
 def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo],

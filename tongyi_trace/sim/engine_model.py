@@ -95,3 +95,12 @@ def engine_case(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_en
             raise UsageError(f"num_engine_blocks must be >= 2 (one is vLLM's null block), got {num_engine_blocks}")
         capacity = int(num_engine_blocks) - 1
     return full, shape, capacity
+
+
+def engine_block_ids(run: RunDir, req_idx: np.ndarray, engine_block_size: int,
+                     output_tokens: np.ndarray | None = None) -> list[np.ndarray]:
+    """Per request of REQ_IDX (replayed in that order), the ids of the blocks the engine caches for it in
+    the simulator's engine stream (engine_case): what `kvtrace replay` sends as kv_block_keys, so that the
+    plugin's guard samples the same blocks as the simulator's."""
+    full, _, _ = engine_case(run, req_idx, engine_block_size, None, None, output_tokens)
+    return np.split(full.blk, full.req_off[1:-1])

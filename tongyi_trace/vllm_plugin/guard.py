@@ -1,7 +1,9 @@
 """The guard and the online refit inside the engine (the shared logic is tongyi_trace.guard).
 
 Each request the plugin sees released (`PolicyFreeQueue.note_request`) is reduced to its hash-sampled
-blocks (tongyi_trace.guard.sampling on the first 8 bytes of vLLM's block hash) and served by two shadow
+blocks (tongyi_trace.guard.sampling on a block's identity: the first 8 bytes of vLLM's block hash, or,
+when the request carries kv_block_keys, the simulator's id of the block, which `kvtrace replay` sends so
+that the engine and the simulator sample the same blocks at any rate) and served by two shadow
 caches of R x the pool (R = guard.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
 MIN_SHADOW_BLOCKS blocks; shadow.py: the plugin's own queue in LRU order and in the policy's);
 the guard (tongyi_trace.guard.decide) compares them and the queue evicts in LRU order while the guard
@@ -27,15 +29,17 @@ from tongyi_trace.vllm_plugin.stats import PluginStats
 
 _log = logging.getLogger("kvtrace.vllm_plugin")
 _MAX_LOG = 50  # switches and refits kept in the stats file
+_HALF = 1 << 63
 
 
 def block_key(block_hash: Any) -> int:
-    """An integer identity of a vLLM block hash (its first 8 bytes; other objects: hash())."""
+    """A signed 64-bit identity of a vLLM block hash (its first 8 bytes; an int modulo 2^64; other objects:
+    hash()): the refit's window holds identities as int64."""
     raw = getattr(block_hash, "block_hash", block_hash)  # BlockHashWithGroupId-like wrappers
     if isinstance(raw, bytes | bytearray):
-        return int.from_bytes(raw[:8], "little")
+        return int.from_bytes(raw[:8], "little", signed=True)
     if isinstance(raw, int):
-        return raw
+        return (raw + _HALF) % (2 * _HALF) - _HALF
     return hash(raw)
 
 

@@ -5,7 +5,9 @@ Two patches, both reversible by restarting the server without KVTRACE_POLICY:
   factory returning a PolicyFreeQueue; if building it fails, vLLM's own queue is returned (counted).
 - `KVCacheManager.free` and `KVCacheManager.pop_blocks_for_free` first tell the queue the category
   (SamplingParams.extra_args["kv_category"], sent as `vllm_xargs` by `kvtrace replay`), the trace time
-  (extra_args["kv_time_s"], optional) and the block positions of the request about to be released;
+  (extra_args["kv_time_s"], optional), the blocks' identities in the simulator's stream
+  (extra_args["kv_block_keys"], optional: what the guard samples on) and the block positions of the
+  request about to be released;
   `KVCacheManager.get_computed_blocks` (a request reaches the scheduler) advances the trace clock.
 """
 
@@ -32,6 +34,17 @@ def request_tags(request: Any) -> tuple[object, float | None]:
     if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
         return extra.get("kv_category"), float(t)
     return extra.get("kv_category"), None
+
+
+def request_block_keys(request: Any) -> list[int] | None:
+    """The request's kv_block_keys (one integer per block, in request order) from its
+    SamplingParams.extra_args; None when absent or not a list of integers."""
+    sp = getattr(request, "sampling_params", None)
+    extra = getattr(sp, "extra_args", None) if sp is not None else None
+    keys = extra.get("kv_block_keys") if isinstance(extra, dict) else None
+    if not isinstance(keys, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+        return None
+    return keys
 
 
 def install(config: PluginConfig, log: logging.Logger) -> None:
@@ -78,10 +91,11 @@ def install(config: PluginConfig, log: logging.Logger) -> None:
             return
         try:
             category, time_s = request_tags(request)
+            keys = request_block_keys(request)
             for single in manager.coordinator.single_type_managers:
                 blocks = single.req_to_blocks.get(request.request_id)
                 if blocks:
-                    queue.note_request(blocks, category, time_s)
+                    queue.note_request(blocks, category, time_s, keys)
         except Exception as e:  # the blocks keep their previous category and offset
             queue.stats.record_fallback(f"annotate: {type(e).__name__}: {e}")
 

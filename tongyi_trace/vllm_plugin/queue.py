@@ -161,9 +161,11 @@ class PolicyFreeQueue:
         """Index of category NAME (unknown or missing -> `default`)."""
         return self._index.get(name, 0) if isinstance(name, str) else 0
 
-    def note_request(self, blocks: Iterable[Any], category: object, time_s: float | None = None) -> None:
+    def note_request(self, blocks: Iterable[Any], category: object, time_s: float | None = None,
+                     keys: list[int] | None = None) -> None:
         """Record that a request of CATEGORY (trace time TIME_S, if known) releases BLOCKS, given in
-        request order (position = offset)."""
+        request order (position = offset); KEYS: the blocks' identities for the guard, by position (what
+        `kvtrace replay` sends as kv_block_keys; default and past its end: the vLLM block hash)."""
         cat = self.category_index(category)
         req_s = math.nan if time_s is None else float(time_s)
         if time_s is not None:
@@ -184,14 +186,16 @@ class PolicyFreeQueue:
                 self._nchild[prev] += 1
             prev = bid
         if self.guard_ctl is not None:
-            self._guard_step(blocks, cat, req_s)
+            self._guard_step(blocks, cat, req_s, keys or [])
 
-    def _guard_step(self, blocks: Iterable[Any], cat: int, req_s: float) -> None:
-        """Feed the guard and the refit one released request; apply a refit (see guard.py)."""
+    def _guard_step(self, blocks: Iterable[Any], cat: int, req_s: float, sent: list[int]) -> None:
+        """Feed the guard and the refit one released request (block identities: SENT by position, else
+        the block hash); apply a refit (see guard.py)."""
         from tongyi_trace.vllm_plugin.guard import block_key
 
         try:
-            keys = [block_key(b.block_hash) for b in blocks if b.block_hash is not None]
+            keys = [sent[pos] if pos < len(sent) else block_key(b.block_hash)
+                    for pos, b in enumerate(blocks) if b.block_hash is not None]
             t = req_s if req_s == req_s else self.now_s()
             self.set_category_fits(self.guard_ctl.on_request(keys, cat, t, self.category_fits))
         except Exception as e:  # never break serving: the guard keeps its state, counted

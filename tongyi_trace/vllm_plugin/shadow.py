@@ -39,8 +39,9 @@ class ShadowCache:
         queue.popleft()
         return shadow
 
-    def serve(self, keys: list[int], category: object, time_s: float) -> int:
-        """Serve one request of CATEGORY at trace time TIME_S holding KEYS (in order); its hit blocks."""
+    def serve(self, keys: list[int], category: object, time_s: float, block_keys: list[int] | None = None) -> int:
+        """Serve one request of CATEGORY at trace time TIME_S holding KEYS (block hashes, in order); its hit
+        blocks. BLOCK_KEYS: what the request sends as kv_block_keys (tests: the engine's guard)."""
         q = self.queue
         q.observe_time(time_s)
         held: list[_Slot] = []
@@ -66,6 +67,6 @@ class ShadowCache:
                 slot.block_hash = k
                 self._cached[k] = slot
             held.append(slot)
-        q.note_request(held, category, time_s)
+        q.note_request(held, category, time_s, block_keys)
         q.append_n(held[::-1])
         return hits
