@@ -47,7 +47,7 @@ def _steps(g: Guard, leads: list[int], t0_s: float = 0.0, lru_leads: bool = True
             for i, x in enumerate(leads)]
 
 
-def test_guard_switches_on_a_full_window_of_margin_and_back_on_twice_that() -> None:
+def test_guard_switches_on_a_full_window_of_margin_and_back_on_four_times_that() -> None:
     # evidence bar: margin 10 points x window 30 s = 300 point-seconds
     g = Guard(margin_points=10.0, window_s=30.0)
     # LRU ahead by ~10 points: the run starts at the first step (10 s); 100 x D x run_s after each step is
@@ -55,12 +55,13 @@ def test_guard_switches_on_a_full_window_of_margin_and_back_on_twice_that() -> N
     out = _steps(g, [10, 8, 12, 10])
     assert out[:3] == [None, None, None]
     assert out[3] == Switch(40.0, LRU, 0.5, 0.6)  # both sides' hit ratios over the run
-    # the policy ahead by ~10 points: back needs BACK_FACTOR x 300 = 600 point-seconds: at 70 s after the
-    # switch (the run's D is 10 then, 9.67 at 60 s: 580)
-    back = _steps(g, [10, 8, 12, 10, 10, 8, 12], t0_s=40.0, lru_leads=False)
-    assert back[:6] == [None] * 6 and back[6] == Switch(110.0, POLICY, 0.6, 0.5)
-    assert BACK_FACTOR == 2.0
-    assert g.time_in_mode_s == {POLICY: pytest.approx(30.0), LRU: pytest.approx(70.0)}  # from the first step
+    # the policy ahead by ~10 points: back needs BACK_FACTOR x 300 = 1,200 point-seconds. With 10-s steps
+    # the evidence is 10 x the summed lead: 10, 18, 30, 40, 50, 58, 70, 80, 90, 98, 110, 120 -> 1,200 at the
+    # 12th step, 120 s after the switch (1,100 at 110 s)
+    back = _steps(g, [10, 8, 12, 10] * 3, t0_s=40.0, lru_leads=False)
+    assert back[:11] == [None] * 11 and back[11] == Switch(160.0, POLICY, 0.6, 0.5)
+    assert BACK_FACTOR == 4.0
+    assert g.time_in_mode_s == {POLICY: pytest.approx(30.0), LRU: pytest.approx(120.0)}  # from the first step
     assert [s.to_mode for s in g.switches] == [LRU, POLICY]
 
 

@@ -31,7 +31,8 @@ REQS = [[1, 2], [3], [1, 2], [4], [3]]
     (["-p", ""], "--policy is empty"),
     (["-p", " , "], "--policy is empty"),
     (["-p", "lru,oracle-deadd"], "unknown policy 'oracle-deadd'; choose from lru, fifo, lfu, s3fifo, gdsf, wa, "
-                                 "oracle, fitted, wa-no-life, wa-conditional, wa-no-offset, oracle-dead (or all)"),
+                                 "oracle, fitted, wa-no-life, wa-conditional, wa-no-offset, wa-no-guard, oracle-dead "
+                                 "(or all)"),
 ])
 def test_simulate_bad_values_are_one_line(make_run: Callable[..., Path], extra: list[str], needle: str) -> None:
     run = make_run(REQS)

@@ -45,7 +45,8 @@ def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], 
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [(r["policy"], r["capacity"]) for r in rows] == [
-        (p, c) for p in ("lru", "wa", "wa-no-life", "wa-conditional", "wa-no-offset") for c in ("2", "3")]
+        (p, c) for p in ("lru", "wa", "wa-no-life", "wa-conditional", "wa-no-offset", "wa-no-guard")
+        for c in ("2", "3")]
     assert {r["params"]["use_life"] for r in rows if r["policy"] == "wa-no-life"} == {False}
 
 

@@ -229,11 +229,12 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Path, Path]) -> None:
-    """The plugin running the policy file's choice (mode fitted: prefix-closed WA or a baseline), one
-    request at a time on trace time: the engine's cached tokens equal the simulator's prediction for every
-    request."""
+    """The plugin running the policy file's choice (mode fitted: prefix-closed WA or a baseline) with its
+    defaults (the guard on), one request at a time on trace time: the engine's cached tokens equal the
+    simulator's prediction (WA's defaults: predict_guarded) for every request."""
     require_engine()
     from tongyi_trace.fit.params import load_policy
+    from tongyi_trace.guard.simulate import predict_guarded
     from tongyi_trace.replay.dispatch import request_body
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
@@ -263,8 +264,11 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     assert recs.height > 100
     assert recs["category"].str.contains(r"\|g\d").any() and recs["category"].str.contains(r"\|p[fs]").any()
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    predicted = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
-                                     policy="fitted", params=load_policy(policy), output_tokens=out_tok)
+    guarded = predict_guarded(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256, "fitted",
+                              load_policy(policy), {}, out_tok)
+    assert guarded.shadow_capacity_blocks > 0, "the guard runs by default"
+    assert (stats.get("guard") or {}).get("enabled") is True
+    predicted = guarded.result.req_hit_tokens
     lru = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
                                policy="lru", output_tokens=out_tok)
     engine_hits = recs["cached_tokens"].to_numpy().astype(np.int64)

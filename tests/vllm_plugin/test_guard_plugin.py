@@ -4,7 +4,7 @@ blocks are allocated from the queue, released with note_request + append_n, hits
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pytest
 
@@ -70,6 +70,7 @@ def test_guard_switches_the_engine_queue_to_lru(tmp_path) -> None:
     assert doc["guard"]["mode"] == "lru" and doc["guard"]["switches"] == 1
     assert doc["guard"]["sample_rate"] == doc["guard"]["refit_sample_rate"] == 1.0
     assert doc["guard"]["switch_log"][0]["to_mode"] == "lru"
+    assert doc["guard"]["settings"] == asdict(settings)  # what compare predicts the engine with
     assert sum(doc["hits_by_category"].values()) == doc["hits_on_free"] > 0
     prom = (tmp_path / PROM_FILE).read_text()
     assert 'kvtrace_guard_lru_mode{mode="wa"} 1.0' in prom
@@ -115,7 +116,10 @@ def test_small_pool_shadows_take_every_block_the_refit_its_rate(tmp_path) -> Non
 def test_guard_settings_from_the_environment() -> None:
     s = guard_settings({"KVTRACE_GUARD": "1", "KVTRACE_REFIT_S": "300"})
     assert s.guard and s.refit_s == 300.0 and s.active
-    assert not guard_settings({}).active
+    default = guard_settings({})  # the guard is on by default, the refit off
+    assert default.guard and default.refit_s == 0.0 and default.active and default.guard_margin == 5.0
+    off = guard_settings({"KVTRACE_GUARD": "0"})
+    assert not off.guard and not off.active
     with pytest.raises(PluginConfigError, match="sample_rate"):
         guard_settings({"KVTRACE_SAMPLE_RATE": "2"})
     with pytest.raises(PluginConfigError, match="KVTRACE_REFIT_S"):

@@ -57,6 +57,8 @@ def start_cmd(
                                         "setting the policy file chose for this cache size (fitted)."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Trace seconds per wall second for the plugin "
                                      "(KVTRACE_TIME_SCALE): the --speedup the replay will use."),
+    guard: bool = typer.Option(True, "--guard/--no-guard", help="The plugin's shadow-LRU guard while it runs WA "
+                               "(KVTRACE_GUARD; docs/guard.md): evict in LRU order while a sampled LRU leads."),
     name: str = _NAME,
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="Give up when not ready after this long."),
     json_out: bool = typer.Option(False, "--json", help="Print the engine state (url, pid, log) as JSON."),
@@ -72,7 +74,7 @@ def start_cmd(
 
     st = run_cli(lambda: eng.start(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                                    eviction=eviction, policy=policy, name=name, timeout_s=timeout_s,
-                                   time_scale=time_scale, log=say))
+                                   time_scale=time_scale, guard=guard, log=say))
     if json_out:
         print_json(asdict(st), "kvtrace.engine-state/1")
     else:

@@ -58,7 +58,8 @@ def simulate(
     wa_no_life: bool = typer.Option(False, "--wa-no-life", help="WA without the lifespan regulator."),
     wa_conditional: bool = typer.Option(False, "--wa-conditional", help="WA conditioned on no reuse by t."),
     wa_no_offset: bool = typer.Option(False, "--wa-no-offset", help="WA without the -offset tie-break."),
-    ablation: bool = typer.Option(False, "--ablation", help="Also run the three WA ablation variants."),
+    ablation: bool = typer.Option(False, "--ablation", help="Also run the WA ablation variants (wa-no-life, "
+                                  "wa-conditional, wa-no-offset, wa-no-guard)."),
     set_: list[str] = typer.Option([], "--set", help="POLICY.PARAMETER=VALUE (see --list-policies)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="Where the simulations run: local (process pool) "

@@ -136,8 +136,9 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
 def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
           eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
           timeout_s: float = 600.0, port: int | None = None, time_scale: float = 1.0,
-          log: Log = no_log) -> EngineState:
-    """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state."""
+          guard: bool = True, log: Log = no_log) -> EngineState:
+    """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state. GUARD:
+    the plugin's shadow-LRU guard when it runs WA (KVTRACE_GUARD; on by default, docs/guard.md)."""
     _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
     if not time_scale > 0:
         raise UsageError(f"--time-scale {time_scale} must be > 0 (trace seconds per wall second)")
@@ -189,6 +190,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
         env["KVTRACE_STATS_DIR"] = stats_dir
         env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
         env["KVTRACE_BLOCK_SIZE"] = str(block_size)
+        env["KVTRACE_GUARD"] = "1" if guard else "0"
         (sdir / "plugin_stats.json").unlink(missing_ok=True)
     log_path = sdir / "engine.log"
     url = f"http://127.0.0.1:{port}"

@@ -22,11 +22,13 @@ switch waits for the window to turn over, and a short real lead of LRU (a few po
 which an unshifted trace has) passes the same test as a lasting one. The evidence bar in point-seconds
 weighs both size and duration. The way back is harder (BACK_FACTOR): a policy caught losing has shown
 that its fit can be wrong here, a switch costs a refill of the cache in the other order, and a guard that
-flips back on a short lead of the stale policy pays the next detection again (seed 1 of bench_guard.py:
-six minutes after the shift the stale policy leads for two minutes; from 34 minutes after, it loses by 13
-to 21 points for twenty minutes). The cost of the bar: the loss accepted before a switch is about the bar
-itself, and a real lead of LRU above it on an unshifted trace costs a round trip (docs/guard.md,
-"Measured").
+flips back on a short lead of the stale policy pays the next detection again (bench_guard.py, seed 1 at
+0.125L: with the way back at twice the bar, the guard returned 45 minutes after the shift on a lead of
+the stale policy and had to leave again 6 minutes later, -0.57 points over the hour against -0.28 with
+four times). The cost of the bar: the loss accepted before a switch is about the bar itself, and a real
+lead of LRU above it on an unshifted trace costs a round trip (docs/guard.md, "Measured"). The defaults,
+margin 5 (600 point-seconds to leave) and BACK_FACTOR 4 (2,400 to return), were chosen on seeds 1 and 2
+of bench_guard.py at full size and held on seeds 3 to 6.
 
 The callers report steps only once the LRU shadow has evicted (the caches are warm): while a cache
 fills, both orders hold everything and the difference is noise. Every switch is kept with the two
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 POLICY, LRU = "policy", "lru"
 Z_CRIT = 2.0  # standard errors the run's lead must exceed
-BACK_FACTOR = 2.0  # the evidence to return to the policy, in multiples of the evidence to leave it
+BACK_FACTOR = 4.0  # the evidence to return to the policy, in multiples of the evidence to leave it
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class GuardSettings:
     """The guard's and the refit's parameters, as WA's (tongyi_trace.sim.policies.wa.WaParams) name them,
     with their defaults; `check()` is their one validation (WaParams and the vLLM plugin call it)."""
 
-    guard: bool = False
-    guard_margin: float = 10.0
+    guard: bool = True
+    guard_margin: float = 5.0
     guard_window_s: float = 120.0
     refit_s: float = 0.0
     window_s: float = 600.0

@@ -9,6 +9,8 @@ For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
   the replay's reconciliation calls it), on the same requests in the same order: LRU from the
   replay's own reconciliation, WA (and LRU when missing) from
   `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
+  WA and `fitted` with the guard and refit the plugin ran (`guard_params`: its stats' guard settings; WA's
+  defaults, the guard on, for a replay without the plugin) through `tongyi_trace.guard.simulate.predict_guarded`;
 - TTFT mean / P50 / P99 (ms, QTTFT: queueing included) over the same records (P = linear
   interpolation between order statistics);
 - the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
@@ -120,15 +122,35 @@ def _ok_records(replay_dir: Path) -> pl.DataFrame:
     return read_records(replay_dir / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
 
 
+def guard_params(plugin: dict[str, Any] | None) -> dict[str, Any]:
+    """WA's guard and refit parameters (WaParams names) of the plugin behind PLUGIN (its stats): the settings
+    its `guard` section records; a plugin that ran WA without that section ran neither; none recorded (no
+    plugin, or a stats file older than the settings): {} = WA's defaults, what the plugin runs unless told."""
+    section = (plugin or {}).get("guard")
+    if isinstance(section, dict):
+        settings = section.get("settings")
+        return dict(settings) if isinstance(settings, dict) else {}
+    if plugin and plugin.get("mode") in ("wa", "fitted"):
+        return {"guard": False, "refit_s": 0.0}
+    return {}
+
+
 def _predict(run: RunDir, recs: pl.DataFrame, policy: str, params: PolicyParams | None,
-             block_size: int, num_gpu_blocks: int) -> float:
-    """Simulator token hit ratio of POLICY on RECS (as the replay's reconciliation calls it)."""
+             block_size: int, num_gpu_blocks: int, guard: dict[str, Any]) -> float:
+    """Simulator token hit ratio of POLICY on RECS (as the replay's reconciliation calls it); WA (or fitted)
+    with the guard and refit parameters GUARD."""
     from tongyi_trace.sim.engine_model import predict_request_hits
 
     req_idx = recs["req_idx"].to_numpy().astype(np.int64)
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    hits = np.asarray(predict_request_hits(run, req_idx, block_size, num_gpu_blocks,
-                                           policy=policy, params=params, output_tokens=out_tok))
+    if policy == "lru" or params is None:
+        hits = np.asarray(predict_request_hits(run, req_idx, block_size, num_gpu_blocks,
+                                               policy=policy, params=params, output_tokens=out_tok))
+    else:
+        from tongyi_trace.guard.simulate import predict_guarded
+
+        hits = predict_guarded(run, req_idx, block_size, num_gpu_blocks, policy, params, guard,
+                               out_tok).result.req_hit_tokens
     prompt = int(recs["prompt_tokens"].sum() or 0)
     return float(hits.sum()) / prompt if prompt else 0.0
 
@@ -177,7 +199,7 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
             if pol in ("wa", "fitted") and params is None:
                 continue
             try:
-                predicted[pol] = _predict(run, recs, pol, params, int(bs), int(nb))
+                predicted[pol] = _predict(run, recs, pol, params, int(bs), int(nb), guard_params(plugin))
             except ImportError as e:
                 notes.append(f"simulator engine model unavailable ({e})")
                 break

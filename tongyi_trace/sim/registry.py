@@ -37,6 +37,7 @@ WA_ABLATION: dict[str, dict[str, bool]] = {
     "wa-no-life": {"use_life": False},
     "wa-conditional": {"conditional": True},
     "wa-no-offset": {"use_offset": False},
+    "wa-no-guard": {"guard": False},  # the bare policy: what the shadow-LRU guard (on by default) adds
 }
 # the oracle's variants: bounds that know less of the future (policies/oracle.py)
 ORACLE_VARIANTS: dict[str, dict[str, str]] = {"oracle-dead": {"knows": "dead"}}
@@ -52,7 +53,8 @@ PAPER_WA_GAIN_POINTS = (1.5, 3.9)
 COLORS: dict[str, str] = {
     Policy.LRU: "#1f77b4", Policy.FIFO: "#ff7f0e", Policy.LFU: "#8c564b", Policy.S3FIFO: "#9467bd",
     Policy.GDSF: "#e377c2", Policy.WA: "#d62728", Policy.ORACLE: "#2ca02c",
-    "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5", "wa-no-offset": "#f7b6d2", FITTED: "#000000",
+    "wa-no-life": "#ff9896", "wa-conditional": "#c5b0d5", "wa-no-offset": "#f7b6d2", "wa-no-guard": "#bcbd22",
+    FITTED: "#000000",
     "oracle-dead": "#98df8a"}
 OTHER_COLOR = "#7f7f7f"  # any other name
 

@@ -41,7 +41,7 @@ from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, r
 class SweepConfig:
     """What to simulate."""
 
-    policies: list[str]  # policy names or WA variants (wa-no-life, wa-conditional, wa-no-offset)
+    policies: list[str]  # policy names or WA variants (wa-no-life, wa-conditional, wa-no-offset, wa-no-guard)
     capacities: str  # as the user wrote them (capacity.py)
     model: ModelPreset | None = None
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per base policy

@@ -8,7 +8,7 @@ processes. It does nothing unless the server runs with
     KVTRACE_STATS_DIR=/folder            optional (default: the policy's folder): plugin_stats.json
     KVTRACE_TIME_SCALE=x                 optional (default 1): trace seconds per wall second of replay
     KVTRACE_WA_USE_LIFE=1, KVTRACE_WA_CONDITIONAL=0, KVTRACE_WA_USE_OFFSET=1   WA switches
-    KVTRACE_GUARD=1, KVTRACE_GUARD_MARGIN, KVTRACE_GUARD_WINDOW_S, KVTRACE_REFIT_S,
+    KVTRACE_GUARD=1 (the default; 0: off), KVTRACE_GUARD_MARGIN, KVTRACE_GUARD_WINDOW_S, KVTRACE_REFIT_S,
     KVTRACE_REFIT_WINDOW_S, KVTRACE_SAMPLE_RATE   the shadow-LRU guard and the online refit (docs/guard.md)
 
 and then replaces the eviction order of vLLM's free-block queue (see queue.py) in the process that

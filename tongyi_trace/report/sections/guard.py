@@ -1,8 +1,10 @@
 """Section: the shadow-LRU guard and the online refit of WA in the simulator, per guarded run (policy x
-capacity): a time line of the cache's hit ratio on the sampled references against the two shadows'
-(policy and LRU), the guard's mode and the refits, and a table of the switches with both estimates
-(tongyi_trace.guard). Artifacts in RUN_DIR/sim/: guard_timeline.parquet, guard_switches.parquet,
-guard_refits.parquet (written by `kvtrace simulate --set wa.guard=true` or `wa.refit_s=...`)."""
+capacity) in which the guard switched or the refit ran (the guard is on for every WA row; a run where it
+never acted is the bare policy's, and its guard column in the simulate table says so): a time line of
+the cache's hit ratio on the sampled references against the two shadows' (policy and LRU), the guard's
+mode and the refits, and a table of the switches with both estimates (tongyi_trace.guard). Artifacts in
+RUN_DIR/sim/: guard_timeline.parquet, guard_switches.parquet, guard_refits.parquet (written by
+`kvtrace simulate` for WA rows: the guard is on by default)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ from tongyi_trace.report.figures import downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 
-REMEDY = "re-run 'kvtrace simulate RUN_DIR --set wa.guard=true'"
+REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
 SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minutes of 10-s slices)
 
 
 def build(run: RunDir) -> list[Section]:
-    """One section per guarded run, or nothing when no simulation ran with the guard or the refit."""
+    """One section per guarded run in which the guard switched or the refit ran; nothing when none did."""
     d = run.path / "sim"
     tl = read_parquet(d / "guard_timeline.parquet", REMEDY)
     if tl is None or tl.height == 0:
@@ -28,6 +30,8 @@ def build(run: RunDir) -> list[Section]:
     refits = read_parquet(d / "guard_refits.parquet", REMEDY)
     out = []
     for (policy, capacity), part in tl.sort("time_s").group_by(["policy", "capacity"], maintain_order=True):
+        if not (part["switched"].any() or part["refit"].any()):
+            continue
         key = f"guard-{policy}-{capacity}".replace(".", "_").replace("%", "pct")
         s = Section(key=key, partial="guard", title=f"Guard and refit: {policy} at {capacity}",
                     definition="Shadows: two caches of sample_rate x the capacity (at least 512 blocks) over the "
@@ -35,7 +39,7 @@ def build(run: RunDir) -> list[Section]:
                                "guard compares the order that runs (measured on the cache's own hits on the "
                                "sampled references) with the other order's shadow, and switches when the other "
                                "order's lead since the running one last led, in points x seconds, reaches "
-                               "guard_margin x guard_window_s (twice that to return) and two standard errors.")
+                               "guard_margin x guard_window_s (four times that to return) and two standard errors.")
         t_min = part["time_s"].to_numpy() / 60.0
         fig = new_figure(x_title="time (min from trace start)", y_title="hit ratio on sampled refs (rolling)")
         for col, name in (("sampled_hit_ratio", "cache"), ("shadow_policy_hit_ratio", "policy shadow"),

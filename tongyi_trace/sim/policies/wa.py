@@ -79,7 +79,7 @@ class WaParams:
         "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
     guard_margin: float = field(default=_GUARD.guard_margin, metadata={
         "help": "guard: the lead, in hit-ratio points, that held for guard_window_s switches the order "
-                "(margin x window point-seconds and two standard errors; twice that to return)"})
+                "(margin x window point-seconds and two standard errors; four times that to return)"})
     guard_window_s: float = field(default=_GUARD.guard_window_s, metadata={
         "help": "guard: seconds of that bar, and of the reported windowed hit ratios"})
     refit_s: float = field(default=_GUARD.refit_s, metadata={
