@@ -3,10 +3,17 @@ without the guard section, WA's defaults (the guard on) when no plugin ran."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from pathlib import Path
 
+import numpy as np
+
+from tongyi_trace.fit.params import CategoryParams, PolicyChoice, PolicyParams
 from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.guard.simulate import predict_guarded
 from tongyi_trace.replay.compare import guard_params
+from tongyi_trace.run import open_run
+from tongyi_trace.sim.engine_model import predict_request_hits
 from tongyi_trace.sim.policies.wa import WaParams
 
 
@@ -28,3 +35,20 @@ def test_wa_without_a_guard_section_ran_bare_and_no_plugin_means_the_defaults() 
     assert WaParams(**guard_params(None)).guard is True  # the default: the guard on
     # a stats file from before the settings were recorded: the defaults
     assert guard_params({"mode": "wa", "guard": {"enabled": True, "refit_s": 0.0}}) == {}
+
+
+def test_fitted_resolving_to_a_baseline_is_predicted_plain(tiny_run: Path) -> None:
+    """The plugin guards WA only: where the file chose a baseline for the engine's cache, the guard
+    settings compare passes (WA's parameter names) leave the baseline's prediction as it is."""
+    req_idx = np.arange(6, dtype=np.int64)
+    base = PolicyParams(categories={"text": CategoryParams(0.9, 0.01, 600.0, 600.0)},
+                        default=CategoryParams(0.3, 0.001, 600.0, 600.0))
+    s3 = replace(base, choices=[PolicyChoice(capacity="4", capacity_blocks=4, policy="s3fifo", params={})])
+    run = open_run(tiny_run)
+    got = predict_guarded(run, req_idx, 32, 4, "fitted", s3, {"guard": False, "refit_s": 0.0})
+    want = predict_request_hits(run, req_idx, 32, 4, policy="s3fifo", params=s3)
+    assert got.shadow_capacity_blocks == 0 and got.result.req_hit_tokens.tolist() == np.asarray(want).tolist()
+    assert int(np.asarray(want).sum()) > 0  # the tiny trace hits at 4 blocks: a real comparison
+    wa = replace(base, choices=[PolicyChoice(capacity="4", capacity_blocks=4, policy="wa", params={})])
+    guarded = predict_guarded(run, req_idx, 32, 4, "fitted", wa, {})
+    assert guarded.shadow_capacity_blocks > 0  # WA: the guard runs (WA's defaults)

@@ -41,7 +41,8 @@ from tongyi_trace.run import RunDir
 from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS
 from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
-from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult
+from tongyi_trace.sim.registry import FITTED
+from tongyi_trace.sim.simulate import Cache, EngineShape, PolicyResult, resolve_fitted
 from tongyi_trace.sim.stream import Stream, densify
 
 DEFAULT_SLICE_S = 10.0
@@ -267,7 +268,10 @@ def predict_guarded(run: RunDir, req_idx: np.ndarray, engine_block_size: int, nu
                     output_tokens: np.ndarray | None = None) -> GuardedRun:
     """predict_request_hits (sim.engine_model) for the vLLM plugin running POLICY (wa, or fitted resolving
     to wa) with the guard and refit of WA_PARAMS (WaParams names: what the plugin's KVTRACE_GUARD*
-    variables set): the engine's guard (per_request), its run with the hit tokens per request."""
+    variables set): the engine's guard (per_request), its run with the hit tokens per request. Fitted
+    resolving to a baseline runs that baseline plain (the plugin guards WA only)."""
     full, shape, capacity = engine_case(run, req_idx, engine_block_size, num_engine_blocks, fit, output_tokens)
+    if policy == FITTED and resolve_fitted(fit, capacity, full.block_size)[0] != "wa":
+        wa_params = {}
     return simulate_guarded(full, policy, capacity, params=wa_params, fit=fit, engine=shape, timing=False,
                             per_request=True)
