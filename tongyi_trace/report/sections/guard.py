@@ -1,6 +1,7 @@
 """Section: the shadow-LRU guard and the online refit of WA in the simulator, per guarded run (policy x
 capacity) in which the guard switched or the refit ran (the guard is on for every WA row; a run where it
-never acted is the bare policy's, and its guard column in the simulate table says so): a time line of
+never acted is the bare policy's, and its guard column in the simulate table says so; the ablation's
+variants, whose guard acts as WA's, get none): a time line of
 the cache's hit ratio on the sampled references against the two shadows' (policy and LRU), the guard's
 mode and the refits, and a table of the switches with both estimates (tongyi_trace.guard). Artifacts in
 RUN_DIR/sim/: guard_timeline.parquet, guard_switches.parquet, guard_refits.parquet (written by
@@ -15,6 +16,7 @@ from tongyi_trace.report.artifacts import read_parquet
 from tongyi_trace.report.figures import downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.registry import WA_ABLATION
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
 SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minutes of 10-s slices)
@@ -30,7 +32,7 @@ def build(run: RunDir) -> list[Section]:
     refits = read_parquet(d / "guard_refits.parquet", REMEDY)
     out = []
     for (policy, capacity), part in tl.sort("time_s").group_by(["policy", "capacity"], maintain_order=True):
-        if not (part["switched"].any() or part["refit"].any()):
+        if policy in WA_ABLATION or not (part["switched"].any() or part["refit"].any()):
             continue
         key = f"guard-{policy}-{capacity}".replace(".", "_").replace("%", "pct")
         s = Section(key=key, partial="guard", title=f"Guard and refit: {policy} at {capacity}",
