@@ -1,11 +1,11 @@
 """Section: the shadow-LRU guard and the online refit of WA in the simulator, per guarded run (policy x
 capacity) in which the guard switched or the refit ran (the guard is on for every WA row; a run where it
 never acted is the bare policy's, and its guard column in the simulate table says so; the ablation's
-variants, whose guard acts as WA's, get none): a time line of
-the cache's hit ratio on the sampled references against the two shadows' (policy and LRU), the guard's
-mode and the refits, and a table of the switches with both estimates (tongyi_trace.guard). Artifacts in
-RUN_DIR/sim/: guard_timeline.parquet, guard_switches.parquet, guard_refits.parquet (written by
-`kvtrace simulate` for WA rows: the guard is on by default)."""
+variants, whose guard acts as WA's, get none): a time line of the cache's hit ratio on the sampled
+references against the two shadows' (policy and LRU), the guard's mode and the refits, and a table of the
+switches with both estimates (tongyi_trace.guard). Artifacts in RUN_DIR/sim/: guard_timeline.parquet,
+guard_switches.parquet, guard_refits.parquet (written by `kvtrace simulate` for WA rows: the guard is on
+by default)."""
 
 from __future__ import annotations
 
