@@ -35,7 +35,9 @@ ABLATION = [Policy.WA.value, *WA_ABLATION]
 [DEAD_ORACLE] = ORACLE_VARIANTS
 COLUMNS = ["policy", "capacity", "capacity_blocks", "hit_ratio", "token_hit_ratio", "num_evictions",
            "evict_decision_ns", "refs_per_s", "qttft_mean_s", "qttft_p50_s", "qttft_p99_s"]
-OPTIONAL = ["orphaned_refs", "num_refs", "base_policy"]  # absent from sweeps of older kvtrace versions
+# absent from sweeps of older kvtrace versions (the guard's: from WA rows only)
+OPTIONAL = ["orphaned_refs", "num_refs", "base_policy", "guard_switches", "refits", "guard_time_policy_s",
+            "guard_time_lru_s"]
 
 
 def build(run: RunDir) -> list[Section]:
@@ -92,6 +94,9 @@ def build(run: RunDir) -> list[Section]:
     per_cat = read_parquet(d / "per_category.parquet", REMEDY)
     if per_cat is not None and gains:
         s.tables["per_category"] = _per_category(per_cat, gains[0])
+    guard = _guard_table(results, caps)
+    if guard is not None:
+        s.tables["guard"] = guard
     s.tables["cost"] = _cost_table(results, policies + abl[1:])
     s.values.update({
         "ideal": fmt.ratio(ideal), "peak_live": fmt.count(summary.get("peak_live_blocks")),
@@ -186,6 +191,27 @@ def _ablation(results: pl.DataFrame, caps: pl.DataFrame, variants: list[str]) ->
             row.append(fmt.ratio(hit) + ("" if hit is None or wa is None else f" ({100 * (hit - wa):+.2f})"))
         rows.append(row)
     return Table(columns=["capacity", "blocks", "wa", *[f"{v} (points vs wa)" for v in variants[1:]]], rows=rows)
+
+
+def _guard_table(results: pl.DataFrame, caps: pl.DataFrame) -> Table | None:
+    """Per guarded run (WA and fitted-as-WA rows, the ablation's variants left out), in capacity order: the
+    guard's switches, the refits and the share of the trace spent in LRU order; None without guarded rows."""
+    if "guard_time_lru_s" not in results.columns:
+        return None
+    order = {c: i for i, c in enumerate(caps["capacity"].to_list())}
+    rows = []
+    for r in sorted(results.filter(pl.col("guard_time_lru_s").is_not_null()
+                                   & ~pl.col("policy").is_in(list(WA_ABLATION))).iter_rows(named=True),
+                    key=lambda r: (r["policy"] != Policy.WA.value, order.get(r["capacity"], 0))):
+        total = (r["guard_time_policy_s"] or 0.0) + r["guard_time_lru_s"]
+        rows.append([r["policy"], str(r["capacity"]), fmt.count(r["guard_switches"]), fmt.count(r["refits"]),
+                     fmt.pct(r["guard_time_lru_s"] / total if total > 0 else 0.0)])
+    if not rows:
+        return None
+    return Table(columns=["policy", "capacity", "guard switches", "refits", "time in LRU order"], rows=rows,
+                 caption="The shadow-LRU guard (on by default for WA, docs/guard.md): 0 switches = the policy ran "
+                         "as fitted; time in LRU order = the share of the trace the guard made the cache evict "
+                         "in LRU order, where a sampled LRU was ahead.")
 
 
 def _per_category(per_cat: pl.DataFrame, gain: dict[str, Any]) -> Table:
