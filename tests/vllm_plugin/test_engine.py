@@ -8,6 +8,7 @@ import random
 import subprocess
 import warnings
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from tongyi_trace import engine
 from tongyi_trace.engine import process
+from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 pytestmark = pytest.mark.engine
@@ -268,6 +270,8 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
                               load_policy(policy), {}, out_tok)
     assert guarded.shadow_capacity_blocks > 0, "the guard runs by default"
     assert (stats.get("guard") or {}).get("enabled") is True
+    # the settings it was started with, in every stats file (what kvtrace compare predicts the engine with)
+    assert stats["guard_settings"] == asdict(GuardSettings())
     predicted = guarded.result.req_hit_tokens
     lru = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
                                policy="lru", output_tokens=out_tok)

@@ -4,7 +4,7 @@ blocks are allocated from the queue, released with note_request + append_n, hits
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pytest
 
@@ -70,7 +70,6 @@ def test_guard_switches_the_engine_queue_to_lru(tmp_path) -> None:
     assert doc["guard"]["mode"] == "lru" and doc["guard"]["switches"] == 1
     assert doc["guard"]["sample_rate"] == doc["guard"]["refit_sample_rate"] == 1.0
     assert doc["guard"]["switch_log"][0]["to_mode"] == "lru"
-    assert doc["guard"]["settings"] == asdict(settings)  # what compare predicts the engine with
     assert sum(doc["hits_by_category"].values()) == doc["hits_on_free"] > 0
     prom = (tmp_path / PROM_FILE).read_text()
     assert 'kvtrace_guard_lru_mode{mode="wa"} 1.0' in prom

@@ -9,8 +9,9 @@ For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
   the replay's reconciliation calls it), on the same requests in the same order: LRU from the
   replay's own reconciliation, WA (and LRU when missing) from
   `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
-  WA and `fitted` with the guard and refit the plugin ran (`guard_params`: its stats' guard settings; WA's
-  defaults, the guard on, for a replay without the plugin) through `tongyi_trace.guard.simulate.predict_guarded`;
+  WA and `fitted` with the guard and refit the plugin was started with (`guard_params`: its stats'
+  `guard_settings`; WA's defaults, the guard on, without the plugin) through
+  `tongyi_trace.guard.simulate.predict_guarded`;
 - TTFT mean / P50 / P99 (ms, QTTFT: queueing included) over the same records (P = linear
   interpolation between order statistics);
 - the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
@@ -123,16 +124,11 @@ def _ok_records(replay_dir: Path) -> pl.DataFrame:
 
 
 def guard_params(plugin: dict[str, Any] | None) -> dict[str, Any]:
-    """WA's guard and refit parameters (WaParams names) of the plugin behind PLUGIN (its stats): the settings
-    its `guard` section records; a plugin that ran WA without that section ran neither; none recorded (no
-    plugin, or a stats file older than the settings): {} = WA's defaults, what the plugin runs unless told."""
-    section = (plugin or {}).get("guard")
-    if isinstance(section, dict):
-        settings = section.get("settings")
-        return dict(settings) if isinstance(settings, dict) else {}
-    if plugin and plugin.get("mode") in ("wa", "fitted"):
-        return {"guard": False, "refit_s": 0.0}
-    return {}
+    """WA's guard and refit parameters (WaParams names) that the plugin behind PLUGIN (its stats) was started
+    with, whatever policy it ran; none recorded (no plugin, or a stats file older than the settings): {} =
+    WA's defaults, what the plugin runs unless told."""
+    settings = (plugin or {}).get("guard_settings")
+    return dict(settings) if isinstance(settings, dict) else {}
 
 
 def _predict(run: RunDir, recs: pl.DataFrame, policy: str, params: PolicyParams | None,

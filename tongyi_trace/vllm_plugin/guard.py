@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -125,8 +125,7 @@ class GuardControl:
         g = self.guard
         pol, lru, n = g.estimates() if g is not None else (0.0, 0.0, 0)
         return {
-            "enabled": g is not None, "settings": asdict(self.settings),  # WA's parameter names
-            "refit_s": self.settings.refit_s, "sample_rate": self.sample_rate,
+            "enabled": g is not None, "refit_s": self.settings.refit_s, "sample_rate": self.sample_rate,
             "refit_sample_rate": self.settings.sample_rate,
             "shadow_capacity_blocks": self.shadow_capacity_blocks,
             "mode": g.mode if g is not None else "policy",

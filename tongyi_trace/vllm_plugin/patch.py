@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import asdict
 from typing import Any
 
 from tongyi_trace.vllm_plugin.config import PluginConfig
@@ -70,7 +71,9 @@ def install(config: PluginConfig, log: logging.Logger) -> None:
                 info={"policy_path": str(config.policy_path), "vllm_version": vllm.__version__,
                       "categories": sorted(config.policy.categories),
                       "time_scale": config.policy.time_scale, "use_life": config.policy.use_life,
-                      "conditional": config.policy.conditional, "use_offset": config.policy.use_offset})
+                      "conditional": config.policy.conditional, "use_offset": config.policy.use_offset,
+                      # the guard's and the refit's settings, WA's parameter names (kvtrace compare reads them)
+                      "guard_settings": asdict(config.policy.guard) if config.policy.guard else None})
         return shared["s"]
 
     def make_queue(blocks: list[Any]) -> Any:
