@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -22,13 +22,16 @@ def kvtrace(*args: str) -> float:
 
 
 def timed_child(args: list[str]) -> tuple[float, float]:
-    """Run ARGS as a child; return (wall seconds, the child's peak RSS in MiB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Run ARGS as a child; return (wall seconds, that child's own peak RSS in MiB: its wait4 accounting, not
+    the largest of every child so far)."""
     t0 = time.perf_counter()
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        raise subprocess.CalledProcessError(code, args)
+    return wall, usage.ru_maxrss / 1024
 
 
 def _generator_digest() -> str:

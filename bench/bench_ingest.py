@@ -6,6 +6,8 @@ Polars' NDJSON reader and an orjson line loop), each in a child process of its o
 Target: ingest <= 4x the floor, peak RSS no higher than before (977 MB). The CPU-time ratio is printed
 too: on shared cores the wall ratio is inflated by waiting. Then the scaling: the same profile at 4x the
 size (several chunks: the chain ids' numbering must stay linear across them), CPU time against the x1's.
+Last, the same x1 trace with its block ids replaced by 63-bit hashes: ingest then numbers chains by their
+chain ids (trace/dense.ChainNumbers leaves its direct mode), the path of a trace whose ids are content hashes.
 
     .venv/bin/python bench/bench_ingest.py
 """
@@ -19,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import orjson
 from _common import KVTRACE, synthetic_trace, timed_child
 
 from tongyi_trace.trace.reader import CHUNK_REFS
@@ -36,6 +39,19 @@ def _timed(args: list[str]) -> tuple[float, float, float]:
     wall, rss = timed_child(args)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, rss
+
+
+def hashed_ids_trace(trace: Path) -> Path:
+    """TRACE with every block id replaced by a 63-bit hash of it (a bijection: the same reuse), cached beside it."""
+    out = trace.with_suffix(".hashed-ids.jsonl")
+    if not out.exists():
+        mask = (1 << 63) - 1
+        with trace.open("rb") as f, out.open("wb") as o:
+            for line in f:
+                rec = orjson.loads(line)
+                rec["hash_ids"] = [(h * 0x9E3779B97F4A7C15 + 12345) & mask for h in rec["hash_ids"]]
+                o.write(orjson.dumps(rec) + b"\n")
+    return out
 
 
 def main() -> None:
@@ -60,6 +76,10 @@ def main() -> None:
         refs4 = json.loads((Path(tmp) / "provenance.json").read_text())["num_block_refs"]
     print(f"  scaling: {big.name} ({refs4:,} refs, {-(-refs4 // CHUNK_REFS)} chunks): CPU {cpu4:.2f} s = "
           f"{cpu4 / cpu:.2f}x the x1 trace's for {refs4 / refs:.2f}x its refs; peak RSS {rss4:,.0f} MiB")
+    with tempfile.TemporaryDirectory() as tmp:
+        wall_h, cpu_h, rss_h = _timed([*KVTRACE, "ingest", str(hashed_ids_trace(trace)), "-o", tmp, "-q"])
+    print(f"  hashed block ids (chains numbered by chain id): wall {wall_h:.2f} s, CPU {cpu_h:.2f} s "
+          f"({cpu_h / cpu:.2f}x the x1's CPU), peak RSS {rss_h:,.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from tongyi_trace.run import (
 )
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
-from tongyi_trace.trace.dense import DenseIds
+from tongyi_trace.trace.dense import ChainNumbers
 from tongyi_trace.trace.reader import (
     Chunk,
     ReadStats,
@@ -80,11 +80,11 @@ def file_sha256(path: Path) -> str:
 _SLICE_ROWS = 1 << 20  # block rows per written table: the per-row columns exist for one slice at a time
 
 
-def _block_tables(chunk: Chunk, raw0: int, block_size: int, dense: DenseIds) -> Iterator[pa.Table]:
+def _block_tables(chunk: Chunk, raw0: int, block_size: int, numbers: ChainNumbers) -> Iterator[pa.Table]:
     """Block rows of one chunk (req_idx = index in file order), in slices of about _SLICE_ROWS rows: the chain
     ids and their numbers are computed for the whole chunk, the other columns per slice."""
     chain = chain_ids(chunk.hash_ids, chunk.offsets)
-    chain_idx = dense.assign(chain)
+    chain_idx = numbers.assign(chunk.hash_ids, chunk.offsets, chain)
     offsets = chunk.offsets
     cuts = [*range(0, len(chunk), max(1, _SLICE_ROWS * len(chunk) // max(int(offsets[-1]), 1))), len(chunk)]
     for r0, r1 in pairwise(cuts):
@@ -196,7 +196,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
     stats = ReadStats(on_read=None if progress is None else (lambda num_bytes: progress(num_bytes, size)))
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
-    dense = DenseIds()
+    numbers = ChainNumbers()
     file_order_path = temp_path(run.path / "blocks_file_order.parquet")
     blocks_tmp = temp_path(run.blocks_path)
     requests_tmp = temp_path(run.requests_path)
@@ -209,7 +209,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                 ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
             written: Future[None] | None = None
             for chunk in read_chunks(path, fmt, on_error, stats):
-                for table in _block_tables(chunk, num_req, block_size, dense):
+                for table in _block_tables(chunk, num_req, block_size, numbers):
                     if written is not None:
                         written.result()
                     written = pool.submit(writer.write_table, table)
@@ -236,7 +236,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
             file_order_path.replace(blocks_tmp)  # file order is arrival order
         requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
         prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                           dense.num_distinct)
+                           numbers.num_distinct)
         # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
         if old_id != run_id:
             clear_downstream(run)

@@ -33,7 +33,10 @@ FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 1 << 18
 PROGRESS_LINES = 1 << 12  # the read's progress is reported every this many lines (or Parquet rows)
-CHUNK_REFS = 1 << 23  # hash ids per chunk (8 bytes each; ingest numbers a chunk's chain ids in one pass)
+# hash ids per chunk (8 bytes each): small enough that a chunk's arrays are reused by the allocator instead of
+# being mapped afresh (first-touch page faults cost more than the work on a large temporary); ingest's
+# numbering (trace/dense.ChainNumbers) carries over from chunk to chunk
+CHUNK_REFS = 1 << 20
 PARQUET_BLOCK_SIZE_KEY = b"kvtrace.block_size"
 # Ranges every later stage may rely on (validated here, once):
 MAX_TOKENS = (1 << 31) - 1          # input/output lengths: 0..MAX_TOKENS
