@@ -4,7 +4,7 @@ One run, side by side, same machine: for LRU, FIFO, LFU, S3-FIFO and GDSF at two
 kvtrace's prefix-cache kernel and of libCacheSim (PyPI libcachesim) fed the same flattened chain-id stream
 (each request's blocks deepest first, object size 1, cache size in blocks) from an oracleGeneral file;
 then WA's speed, the one-pass LRU curve against one libCacheSim LRU run, and a 7-policy x 8-capacity
-sweep on all cores. Each side's time is the best of two runs (the machine may be shared), and the ratio
+sweep on all cores. Each side's time is the best of three runs (the machine may be shared), and the ratio
 compares the two measured in the same run. Targets: every shared policy >= 4x libCacheSim, LRU >= 8x,
 WA >= 5 M refs/s, curve faster than one libCacheSim LRU run, sweep < 60 s on 2 cores.
 
@@ -32,7 +32,7 @@ from tongyi_trace.sim.sweep import SweepConfig, run_sweep
 SHARED = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "s3fifo": "S3FIFO", "gdsf": "GDSF"}
 TARGET_RATIO = {"lru": 8.0}  # kvtrace refs/s over libCacheSim's, per policy
 DEFAULT_TARGET_RATIO = 4.0
-REPEATS = 2
+REPEATS = 3
 
 
 def write_oracle_general(stream: Stream, path: Path) -> None:
