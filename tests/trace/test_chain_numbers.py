@@ -59,7 +59,7 @@ def test_tree_traces_number_by_block_id(seed: int, cuts: list[int]) -> None:
     requests = _tree_requests(np.random.default_rng(seed), 40, 30)
     out, numbers = _numbered(requests, cuts)
     np.testing.assert_array_equal(out, _reference(requests))
-    assert numbers._hashed is None  # the direct mode ran throughout
+    assert numbers.direct  # throughout
     assert numbers.num_distinct == len({b for r in requests for b in r})
 
 
@@ -84,7 +84,7 @@ def test_switch_mid_trace_keeps_the_numbering() -> None:
     for r0, r1 in ((0, 100), (100, 200), (200, 300), (300, 302), (302, len(requests))):
         ids, offsets = _flat(requests[r0:r1])
         out.append(numbers.assign(ids, offsets, chain_ids(ids, offsets)))
-        assert (numbers._hashed is None) == (r1 <= 300)  # direct until the known ids came in another order
+        assert numbers.direct == (r1 <= 300)  # direct until the known ids came in another order
     np.testing.assert_array_equal(np.concatenate(out), _reference(requests))
 
 
@@ -93,7 +93,7 @@ def test_ids_outside_the_table_switch() -> None:
     for big in (-5, 1 << 40):
         requests = [[1, 2, 3], [1, 2], [big, 2], [1, 2, 3]]
         out, numbers = _numbered(requests, [2])
-        assert numbers._hashed is not None
+        assert not numbers.direct
         np.testing.assert_array_equal(out, _reference(requests))
 
 

@@ -1,10 +1,11 @@
 """Dense renumbering of 64-bit chain ids in order of first appearance, streaming over batches: DenseIds
 (any ids, hashed) and ChainNumbers (ingest's chain_idx: by block id where the trace allows, else DenseIds).
 
-The first batch (ingest: a whole trace of up to millions of references) is dictionary-encoded by Arrow's
-hash kernel, which numbers its ids in order of first appearance, with no compiler to load (ingest starts
-fast). A later batch goes to a compiled hash table (trace/id_table.py, made once from the first batch's
-ids), so a trace in many batches costs one look-up per reference, not a re-hash of every id seen per batch.
+DenseIds: the first batch (in ingest, the first chunk of 1 M references, or the chains ChainNumbers
+numbered before it switched) is dictionary-encoded by Arrow's hash kernel, which numbers its ids in order
+of first appearance, with no compiler to load (a one-chunk ingest starts fast). A later batch goes to a
+compiled hash table (trace/id_table.py, made once from the first batch's ids), so a trace in many batches
+costs one look-up per reference, not a re-hash of every id seen per batch.
 Memory: ~8 bytes per distinct id for one batch, 23-46 bytes beyond; references themselves are not held.
 """
 
@@ -72,6 +73,11 @@ class ChainNumbers:
         self._hashed: DenseIds | None = None
         self._refs = 0
         self.num_distinct = 0
+
+    @property
+    def direct(self) -> bool:
+        """True while the chunks so far were numbered by block id (direct mode), False once switched."""
+        return self._hashed is None
 
     def assign(self, block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
                chain: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
