@@ -13,9 +13,8 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -77,30 +76,23 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-_SLICE_ROWS = 1 << 20  # block rows per written table: the per-row columns exist for one slice at a time
-
-
-def _block_tables(chunk: Chunk, raw0: int, block_size: int, numbers: ChainNumbers) -> Iterator[pa.Table]:
-    """Block rows of one chunk (req_idx = index in file order), in slices of about _SLICE_ROWS rows: the chain
-    ids and their numbers are computed for the whole chunk, the other columns per slice."""
-    chain = chain_ids(chunk.hash_ids, chunk.offsets)
-    chain_idx = numbers.assign(chunk.hash_ids, chunk.offsets, chain)
+def _block_table(chunk: Chunk, raw0: int, block_size: int, numbers: ChainNumbers) -> pa.Table | None:
+    """Block rows of one chunk (req_idx = index in file order; a chunk holds about reader.CHUNK_REFS, so its
+    per-row columns stay small), None when it has no block."""
     offsets = chunk.offsets
-    cuts = [*range(0, len(chunk), max(1, _SLICE_ROWS * len(chunk) // max(int(offsets[-1]), 1))), len(chunk)]
-    for r0, r1 in pairwise(cuts):
-        b0, b1 = int(offsets[r0]), int(offsets[r1])
-        if b0 == b1:
-            continue
-        lengths = np.diff(offsets[r0:r1 + 1])
-        pos = np.arange(b0, b1, dtype=np.int64)
-        pos -= np.repeat(offsets[r0:r1], lengths)
-        num_tokens = np.repeat(chunk.input_tokens[r0:r1], lengths)
-        num_tokens -= pos * block_size
-        np.clip(num_tokens, 0, block_size, out=num_tokens)
-        raw_idx = np.repeat(np.arange(raw0 + r0, raw0 + r1, dtype=np.int64), lengths)
-        yield pa.table({"req_idx": raw_idx, "pos": pos, "block_id": chunk.hash_ids[b0:b1],
-                        "chain_id": chain[b0:b1], "chain_idx": chain_idx[b0:b1], "num_tokens": num_tokens},
-                       schema=BLOCKS_SCHEMA)
+    if int(offsets[-1]) == 0:
+        return None
+    chain = chain_ids(chunk.hash_ids, offsets)
+    chain_idx = numbers.assign(chunk.hash_ids, offsets, chain)
+    lengths = np.diff(offsets)
+    pos = np.arange(int(offsets[-1]), dtype=np.int64)
+    pos -= np.repeat(offsets[:-1], lengths)
+    num_tokens = np.repeat(chunk.input_tokens, lengths)
+    num_tokens -= pos * block_size
+    np.clip(num_tokens, 0, block_size, out=num_tokens)
+    raw_idx = np.repeat(np.arange(raw0, raw0 + len(chunk), dtype=np.int64), lengths)
+    return pa.table({"req_idx": raw_idx, "pos": pos, "block_id": chunk.hash_ids, "chain_id": chain,
+                     "chain_idx": chain_idx, "num_tokens": num_tokens}, schema=BLOCKS_SCHEMA)
 
 
 def _hash_len_mismatches(chunk: Chunk, block_size: int) -> int:
@@ -209,7 +201,8 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                 ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
             written: Future[None] | None = None
             for chunk in read_chunks(path, fmt, on_error, stats):
-                for table in _block_tables(chunk, num_req, block_size, numbers):
+                table = _block_table(chunk, num_req, block_size, numbers)
+                if table is not None:
                     if written is not None:
                         written.result()
                     written = pool.submit(writer.write_table, table)
