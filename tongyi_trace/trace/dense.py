@@ -1,53 +1,60 @@
 """Dense renumbering of 64-bit chain ids in order of first appearance, streaming over batches: DenseIds
 (any ids, hashed) and ChainNumbers (ingest's chain_idx: by block id where the trace allows, else DenseIds).
 
-DenseIds: the first batch (in ingest, the first chunk of 1 M references, or the chains ChainNumbers
-numbered before it switched) is dictionary-encoded by Arrow's hash kernel, which numbers its ids in order
-of first appearance, with no compiler to load (a one-chunk ingest starts fast). A later batch goes to a
-compiled hash table (trace/id_table.py, made once from the first batch's ids), so a trace in many batches
-costs one look-up per reference, not a re-hash of every id seen per batch.
-Memory: ~8 bytes per distinct id for one batch, 23-46 bytes beyond; references themselves are not held.
+DenseIds keeps a compiled hash table (trace/id_table.py) across batches, so a trace in many batches costs
+one look-up per reference, not a re-hash of every id seen per batch. Memory: 23-46 bytes per distinct id;
+references themselves are not held.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
+from numba import njit
 
-if TYPE_CHECKING:
-    from tongyi_trace.trace.id_table import IdTable
+from tongyi_trace.trace.id_table import IdTable
 
 
 class DenseIds:
     """Maps chain ids to 0, 1, 2, ... in order of first appearance across successive calls."""
 
     def __init__(self) -> None:
-        self._first: pa.Array | None = None  # the first batch's distinct ids, in the order of their numbers
-        self._table: IdTable | None = None  # from the second batch on
+        self._table = IdTable(np.zeros(0, np.int64))
         self.num_distinct = 0
 
     def assign(self, chain: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Dense ids of CHAIN (new ids get the next numbers, in order)."""
-        ids = np.ascontiguousarray(chain, dtype=np.int64).reshape(-1)
-        if self._first is None and self._table is None:
-            enc = pa.array(ids).dictionary_encode()
-            self._first, self.num_distinct = enc.dictionary, len(enc.dictionary)
-            return enc.indices.to_numpy().astype(np.int64)
-        if self._table is None:
-            from tongyi_trace.trace.id_table import IdTable  # compiled: loaded only for a second batch
-
-            assert self._first is not None
-            self._table, self._first = IdTable(self._first.to_numpy()), None
-        out = self._table.assign(ids)
+        out = self._table.assign(np.ascontiguousarray(chain, dtype=np.int64).reshape(-1))
         self.num_distinct = self._table.num_distinct
         return out
 
 
 _DIRECT_MIN_SLOTS = 1 << 20  # the block-id table may always grow this far; beyond, to one slot per reference seen
-_NONE = np.iinfo(np.int64).max
+
+
+@njit(cache=True, nogil=True)
+def _number_direct(ids: np.ndarray, offsets: np.ndarray, num: np.ndarray, pred: np.ndarray, next_num: int,
+                   out: np.ndarray, firsts: np.ndarray) -> int:
+    """Direct mode over one chunk (ChainNumbers): OUT = the number of each reference's block id, a new id
+    numbered NEXT_NUM, NEXT_NUM + 1, ... and its predecessor recorded in PRED; FIRSTS the positions of the
+    new ids' first references. Returns how many ids were new, or -1 when an id follows another predecessor
+    than before (the tables then restored as they were)."""
+    k = 0
+    for r in range(offsets.shape[0] - 1):
+        prev = -1
+        for i in range(offsets[r], offsets[r + 1]):
+            b = ids[i]
+            if num[b] < 0:
+                num[b], pred[b] = next_num + k, prev
+                firsts[k] = i
+                k += 1
+            elif pred[b] != prev:
+                for j in range(k):
+                    num[ids[firsts[j]]] = pred[ids[firsts[j]]] = -1
+                return -1
+            out[i] = num[b]
+            prev = b
+    return k
 
 
 class ChainNumbers:
@@ -63,12 +70,11 @@ class ChainNumbers:
     outside the table's reach, or an id after a second predecessor) switches for good to DenseIds over the
     chain ids, seeded with the chains numbered so far in the order of their numbers: the numbering goes on
     unchanged. (Direct mode is exact; DenseIds would merge two chains whose 64-bit ids collide,
-    probability ~ n^2 / 2^65.) Memory: 24 bytes per table slot, at most max(2^20, references seen) slots."""
+    probability ~ n^2 / 2^65.) Memory: 16 bytes per table slot, at most max(2^20, references seen) slots."""
 
     def __init__(self) -> None:
         self._num = np.full(0, -1, np.int64)  # per block id: its number, -1 = not seen
         self._pred = np.full(0, -1, np.int64)  # per seen block id: the id it follows, -1 = a request's start
-        self._first = np.full(0, _NONE, np.int64)  # scratch of _direct, all _NONE between calls
         self._chains: list[npt.NDArray[np.int64]] = []  # direct mode: chain ids of numbers 0.., per chunk
         self._hashed: DenseIds | None = None
         self._refs = 0
@@ -90,7 +96,7 @@ class ChainNumbers:
             self._hashed = DenseIds()
             if self._chains:
                 self._hashed.assign(np.concatenate(self._chains))
-            self._num = self._pred = self._first = np.full(0, -1, np.int64)
+            self._num = self._pred = np.full(0, -1, np.int64)
             self._chains = []
         out = self._hashed.assign(chain)
         self.num_distinct = self._hashed.num_distinct
@@ -103,27 +109,14 @@ class ChainNumbers:
             return np.zeros(0, np.int64)
         if int(ids.min()) < 0 or not self._reach(int(ids.max()) + 1):
             return None
-        pred = np.empty_like(ids)  # the id each reference follows; -1 at a request's start
-        pred[1:] = ids[:-1]
-        starts = offsets[:-1][np.diff(offsets) > 0]
-        pred[starts] = -1
-        seen = self._num[ids] >= 0
-        if not np.array_equal(self._pred[ids[seen]], pred[seen]):
+        out = np.empty_like(ids)
+        firsts = np.empty_like(ids)
+        num_new = _number_direct(ids, offsets, self._num, self._pred, self.num_distinct, out, firsts)
+        if num_new < 0:
             return None
-        new_at = np.flatnonzero(~seen)
-        new_ids = ids[new_at]
-        first_at = self._first  # the chunk's first reference of each new id (reset to NONE after use)
-        np.minimum.at(first_at, new_ids, new_at)
-        new_first_at = first_at[new_ids]
-        first_at[new_ids] = _NONE
-        first = new_at[new_first_at == new_at]  # in order of first appearance
-        if not np.array_equal(pred[new_at], pred[new_first_at]):
-            return None
-        self._num[ids[first]] = np.arange(self.num_distinct, self.num_distinct + first.shape[0])
-        self._pred[ids[first]] = pred[first]
-        self._chains.append(np.asarray(chain, np.int64)[first])
-        self.num_distinct += int(first.shape[0])
-        return self._num[ids]
+        self._chains.append(np.asarray(chain, np.int64)[firsts[:num_new]])
+        self.num_distinct += num_new
+        return out
 
     def _reach(self, size: int) -> bool:
         """Grow the tables to hold ids below SIZE; False when that is more than the memory bound allows."""
@@ -132,9 +125,9 @@ class ChainNumbers:
         if size > max(_DIRECT_MIN_SLOTS, self._refs):
             return False
         slots = min(max(size, 2 * self._num.shape[0]), max(_DIRECT_MIN_SLOTS, self._refs))
-        for name, fill in (("_num", -1), ("_pred", -1), ("_first", _NONE)):
+        for name in ("_num", "_pred"):
             old = getattr(self, name)
-            grown = np.full(slots, fill, np.int64)
+            grown = np.full(slots, -1, np.int64)
             grown[:old.shape[0]] = old
             setattr(self, name, grown)
         return True

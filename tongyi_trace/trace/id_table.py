@@ -1,5 +1,5 @@
-"""An open-addressing hash table from 64-bit ids to their dense numbers, compiled with numba: the part of
-trace/dense.DenseIds that serves every batch after the first, so that numbering a trace stays linear in its
+"""An open-addressing hash table from 64-bit ids to their dense numbers, compiled with numba: what
+trace/dense.DenseIds numbers with, kept across batches, so that numbering a trace stays linear in its
 references however many batches it comes in (one look-up or insert per reference; the table grows by
 doubling, each id moved once per growth).
 

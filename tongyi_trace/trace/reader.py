@@ -6,6 +6,10 @@ Formats (paper-notes "The traces"):
 - mooncake: Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks).
 - parquet: the Bailian fields as columns (hash_ids a list column), as written by `kvtrace export`.
 Input may be .gz or .zst compressed. Records are parsed in fixed-size chunks, so memory stays bounded.
+JSONL is read in blocks of bytes: a compiled scan (trace/jsonl_scan.py) parses the records of the usual
+shape straight into columns, and leaves every other line to the precise per-line checks below
+(_JsonlReader.line), which accept it or name its problem; tests/trace/test_jsonl_scan.py holds the two
+paths to the same chunks, statistics and errors.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError, UsageError, located
@@ -32,7 +35,8 @@ from tongyi_trace.errors import InputError, UsageError, located
 FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 1 << 18
-PROGRESS_LINES = 1 << 12  # the read's progress is reported every this many lines (or Parquet rows)
+BLOCK_BYTES = 1 << 20  # of the file (decompressed) read at a time
+PROGRESS_LINES = 1 << 12  # the read's progress is reported every this many Parquet rows
 # hash ids per chunk (8 bytes each): small enough that a chunk's arrays are reused by the allocator instead of
 # being mapped afresh (first-touch page faults cost more than the work on a large temporary); ingest's
 # numbering (trace/dense.ChainNumbers) carries over from chunk to chunk
@@ -149,8 +153,8 @@ class ReadStats:
     first_negative_line: int | None = None
     first_unsigned_line: int | None = None
     num_bytes_read: int = 0  # of the trace file so far (compressed bytes of .gz/.zst): the read's progress
-    # called with num_bytes_read as the read advances (every PROGRESS_LINES lines or Parquet rows), so a
-    # caller shows progress inside a chunk, which may hold a whole trace
+    # called with num_bytes_read as the read advances (every BLOCK_BYTES of JSONL, every PROGRESS_LINES
+    # Parquet rows), so a caller shows progress inside a chunk, which may hold a whole trace
     on_read: Callable[[int], None] | None = None
 
     def advanced(self, num_bytes_read: int) -> None:
@@ -219,38 +223,27 @@ def _zstd_blocks(f: IO[bytes], path: Path) -> Iterator[bytes]:
                          "or still being written: get a complete copy")
 
 
-def _split_lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
-    rest = b""
-    for block in blocks:
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line + b"\n"
-    if rest:
-        yield rest
-
-
-def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) of PATH, decompressing .gz/.zst; a damaged or truncated compressed file is
-    an InputError naming the file, never a shorter trace. STATS.num_bytes_read follows the bytes consumed."""
+def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
+    """The bytes of PATH, decompressed from .gz/.zst, in blocks of about BLOCK_BYTES; a damaged or truncated
+    compressed file is an InputError naming the file, never a shorter trace. STATS.num_bytes_read follows
+    the bytes of the file consumed (reported after each block)."""
     check_trace_path(path)
     kind = path.suffix if path.suffix in (".gz", ".zst") else None
     try:
         with path.open("rb") as raw:
             if kind == ".gz":
-                lines: Iterator[bytes] = iter(gzip.GzipFile(fileobj=raw, mode="rb"))
+                gz = gzip.GzipFile(fileobj=raw, mode="rb")
+                blocks: Iterator[bytes] = iter(lambda: gz.read(BLOCK_BYTES), b"")
             elif kind == ".zst":
-                lines = _split_lines(_zstd_blocks(raw, path))
+                blocks = _zstd_blocks(raw, path)
             else:
-                lines = iter(raw)
-            if stats is None:
-                yield from enumerate(lines, start=1)
-                return
-            for line_no, line in enumerate(lines, start=1):
-                if not line_no % PROGRESS_LINES:
+                blocks = iter(lambda: raw.read(BLOCK_BYTES), b"")
+            for block in blocks:
+                if stats is not None:
                     stats.advanced(raw.tell())
-                yield line_no, line
-            stats.num_bytes_read = raw.tell()
+                yield block
+            if stats is not None:
+                stats.num_bytes_read = raw.tell()
     except InputError:
         raise
     except (EOFError, OSError, ValueError, zlib.error) as e:
@@ -264,6 +257,33 @@ def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int
             raise
         raise InputError(f"{path}: damaged or not really .zst file ({e}); get a complete copy, or rename "
                          "it if it is not zstd-compressed") from None
+
+
+def line_segments(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
+    """The bytes of PATH (as byte_blocks) cut after a newline: whole lines only, the last one perhaps
+    without its newline."""
+    rest = b""
+    for block in byte_blocks(path, stats):
+        data = rest + block if rest else block
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            yield data[:cut]
+        rest = data[cut:]
+    if rest:
+        yield rest
+
+
+def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of PATH, decompressed and checked as in byte_blocks."""
+    line_no = 0
+    for segment in line_segments(path, stats):
+        lines = segment.split(b"\n")
+        last = lines.pop()  # empty when the segment ends with a newline
+        for line in lines:
+            line_no += 1
+            yield line_no, line + b"\n"
+        if last:
+            yield line_no + 1, last
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
@@ -372,9 +392,11 @@ class _ChunkBuilder:
         self.cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent", "ts", "inp", "out",
                                                             "type", "turn", "user")}
         self.parts: list[npt.NDArray[np.int64]] = []    # hash ids of the settled records, in order
-        self.pending: list[npt.NDArray[np.int64]] = []  # hash ids of the later records, one array each
+        self.pending: list[npt.NDArray[np.int64]] = []  # hash ids of the later records (one or more each)
+        self.pending_from = 0                           # the index of the first of these records
         self.lengths: list[int] = []                    # hash ids per record
         self.num_refs = 0                               # their sum
+        self.strings: dict[bytes, str] = {}             # the text of the scanned strings seen so far
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -384,16 +406,19 @@ class _ChunkBuilder:
         yet checked); an id beyond 64 bits or a mix of domains raises (with --on-error skip, the record is
         counted and dropped)."""
         try:
-            self.pending.append(np.fromiter(hashes, np.int64, len(hashes)))  # exact: integers only
+            ids = np.fromiter(hashes, np.int64, len(hashes))  # exact: integers only
+            if not self.pending:
+                self.pending_from = len(self)
+            self.pending.append(ids)
         except OverflowError:
             self.settle()  # the id domain of the earlier records is noted first
             try:
-                ids = _hash_array(self.path, line_no, hashes)  # uint64, or an error naming the line
+                wide = _hash_array(self.path, line_no, hashes)  # uint64, or an error naming the line
             except InputError as e:
                 _skip_or_raise(e, self.on_error, self.stats)
                 return
-            self.stats.note_ids(self.path, line_no, ids)  # mixed id domains: never skipped, the file is wrong
-            self.parts.append(ids.view(np.int64))
+            self.stats.note_ids(self.path, line_no, wide)  # mixed id domains: never skipped, the file is wrong
+            self.parts.append(wide.view(np.int64))
         c = self.cols
         c["line_no"].append(line_no)
         c["ts"].append(rec["timestamp"] if bailian else rec["timestamp"] / 1000.0)
@@ -415,12 +440,59 @@ class _ChunkBuilder:
         self.lengths.append(len(hashes))
         self.num_refs += len(hashes)
 
+    def add_scanned(self, seg: bytes, line0: int, rec: npt.NDArray[np.int64], ts: npt.NDArray[np.float64],
+                    ids: npt.NDArray[np.int64], bailian: bool) -> None:
+        """Append the records that trace/jsonl_scan.scan parsed from SEG after its line LINE0: its REC rows,
+        TS and IDS (signed 64-bit, every check done but the id domain's, noted when settled)."""
+        from tongyi_trace.trace import jsonl_scan as js
+
+        n = rec.shape[0]
+        if not self.pending:
+            self.pending_from = len(self)
+        self.pending.append(ids.copy())
+        c = self.cols
+        c["line_no"].extend((rec[:, js.LINE] + (line0 + 1)).tolist())
+        c["ts"].extend(ts.tolist())
+        c["inp"].extend(rec[:, js.INPUT].tolist())
+        c["out"].extend(rec[:, js.OUTPUT].tolist())
+        if bailian:
+            c["chat_id"].extend(rec[:, js.CHAT].tolist())
+            c["parent"].extend(rec[:, js.PARENT].tolist())
+            c["turn"].extend(rec[:, js.TURN].tolist())
+            c["type"].extend(self._texts(seg, rec[:, js.TYPE_START], rec[:, js.TYPE_END]))
+            users: list[str | None] = [None] * n
+            kinds = rec[:, js.USER_KIND]
+            for i in np.flatnonzero(kinds == js.USER_STR).tolist():
+                users[i] = self._text(seg, int(rec[i, js.USER_START]), int(rec[i, js.USER_END]))
+            for i in np.flatnonzero(kinds == js.USER_INT).tolist():
+                users[i] = str(int(seg[rec[i, js.USER_START]:rec[i, js.USER_END]]))
+            c["user"].extend(users)
+        else:
+            for k in ("chat_id", "parent"):
+                c[k].extend([-1] * n)  # assigned from the arrival order later
+            for k in ("type", "turn", "user"):
+                c[k].extend([None] * n)
+        lengths = rec[:, js.NUM_IDS]
+        self.lengths.extend(lengths.tolist())
+        self.num_refs += int(lengths.sum())
+
+    def _text(self, seg: bytes, start: int, end: int) -> str:
+        """SEG[START:END] as text (printable ASCII: the scan checked), one str per distinct string."""
+        b = seg[start:end]
+        t = self.strings.get(b)
+        if t is None:
+            t = self.strings[b] = b.decode("ascii")
+        return t
+
+    def _texts(self, seg: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> list[str]:
+        return [self._text(seg, s, e) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
     def settle(self) -> None:
         """Join the pending records' ids into one part, noting the first of them with a negative id."""
         if not self.pending:
             return
-        arr = np.concatenate(self.pending)
-        first = len(self) - len(self.pending)  # the index of the first pending record
+        arr = self.pending[0] if len(self.pending) == 1 else np.concatenate(self.pending)
+        first = self.pending_from
         if self.stats.first_negative_line is None:
             neg = np.flatnonzero(arr < 0)
             if neg.shape[0]:
@@ -430,7 +502,7 @@ class _ChunkBuilder:
                 self.stats.note_ids(self.path, self.cols["line_no"][first + r],
                                     arr[start:start + self.lengths[first + r]])
         self.parts.append(arr)
-        self.pending = []
+        self.pending, self.pending_from = [], len(self)
 
     def build(self) -> Chunk:
         """The chunk."""
@@ -500,54 +572,99 @@ def _quick_ok(rec: Any, bailian: bool, line: bytes) -> bool:
             and (uid is None or type(uid) is str or type(uid) is int))
 
 
-def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
-    spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
-    bailian = fmt == "bailian"
-    c = _ChunkBuilder(path, on_error, stats)
-    first_line = 0
-    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-    for line_no, line in iter_lines(path, stats):
+class _JsonlReader:
+    """Chunks of a JSONL trace: records of the usual shape through the compiled scan (trace/jsonl_scan.py),
+    every other line through the precise checks of `line`, in file order."""
+
+    def __init__(self, path: Path, fmt: str, on_error: str, stats: ReadStats) -> None:
+        self.path, self.on_error, self.stats = path, on_error, stats
+        self.spec = _BAILIAN if fmt == "bailian" else _MOONCAKE
+        self.bailian = fmt == "bailian"
+        self.first_line = 0  # the first line that is not blank: its format is the trace's
+        self.chunk = _ChunkBuilder(path, on_error, stats)
+
+    def line(self, line_no: int, line: bytes) -> None:
+        """Read one line with the precise checks: a record is added, a blank line counted, a bad line raises
+        (or, with --on-error skip, is counted and dropped)."""
+        path, bailian, on_error, stats, c = self.path, self.bailian, self.on_error, self.stats, self.chunk
         stats.num_lines += 1
         try:
-            rec = loads(line)
-        except JSONDecodeError:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
             if not line.strip():
                 stats.num_blank += 1
-                continue
+                return
             rec = None
-        first_line = first_line or line_no
+        self.first_line = self.first_line or line_no
         if _quick_ok(rec, bailian, line):
             c.add(line_no, rec, bailian, rec["hash_ids"])
-        else:
-            c.settle()  # the id domain of the earlier lines is noted first
-            try:
-                rec = _loads(path, line_no, line) if rec is None else rec
-            except InputError as e:
-                _skip_or_raise(e, on_error, stats)
-                continue
-            mixed = _mixed_format(path, line_no, rec, bailian, first_line)
-            if mixed is not None:
-                raise mixed  # never skipped: the file is wrong, not a line
-            try:
-                _check_record(path, line_no, rec, spec)
-                uid = rec.get("user_id") if bailian else None
-                if uid is not None and type(uid) not in (str, int):
-                    raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
-            except InputError as e:
-                _skip_or_raise(e, on_error, stats)
-                continue
-            c.add(line_no, rec, bailian, rec["hash_ids"])
-        if len(c) >= CHUNK_LINES or c.num_refs >= CHUNK_REFS:
-            yield from _built(c)
-            c = _ChunkBuilder(path, on_error, stats)
-    yield from _built(c)
+            return
+        c.settle()  # the id domain of the earlier lines is noted first
+        try:
+            rec = _loads(path, line_no, line) if rec is None else rec
+        except InputError as e:
+            _skip_or_raise(e, on_error, stats)
+            return
+        mixed = _mixed_format(path, line_no, rec, bailian, self.first_line)
+        if mixed is not None:
+            raise mixed  # never skipped: the file is wrong, not a line
+        try:
+            _check_record(path, line_no, rec, self.spec)
+            uid = rec.get("user_id") if bailian else None
+            if uid is not None and type(uid) not in (str, int):
+                raise located(path, line_no, "user_id", f"must be a string or integer, got {_show(uid)}", _FIX)
+        except InputError as e:
+            _skip_or_raise(e, on_error, stats)
+            return
+        c.add(line_no, rec, bailian, rec["hash_ids"])
+
+    def full(self) -> bool:
+        return len(self.chunk) >= CHUNK_LINES or self.chunk.num_refs >= CHUNK_REFS
+
+    def take(self) -> Iterator[Chunk]:
+        """The chunk read so far (unless it holds no request), a new one started."""
+        c, self.chunk = self.chunk, _ChunkBuilder(self.path, self.on_error, self.stats)
+        if len(c):
+            yield c.build()
+
+    def chunks(self) -> Iterator[Chunk]:
+        from tongyi_trace.trace import jsonl_scan as js  # compiled: loaded for a JSONL trace only
+
+        rec = np.zeros((_SCAN_RECORDS, js.REC_COLS), dtype=np.int64)
+        ts = np.zeros(_SCAN_RECORDS, dtype=np.float64)
+        ids = np.zeros(2 * _SCAN_IDS, dtype=np.int64)  # a record crossing _SCAN_IDS has room for as many more
+        lim_ts = MAX_ABS_TIME_S if self.bailian else MAX_ABS_TIME_S * 1000.0
+        line_no = 0  # lines read so far
+        for seg in line_segments(self.path, self.stats):
+            buf = np.frombuffer(seg, dtype=np.uint8)
+            pos = 0
+            while pos < len(seg):
+                c = self.chunk
+                pos, lines, n, n_ids, status = js.scan(
+                    buf, pos, len(seg), self.bailian, min(_SCAN_RECORDS, CHUNK_LINES - len(c)),
+                    min(_SCAN_IDS, CHUNK_REFS - c.num_refs), rec, ts, ids, lim_ts, MAX_TOKENS, MAX_TURN)
+                if n:
+                    c.add_scanned(seg, line_no, rec[:n], ts[:n], ids[:n_ids], self.bailian)
+                    self.first_line = self.first_line or line_no + 1 + int(rec[0, js.LINE])
+                self.stats.num_lines += lines
+                self.stats.num_blank += lines - n
+                line_no += lines
+                if status == js.SLOW:
+                    end = seg.find(b"\n", pos) + 1 or len(seg)
+                    line_no += 1
+                    self.line(line_no, seg[pos:end])
+                    pos = end
+                if self.full():
+                    yield from self.take()
+        yield from self.take()
 
 
-def _built(c: _ChunkBuilder) -> Iterator[Chunk]:
-    """C's chunk, unless it holds no request (every line skipped)."""
-    chunk = c.build() if len(c) else None
-    if chunk is not None and len(chunk):
-        yield chunk
+_SCAN_RECORDS = 1 << 13  # records per call of the compiled scan (its scratch rows)
+_SCAN_IDS = 1 << 17      # hash ids per call, about
+
+
+def _read_jsonl(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterator[Chunk]:
+    return _JsonlReader(path, fmt, on_error, stats).chunks()
 
 
 _PARQUET_COLUMNS = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type",
@@ -608,6 +725,8 @@ def _read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
         if not (nullable or _parquet_kind_ok(_PARQUET_KINDS[name], t)):
             raise InputError(f"{path}: column '{name}' has type {t}, expected {_PARQUET_KINDS[name]}; "
                              "fix the Parquet file (write one with 'kvtrace export')")
+    import pyarrow.compute as pc  # loaded for a Parquet trace only
+
     unsigned = pa.types.is_unsigned_integer(schema.field("hash_ids").type.value_type)
     row0 = 0
     try:
