@@ -243,3 +243,13 @@ def test_integer_literals_within_int64_only(v: int) -> None:
     ("0.30000000000000004", jsonl_scan.INEXACT), ("9007199254740993", jsonl_scan.INEXACT)])
 def test_number_verdicts(text: str, verdict: int) -> None:
     assert _scan_number(text)[0] == verdict
+
+
+def test_a_line_longer_than_a_block_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "BLOCK_BYTES", 64)
+    rows = [_line(_BASE, chat_id=i, hash_ids=list(range(100 * i, 100 * i + 50 * (i % 3)))) for i in range(9)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(rows))  # no newline at the end
+    assert [s.count(b"\n") for s in reader.line_segments(path)] == [1] * 8 + [0]
+    chunks = list(read_chunks(path, "bailian", "fail", ReadStats()))
+    assert [int(n) for n in np.diff(chunks[0].offsets)] == [50 * (i % 3) for i in range(9)]

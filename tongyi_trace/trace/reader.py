@@ -261,16 +261,17 @@ def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
 
 def line_segments(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
     """The bytes of PATH (as byte_blocks) cut after a newline: whole lines only, the last one perhaps
-    without its newline."""
-    rest = b""
+    without its newline. A line longer than a block is joined once, from its pieces."""
+    pending: list[bytes] = []  # the start of a line not yet ended
     for block in byte_blocks(path, stats):
-        data = rest + block if rest else block
-        cut = data.rfind(b"\n") + 1
-        if cut:
-            yield data[:cut]
-        rest = data[cut:]
-    if rest:
-        yield rest
+        cut = block.rfind(b"\n") + 1
+        if not cut:
+            pending.append(block)
+            continue
+        yield b"".join((*pending, block[:cut])) if pending else block[:cut]
+        pending = [block[cut:]] if cut < len(block) else []
+    if pending:
+        yield b"".join(pending)
 
 
 def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
