@@ -13,9 +13,12 @@ reader's checks and decodes to the same values:
   2^53 in its digits, a power of ten up to 22): one correctly rounded operation, the value a correct
   parser (orjson, the standard library) gives;
 - strings of printable ASCII without escapes (their bytes are their text); user_id a string, an integer
-  literal or null.
-Anything else (another field, an escape, a float the fast path cannot round, an id beyond int64, a
-malformed line) stops the scan at that line. Blank lines (spaces, tabs, CR only) are counted here.
+  literal or null;
+- any other field (ignored, as the reader ignores it) with a scalar value: a number, true, false, null, or
+  a string of printable ASCII with JSON escapes.
+Anything else (a field twice, an escape in a field kvtrace reads, a float the fast path cannot round, an
+id beyond int64, an array or object in another field, a malformed line) stops the scan at that line.
+Blank lines (spaces, tabs, CR only) are counted here.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ for _i, _k in enumerate(_NAMES):
 BAILIAN_REQUIRED = sum(1 << f for f in (CHAT, PARENT, TIMESTAMP, INPUT, OUTPUT, TYPE, TURN, HASH_IDS))
 MOONCAKE_REQUIRED = sum(1 << f for f in (TIMESTAMP, INPUT, OUTPUT, HASH_IDS))
 # REC columns: CHAT..TURN as above (unused ones 0), then the record's line (counted from the scan's start),
-# its number of hash ids, and user_id's kind (USER_NONE, USER_STR or USER_INT) and span
+# its number of hash ids, user_id's kind (USER_NONE, USER_STR or USER_INT) and span, and the type's span
 LINE, NUM_IDS, USER_KIND, USER_START, USER_END, TYPE_START, TYPE_END = 9, 10, 11, 12, 13, 14, 15
 REC_COLS = 16
 USER_NONE, USER_STR, USER_INT = 0, 1, 2
@@ -42,7 +45,7 @@ USER_NONE, USER_STR, USER_INT = 0, 1, 2
 END, FULL, SLOW = 0, 1, 2
 
 _TRUE, _FALSE, _NULL = (np.frombuffer(w, dtype=np.uint8).copy() for w in (b"true", b"false", b"null"))
-_POW10 = np.array([10.0 ** i for i in range(23)], dtype=np.float64)
+_POW10 = np.array([float(10 ** i) for i in range(23)], dtype=np.float64)  # each exact
 _2P53 = 1 << 53
 _I64_MAX = (1 << 63) - 1
 
