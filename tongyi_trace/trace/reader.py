@@ -274,10 +274,10 @@ def line_segments(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]
         yield b"".join(pending)
 
 
-def iter_lines(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, raw line) of PATH, decompressed and checked as in byte_blocks."""
     line_no = 0
-    for segment in line_segments(path, stats):
+    for segment in line_segments(path):
         lines = segment.split(b"\n")
         last = lines.pop()  # empty when the segment ends with a newline
         for line in lines:
