@@ -35,24 +35,24 @@ _DIRECT_MIN_SLOTS = 1 << 20  # the block-id table may always grow this far; beyo
 @njit(cache=True, nogil=True)
 def _number_direct(ids: np.ndarray, offsets: np.ndarray, num: np.ndarray, pred: np.ndarray, next_num: int,
                    out: np.ndarray, firsts: np.ndarray) -> int:
-    """Direct mode over one chunk (ChainNumbers): OUT = the number of each reference's block id, a new id
-    numbered NEXT_NUM, NEXT_NUM + 1, ... and its predecessor recorded in PRED; FIRSTS the positions of the
-    new ids' first references. Returns how many ids were new, or -1 when an id follows another predecessor
-    than before (the tables then restored as they were)."""
+    """Direct mode over one chunk (ChainNumbers): OUT = the number of each reference's block id (NUM holds
+    number + 1, 0 = not seen), a new id numbered NEXT_NUM, NEXT_NUM + 1, ... and its predecessor recorded
+    in PRED (read only where NUM is set); FIRSTS the positions of the new ids' first references. Returns
+    how many ids were new, or -1 when an id follows another predecessor than before (NUM then restored)."""
     k = 0
     for r in range(offsets.shape[0] - 1):
         prev = -1
         for i in range(offsets[r], offsets[r + 1]):
             b = ids[i]
-            if num[b] < 0:
-                num[b], pred[b] = next_num + k, prev
+            if num[b] == 0:
+                num[b], pred[b] = next_num + k + 1, prev
                 firsts[k] = i
                 k += 1
             elif pred[b] != prev:
                 for j in range(k):
-                    num[ids[firsts[j]]] = pred[ids[firsts[j]]] = -1
+                    num[ids[firsts[j]]] = 0
                 return -1
-            out[i] = num[b]
+            out[i] = num[b] - 1
             prev = b
     return k
 
@@ -66,15 +66,16 @@ class ChainNumbers:
     block id (or always starts its request), every occurrence of an id has the same whole prefix (by induction
     over the position), so chains and block ids partition the references alike (Mooncake's chained ids and
     kvtrace synth's, for instance); a chain's number is then its block id's, kept in a table indexed by the
-    id (NUM, with PRED the id it follows, -1 at a request's start). The first chunk that breaks this (an id
-    outside the table's reach, or an id after a second predecessor) switches for good to DenseIds over the
-    chain ids, seeded with the chains numbered so far in the order of their numbers: the numbering goes on
-    unchanged. (Direct mode is exact; DenseIds would merge two chains whose 64-bit ids collide,
-    probability ~ n^2 / 2^65.) Memory: 16 bytes per table slot, at most max(2^20, references seen) slots."""
+    id (NUM, with PRED the id it follows, -1 at a request's start; both grow without touching the slots of
+    ids not seen). The first chunk that breaks this (an id outside the table's reach, or an id after a
+    second predecessor) switches for good to DenseIds over the chain ids, seeded with the chains numbered
+    so far in the order of their numbers: the numbering goes on unchanged. (Direct mode is exact; DenseIds
+    would merge two chains whose 64-bit ids collide, probability ~ n^2 / 2^65.) Memory: 16 bytes per table
+    slot touched, at most max(2^20, references seen) slots."""
 
     def __init__(self) -> None:
-        self._num = np.full(0, -1, np.int64)  # per block id: its number, -1 = not seen
-        self._pred = np.full(0, -1, np.int64)  # per seen block id: the id it follows, -1 = a request's start
+        self._num = np.zeros(0, np.int64)  # per block id: its number + 1, 0 = not seen
+        self._pred = np.zeros(0, np.int64)  # per seen block id: the id it follows, -1 = a request's start
         self._chains: list[npt.NDArray[np.int64]] = []  # direct mode: chain ids of numbers 0.., per chunk
         self._hashed: DenseIds | None = None
         self._refs = 0
@@ -96,7 +97,7 @@ class ChainNumbers:
             self._hashed = DenseIds()
             if self._chains:
                 self._hashed.assign(np.concatenate(self._chains))
-            self._num = self._pred = np.full(0, -1, np.int64)
+            self._num = self._pred = np.zeros(0, np.int64)
             self._chains = []
         out = self._hashed.assign(chain)
         self.num_distinct = self._hashed.num_distinct
@@ -125,9 +126,10 @@ class ChainNumbers:
         if size > max(_DIRECT_MIN_SLOTS, self._refs):
             return False
         slots = min(max(size, 2 * self._num.shape[0]), max(_DIRECT_MIN_SLOTS, self._refs))
-        for name in ("_num", "_pred"):
+        # zeros and empty leave the pages beyond the ids seen untouched (the VM pays for a page's first touch)
+        for name, fresh in (("_num", np.zeros), ("_pred", np.empty)):
             old = getattr(self, name)
-            grown = np.full(slots, -1, np.int64)
+            grown = fresh(slots, np.int64)
             grown[:old.shape[0]] = old
             setattr(self, name, grown)
         return True
