@@ -45,8 +45,11 @@ def km_grid_s() -> list[float]:
 
 
 def km_cdf(table: object, d_s: float) -> float:
-    """F(d_s) from a table of F at km_grid_s() (linear interpolation; flat past the last point)."""
+    """F(d_s) from a table of F at km_grid_s() (linear interpolation; flat past the last point; d_s = inf
+    allowed: the unbounded window of use_life=False)."""
     vals = table  # any indexable of KM_NUM floats (a list in the plugin, a numpy row in the simulator)
+    if d_s == math.inf:
+        return vals[KM_NUM - 1]  # type: ignore[index]
     if d_s <= 0.0:
         return vals[0]  # type: ignore[index]
     if d_s < KM_T0_S:

@@ -50,6 +50,20 @@ def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], 
     assert {r["params"]["use_life"] for r in rows if r["policy"] == "wa-no-life"} == {False}
 
 
+def test_simulate_km_model_without_life_window(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    """The km model with the unbounded window (wa-no-life: F(inf) - F(t)) runs like the others."""
+    run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)},
+                             default=CategoryParams(0.1, 0.1, 10.0, 10.0)), policy)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "wa-no-life", "-c", "2,3", "--params", str(policy),
+                                   "--set", "wa.model=km", "--set", "wa.conditional=true", "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["params"]["model"], r["params"]["use_life"], r["num_refs"]) for r in rows] == [("km", False, 7)] * 2
+    assert all(0 <= r["num_hits"] <= 3 for r in rows)  # 3: the ideal (test_simulate_json_and_artifacts)
+
+
 def test_simulate_errors_are_one_line(make_run: Callable[..., Path], tmp_path: Path) -> None:
     run = make_run(REQS)
     cases = [

@@ -99,11 +99,15 @@ def test_km_table_lookup_and_priority() -> None:
     mid = (grid[10] + grid[11]) / 2
     assert km_cdf(table, mid) == pytest.approx((table[10] + table[11]) / 2)
     assert km_cdf(table, 1e9) == table[-1]
+    assert km_cdf(table, math.inf) == table[-1]  # the unbounded window (use_life=False)
     # unconditional: F(t + life) - F(t); conditional: divided by 1 - F(t)
     f = [km_cdf(table, x) for x in (20.0, 30.0)]
     assert math.exp(log_reuse_prob(MODEL_KM, 0, 0, table, 20.0, 10.0, True, False)) == pytest.approx(f[1] - f[0])
     assert math.exp(log_reuse_prob(MODEL_KM, 0, 0, table, 20.0, 10.0, True, True)) == pytest.approx(
         (f[1] - f[0]) / (1 - f[0]))
+    # without the lifespan regulator: F(inf) - F(t)
+    assert math.exp(log_reuse_prob(MODEL_KM, 0, 0, table, 20.0, 10.0, False, False)) == pytest.approx(
+        table[-1] - f[0])
     # past the last reuse the block is dead
     assert log_reuse_prob(MODEL_KM, 0, 0, table, 200.0, 10.0, True, False) == -math.inf
 
