@@ -178,7 +178,7 @@ def test_life_s_quantile_and_override(make_run: Callable[..., Path], tmp_path: P
     ({"min_samples": 0}, "--min-samples"),
     ({"life_quantile": 1.5}, "--life-quantile"),
     ({"life_s": -1.0}, "--life-s"),
-    ({"train": "500:600"}, "no block access in this window"),
+    ({"train": "500:600"}, "no block access in this window .*; give --train a window inside the trace"),
     ({"train": "0:x"}, "must be numbers"),
     ({"test": "9:3"}, "--test"),
     ({"test": "500:600"}, "--test 500:600: no block access"),
@@ -187,6 +187,15 @@ def test_bad_options(make_run: Callable[..., Path], tmp_path: Path, kwargs: dict
     run = make_run(conversation(0.0, [2.0], "text", 0))
     with pytest.raises(UsageError, match=message):
         fit_policy(run, tmp_path / "p.json", **kwargs)
+
+
+def test_holdout_of_an_instant_trace_says_what_to_do(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    """Every request at t = 0: the train window is 0:0, the part before its held-out end is empty."""
+    run = make_run(conversation(0.0, [0.0], "text", 0))
+    with pytest.raises(UsageError, match=r"^--holdout 0.5: the part of the train window before its held-out end "
+                       r"\(0:0 s\): no block access .*; use --holdout 0 or a longer train window$"):
+        fit_policy(run, tmp_path / "p.json", capacities="1")
+    assert fit_policy(run, tmp_path / "p.json", capacities="1", holdout=0.0).policy.choices
 
 
 def test_not_a_run_folder(tmp_path: Path) -> None:

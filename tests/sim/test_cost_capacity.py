@@ -37,6 +37,8 @@ def test_capacities() -> None:
     assert [c.num_blocks for c in caps] == [4096, 50, qwen.hbm_blocks(16), 150, 1000]
     with pytest.raises(UsageError, match="at least 1"):
         parse_capacities("0.01%", num_distinct=10, block_size_tokens=16, model=None)
+    with pytest.raises(UsageError, match="peak live set is 0: no block of this trace is ever reused"):
+        parse_capacities("1L", num_distinct=10, block_size_tokens=16, model=None, peak_live=0)
     with pytest.raises(UsageError, match="--model"):
         parse_capacities("1x", num_distinct=10, block_size_tokens=16, model=None)
 

@@ -152,7 +152,9 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 step("fitting the train window without its held-out end")
                 cut_s = train_w.start_s + (1.0 - holdout) * (train_w.end_s - train_w.start_s)
                 part_w, held_w = Window(train_w.start_s, cut_s), Window(cut_s, train_w.end_s, train_w.include_end)
-                part = _own_fits(_nonempty(window_samples(acc, part_w), part_w, trace_end_s, "--holdout"),
+                part = _own_fits(_nonempty(window_samples(acc, part_w), part_w, trace_end_s, "--holdout",
+                                           f"--holdout {holdout:g}: the part of the train window before its held-out "
+                                           f"end ({part_w.start_s:g}:{part_w.end_s:g} s)"),
                                  lambda done, total: count("fitting categories (held-out choice)", done, total))
                 cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
                                                 life_quantile, life_s)
@@ -210,10 +212,14 @@ def fit_context(requests: pl.DataFrame, train: Window, spec: str) -> RequestCont
                           pace_min_gaps=PACE_MIN_GAPS)
 
 
-def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option: str) -> dict[str, Samples]:
+def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option: str,
+              what: str | None = None) -> dict[str, Samples]:
+    """SAMPLES, or a one-line UsageError naming OPTION (WHAT: the window as the user gave it) when empty."""
     if not samples:
-        raise UsageError(f"{option} {w.start_s:g}:{w.end_s:g}: no block access in this window "
-                         f"(the trace spans 0:{trace_end_s:g} s)")
+        fix = ("use --holdout 0 or a longer train window" if option == "--holdout"
+               else f"give {option} a window inside the trace")
+        raise UsageError(f"{what or f'{option} {w.start_s:g}:{w.end_s:g}'}: no block access in this window "
+                         f"(the trace spans 0:{trace_end_s:g} s); {fix}")
     return samples
 
 

@@ -113,7 +113,9 @@ def parse_capacities(text: str, *, num_distinct: int, block_size_tokens: int, mo
             raise UsageError(f"capacity {item!r} is not a number of blocks, N%, Nx (x HBM), NL (x the "
                              "oracle's peak live set), bytes (40GiB, 200GB) or inf") from None
         if blocks < 1:
-            raise UsageError(f"capacity {item!r} is {blocks} blocks; it must be at least 1")
+            why = (" (the oracle's peak live set is 0: no block of this trace is ever reused; give blocks or N%)"
+                   if low.endswith("l") and peak_live == 0 else "")
+            raise UsageError(f"capacity {item!r} is {blocks} blocks; it must be at least 1{why}")
         if blocks > MAX_BLOCKS:
             raise UsageError(f"capacity {item!r} is {blocks:.3g} blocks, more than {MAX_BLOCKS:.0e}; "
                              "give a finite size (or inf for the ideal)")
