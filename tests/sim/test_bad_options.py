@@ -25,9 +25,11 @@ REQS = [[1, 2], [3], [1, 2], [4], [3]]
     (["--set", "gdsf.attn_scale_tokens=0", "-p", "gdsf"], "attn_scale_tokens must be > 0"),
     (["--jobs", "-1"], "--jobs -1"),
     (["--engine-block-size", "0"], "--engine-block-size must be positive"),
-    (["--arrival-scale", "nan"], "arrival_scale must be a finite number"),
-    (["--arrival-scale", "0"], "arrival_scale must be > 0"),
-    (["--prefill-overhead-s", "-1"], "overhead_s must be a finite number >= 0"),
+    (["--arrival-scale", "nan"], "--arrival-scale must be a finite number > 0"),
+    (["--arrival-scale", "0"], "--arrival-scale must be a finite number > 0 (the cost model's arrival_scale), "
+                               "got 0.0"),
+    (["--prefill-s-per-token", "-1"], "--prefill-s-per-token must be a finite number >= 0"),
+    (["--prefill-overhead-s", "-1"], "--prefill-overhead-s must be a finite number >= 0"),
     (["-p", ""], "--policy is empty"),
     (["-p", " , "], "--policy is empty"),
     (["-p", "lru,oracle-deadd"], "unknown policy 'oracle-deadd'; choose from lru, fifo, lfu, s3fifo, gdsf, wa, "

@@ -56,6 +56,10 @@ def preset_cost(model: str | ModelPreset) -> CostModel:
     return CostModel(m.name, 0.015, b, c)
 
 
+_OPTIONS = {"overhead_s": "--prefill-overhead-s", "s_per_token": "--prefill-s-per-token",
+            "s_per_loaded_token": "--load-s-per-token", "arrival_scale": "--arrival-scale"}  # simulate's
+
+
 def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: float | None = None,
              s_per_loaded_token: float | None = None, arrival_scale: float | None = None) -> CostModel:
     """MODEL with the given values replaced."""
@@ -63,10 +67,10 @@ def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: 
                                  "s_per_loaded_token": s_per_loaded_token,
                                  "arrival_scale": arrival_scale}.items() if v is not None}
     for k, v in changes.items():
-        if not (v >= 0 and math.isfinite(v)):
-            raise UsageError(f"cost model {k} must be a finite number >= 0, got {v}")
-    if changes.get("arrival_scale") == 0:
-        raise UsageError("cost model arrival_scale must be > 0, got 0.0")
+        above = v > 0 if k == "arrival_scale" else v >= 0
+        if not (above and math.isfinite(v)):
+            raise UsageError(f"{_OPTIONS[k]} must be a finite number {'>' if k == 'arrival_scale' else '>='} 0 "
+                             f"(the cost model's {k}), got {v}")
     return replace(model, **changes)  # type: ignore[arg-type]
 
 
