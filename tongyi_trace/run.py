@@ -20,8 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace.atomic import atomic_path, atomic_write_text, finite, json_default
-from tongyi_trace.errors import InputError
+from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.schemas import RUN_SCHEMA
+
+# The run folder's two tables (ingest writes them; every later step reads them): blocks.parquet's schema
+# and requests.parquet's columns, checked when a run is opened.
+BLOCKS_SCHEMA = pa.schema([("req_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
+                           ("chain_id", pa.int64()), ("chain_idx", pa.int64()), ("num_tokens", pa.int64())])
+REQUEST_COLUMNS = ("req_idx", "chat_id", "parent_chat_id", "session_id", "user_id", "arrival_s", "input_tokens",
+                   "output_tokens", "type", "turn", "category", "num_blocks")
+RUN_TABLES = ("provenance.json", "requests.parquet", "blocks.parquet")  # what makes a folder a run
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,31 @@ def open_run(path: str | Path) -> RunDir:
                          f"run 'kvtrace ingest TRACE -o {p}' first")
     run = RunDir(p)
     load_provenance(run)
+    _check_tables(run)
     return run
+
+
+def _check_tables(run: RunDir) -> None:
+    """One-line InputError when a table of RUN is missing, unreadable or lacks a column (from the files'
+    footers: no data is read)."""
+    for path, names in ((run.blocks_path, BLOCKS_SCHEMA.names), (run.requests_path, REQUEST_COLUMNS)):
+        try:
+            have = set(pq.read_schema(path).names)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"{path}: not a readable Parquet table ({str(e).splitlines()[0]}); re-run "
+                             "'kvtrace ingest' into this folder") from None
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise InputError(f"{path}: not a kvtrace {path.stem} table (no column{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(missing)}); it was overwritten or made by another tool: re-run "
+                             "'kvtrace ingest' into this folder")
+
+
+def check_not_run_table(out: Path, option: str) -> None:
+    """UsageError when OUT (a file a command is about to write) is one of a run folder's own tables."""
+    if out.name in RUN_TABLES and (out.parent / "provenance.json").is_file():
+        raise UsageError(f"{option} {out}: is the run folder's own {out.name}; writing it would destroy the run. "
+                         "Choose another file name or folder")
 
 
 def load_provenance(run: RunDir) -> dict[str, Any]:

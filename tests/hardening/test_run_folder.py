@@ -75,3 +75,42 @@ def test_artifacts_inside_a_run_are_stamped(tiny_bailian_path: Path, tmp_path: P
     assert run.read_artifact(tmp_path / "run" / "sim" / "summary.json", "x") is not None
     write_json(tmp_path / "outside.json", {"schema": "x"})
     assert "run_id" not in json.loads((tmp_path / "outside.json").read_text())
+
+
+@pytest.mark.parametrize("table", ["provenance.json", "requests.parquet", "blocks.parquet"])
+def test_no_command_writes_over_a_run_table(tiny_bailian_path: Path, tmp_path: Path, table: str) -> None:
+    """-o naming one of a run folder's own tables is refused in one line, and the file is left as it was."""
+    run = tmp_path / "run"
+    ingest_trace(tiny_bailian_path, run)
+    target = run / table
+    before = target.read_bytes()
+    for args in (["export", str(run), "-o", str(target), "-q"], ["report", str(run), "-o", str(target), "-q"],
+                 ["synth", "--profile", "to-c", "--scale", "0.0001", "-o", str(target), "-q"],
+                 ["fit", str(run), "-o", str(target), "-q"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.count("\n") == 1 and f"is the run folder's own {table}" in r.output, (args, r.output)
+        assert target.read_bytes() == before, args
+    assert runner.invoke(app, ["export", str(run), "-o", str(run / "copy.parquet"), "-q"]).exit_code == 0
+
+
+@pytest.mark.parametrize(("table", "content", "needle"), [
+    ("blocks.parquet", None, "not a kvtrace blocks table (no columns req_idx, pos, block_id"),
+    ("requests.parquet", None, "not a kvtrace requests table (no columns req_idx, session_id"),
+    ("blocks.parquet", b"not parquet", "not a readable Parquet table"),
+])
+def test_a_damaged_run_table_is_one_line(tiny_bailian_path: Path, tmp_path: Path, table: str,
+                                        content: bytes | None, needle: str) -> None:
+    """A table replaced by another file (an exported trace, say) stops every command at open, in one line."""
+    run = tmp_path / "run"
+    ingest_trace(tiny_bailian_path, run)
+    if content is None:  # an exported trace written where the table was: a Parquet file of other columns
+        assert runner.invoke(app, ["export", str(run), "-o", str(tmp_path / "trace.parquet"), "-q"]).exit_code == 0
+        (run / table).write_bytes((tmp_path / "trace.parquet").read_bytes())
+    else:
+        (run / table).write_bytes(content)
+    for args in (["simulate", str(run), "-p", "lru", "-c", "2", "-q"], ["analyze", str(run), "-q"],
+                 ["fit", str(run), "-q"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.count("\n") == 1 and needle in r.output and "Traceback" not in r.output, (args, r.output)

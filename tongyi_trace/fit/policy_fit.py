@@ -46,7 +46,7 @@ from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext
 from tongyi_trace.fit.reuse_model import ReuseFit, Samples, fit_reuse, km_curve, km_table, ks_distance, model_cdf
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
-from tongyi_trace.run import open_run, write_json, write_parquet_atomic
+from tongyi_trace.run import check_not_run_table, open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 from tongyi_trace.trace.categories import follow_up_gaps_s
 from tongyi_trace.trace.synth_like import workload_summary
@@ -102,6 +102,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     the setting per capacity is chosen, with parameters fitted on the rest (0: chosen on the whole train
     window with its own parameters, in-sample); the file's parameters are fitted on the whole window."""
     check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
+    check_not_run_table(Path(out_path), "-o")
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
     if not 0.0 <= life_quantile <= 1.0:

@@ -23,7 +23,7 @@ from tongyi_trace.report.figures import figure_json, template_json
 from tongyi_trace.report.model import Headline, Section
 from tongyi_trace.report.sections import BUILDERS
 from tongyi_trace.resources import reports_dir
-from tongyi_trace.run import RunDir, atomic_write_text
+from tongyi_trace.run import RunDir, atomic_write_text, check_not_run_table
 
 REPORT_NAME = "report.html"
 
@@ -57,6 +57,7 @@ def _render_report(run: RunDir, out: Path | None) -> Path:
     path = out if out is not None else run.path / REPORT_NAME
     if path.is_dir():
         raise UsageError(f"{path}: is a folder; give -o the path of the .html file to write")
+    check_not_run_table(path, "-o")
     atomic_write_text(path, html)
     return path
 

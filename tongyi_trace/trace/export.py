@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunDir, check_not_run_table
 from tongyi_trace.trace.reader import PARQUET_BLOCK_SIZE_KEY
 
 
@@ -34,6 +34,7 @@ def trace_table(run: RunDir) -> pl.DataFrame:
 
 def export_trace(run: RunDir, out: Path) -> int:
     """Write the run's trace to OUT (.parquet or .jsonl by suffix); return the number of requests."""
+    check_not_run_table(out, "-o")
     table = trace_table(run)
     if out.suffix == ".parquet":
         arrow = table.to_arrow()

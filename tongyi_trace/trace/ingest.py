@@ -30,8 +30,11 @@ from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import (
+    BLOCKS_SCHEMA,
     DOWNSTREAM,
+    REQUEST_COLUMNS,
     RUN_SCHEMA,
+    RUN_TABLES,
     RunDir,
     clear_downstream,
     is_run_dir,
@@ -53,8 +56,6 @@ from tongyi_trace.trace.reader import (
     read_chunks,
 )
 
-BLOCKS_SCHEMA = pa.schema([("req_idx", pa.int64()), ("pos", pa.int64()), ("block_id", pa.int64()),
-                           ("chain_id", pa.int64()), ("chain_idx", pa.int64()), ("num_tokens", pa.int64())])
 # blocks.parquet's encoding: delta-packed integers (runs and counters shrink to a few bits), the chain ids
 # (uniform 64-bit hashes, incompressible) stored plain: 3x faster to write and 2x faster to read than
 # dictionary + zstd, and smaller.
@@ -123,7 +124,7 @@ def _sessions(path: Path, line_no: npt.NDArray[np.int64], chat_id: npt.NDArray[n
     return chat_id[up]
 
 
-KNOWN_RUN_FILES = ("provenance.json", "requests.parquet", "blocks.parquet", *DOWNSTREAM)
+KNOWN_RUN_FILES = (*RUN_TABLES, *DOWNSTREAM)
 
 
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
@@ -340,8 +341,7 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
-    return df.select("req_idx", "raw_idx", "line_no", "chat_id", "parent_chat_id", "session_id", "user_id",
-                     "arrival_s", "input_tokens", "output_tokens", "type", "turn", "category", "num_blocks")
+    return df.select("raw_idx", "line_no", *REQUEST_COLUMNS)
 
 
 def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.run import check_not_run_table
 from tongyi_trace.trace.synth_api import ApiParams, draw_api
 from tongyi_trace.trace.synth_chat import ChatParams, ChatType, LongChat, draw_chat
 from tongyi_trace.trace.synth_core import SessionRequests, SynthTrace, assemble, write_jsonl
@@ -154,7 +155,8 @@ def summarize(trace: SynthTrace, path: Path, profile: str, seed: int) -> SynthSu
 def synth_to_file(profile: str, seed: int, out: str | Path, num_requests: int | None = None,
                   duration_s: float | None = None, scale: float = 1.0) -> SynthSummary:
     """Generate a PROFILE trace and write it to OUT as Bailian JSONL (.gz/.zst compressed by suffix)."""
-    trace = generate(profile, seed, num_requests, duration_s, scale)
     path = Path(out)
+    check_not_run_table(path, "-o")
+    trace = generate(profile, seed, num_requests, duration_s, scale)
     write_jsonl(trace, path)
     return summarize(trace, path, profile, seed)
