@@ -26,7 +26,7 @@ import polars as pl
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
-from tongyi_trace.run import write_json
+from tongyi_trace.run import run_root, write_json
 from tongyi_trace.schemas import STUDY_SCHEMA
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
@@ -88,7 +88,17 @@ def run_study(spec: str, out_dir: Path, opts: StudyOptions | None = None,
     check_options(opts.executor)
     traces = find_traces(spec)
     out_dir = out_dir.resolve()
-    (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"-o {out_dir}: exists and is not a folder; give the study a folder")
+    root = run_root(out_dir)
+    if root is not None:
+        where = "is a run folder" if root == out_dir else f"is inside the run folder {root}"
+        raise UsageError(f"-o {out_dir}: {where}; give the study a folder of its own (it makes a run folder "
+                         "per trace under it)")
+    try:
+        (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {out_dir}: cannot create the study folder ({e.strerror}); choose another") from None
     t0 = time.perf_counter()
     jsonl = out_dir / "windows.jsonl"
     jsonl.write_text("")

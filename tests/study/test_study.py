@@ -69,3 +69,31 @@ def test_find_traces_orders_by_name_and_rejects_empty(windows: Path, tmp_path: P
     proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "study", str(windows), "-o",
                            str(tmp_path / "o"), "--executor", "spark"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "--executor 'spark'" in proc.stderr
+
+
+def test_out_must_be_a_folder_of_its_own(windows: Path, tmp_path: Path) -> None:
+    """-o a run folder (or inside one), or a file: refused in one line before anything is written."""
+    from tongyi_trace.errors import UsageError
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    run = tmp_path / "run"
+    ingest_trace(windows / "day1-00.jsonl", run)
+    before = sorted(p.name for p in run.iterdir())
+    for out, needle in ((run, "is a run folder"), (run / "sim", f"is inside the run folder {run}"),
+                        (windows / "day1-00.jsonl", "exists and is not a folder")):
+        with pytest.raises(UsageError, match=needle):
+            run_study(str(windows), out)
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_failed_tasks_are_one_plain_line(tmp_path: Path, make_trace: Callable[..., Path]) -> None:
+    """A window too small for the study's capacities fails its task; the CLI says so in one line, exit 1."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    make_trace(folder, 3, num_requests=2, duration_s=10).rename(folder / "w.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "study", str(folder), "-o", str(tmp_path / "o"),
+                           "-q", "-j", "1"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "[bold" not in proc.stderr, \
+        proc.stderr
+    assert "task(s) failed after a retry" in proc.stderr

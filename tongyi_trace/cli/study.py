@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from tongyi_trace.cli import app, source_value
-from tongyi_trace.cli._common import console, err_console, print_json, progress, run_cli
+from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.schemas import STUDY_SCHEMA
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ def study(
         console.print(_table(result))
         console.print(f"tables and index.html in {result.out_dir}")
     if result.summary["num_failed"]:
-        err_console.print(f"[bold red]error:[/] {result.summary['num_failed']} task(s) failed after a retry "
-                          f"(see 'error' in {result.out_dir / 'windows.jsonl'} and study.json)", highlight=False)
+        say(("error:", "bold red"), f" {result.summary['num_failed']} task(s) failed after a retry (see 'error' in "
+            f"{result.out_dir / 'windows.jsonl'} and study.json)", err=True)
         raise typer.Exit(1)
 
 
