@@ -86,6 +86,15 @@ def test_out_must_be_a_folder_of_its_own(windows: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in run.iterdir()) == before
 
 
+def test_a_study_folder_given_as_a_run_says_so(tmp_path: Path) -> None:
+    from tongyi_trace.errors import InputError
+
+    (tmp_path / "study.json").write_text("{}")
+    with pytest.raises(InputError, match=r"is a study folder, not a run folder \(its report is .*index.html\); "
+                       r"give one of its runs, .*runs/NAME"):
+        open_run(tmp_path)
+
+
 def test_failed_tasks_are_one_plain_line(tmp_path: Path, make_trace: Callable[..., Path]) -> None:
     """A window too small for the study's capacities fails its task; the CLI says so in one line, exit 1."""
     folder = tmp_path / "tiny"
