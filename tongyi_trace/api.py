@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tongyi_trace.sim.registry import DEFAULT_CAPACITIES, DEFAULT_POLICIES  # light: names only (no numba)
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -66,7 +68,7 @@ class Run:
         return {name: (r.headline if r.ok else {"status": r.status, "reason": r.reason})
                 for name, r in rep.results.items()}
 
-    def fit(self, capacities: str | None = "1%,5%,10%,25%", *, model: str = "qwen2-7b", train: str | None = None,
+    def fit(self, capacities: str | None = "1L", *, model: str = "qwen2-7b", train: str | None = None,
             test: str | None = None, jobs: int = 0) -> Path:
         """Fit the reuse model per category, choose the setting per capacity (None: no choice) and write
         RUN/fit/policy.json; return its path. MODEL: preset name or Hugging Face config.json path."""
@@ -77,8 +79,8 @@ class Run:
                          capacities=capacities, model=get_preset(model), jobs=jobs)
         return out.policy_path
 
-    def simulate(self, policies: Sequence[str] | str = ("lru", "fifo", "lfu", "s3fifo", "gdsf", "oracle"),
-                 capacities: Sequence[str] | str = "1%,5%,10%,25%,50%,inf", *, model: str = "qwen2-7b",
+    def simulate(self, policies: Sequence[str] | str = DEFAULT_POLICIES,
+                 capacities: Sequence[str] | str = DEFAULT_CAPACITIES, *, model: str = "qwen2-7b",
                  params: str | Path | None = None, gpu_mem_gib: float | None = None, tp: int | None = None,
                  name: str | None = None, jobs: int = 0) -> pl.DataFrame:
         """Simulate POLICIES x CAPACITIES (as `kvtrace simulate -p/-c`: blocks, 5%, 0.5x, 2L, 40GiB, inf) and

@@ -11,7 +11,7 @@ from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommendation_json
 from tongyi_trace.errors import UsageError
-from tongyi_trace.sim.registry import DEFAULT_POLICIES, VARIANTS, Policy
+from tongyi_trace.sim.registry import DEFAULT_CAPACITIES, DEFAULT_POLICIES, VARIANTS, Policy
 
 if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not for --help
     from rich.table import Table
@@ -27,7 +27,7 @@ def simulate(
                                help=f"Comma-separated: {','.join(Policy)} (or all); fitted (the policy file's "
                                     "choice per capacity); the variants "
                                     f"{','.join(VARIANTS)}."),
-    capacity: str = typer.Option("1%,5%,10%,25%,50%,inf", "--capacity", "-c",
+    capacity: str = typer.Option(DEFAULT_CAPACITIES, "--capacity", "-c",
                                  help="Comma-separated: blocks (4096), % of distinct blocks (5%), x HBM of "
                                       "--model (0.5x), x the oracle's peak live set (2L), bytes of KV with "
                                       "--model's bytes per block (40GiB, 200GB), inf."),

@@ -31,6 +31,7 @@ class Policy(StrEnum):
 BASELINES = (Policy.LRU, Policy.FIFO, Policy.LFU, Policy.S3FIFO, Policy.GDSF)
 # `kvtrace simulate`'s default: the baselines and the oracle (no policy file needed)
 DEFAULT_POLICIES = ",".join([*BASELINES, Policy.ORACLE])
+DEFAULT_CAPACITIES = "1%,5%,10%,25%,50%,inf"  # and its capacities (the API's Run.simulate too)
 # `kvtrace simulate`'s WA ablation variants: name -> WA's parameters; FITTED: the setting `kvtrace fit
 # --capacity` chose, per capacity (the policy file's nearest choice, sim.simulate.resolve_fitted)
 WA_ABLATION: dict[str, dict[str, bool]] = {

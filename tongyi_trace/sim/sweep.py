@@ -32,7 +32,15 @@ from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, queue_summary
 from tongyi_trace.sim.lru_curve import lru_curve
-from tongyi_trace.sim.registry import BASELINES, DEFAULT_POLICIES, VARIANTS, WA_ABLATION, Policy, get_policy
+from tongyi_trace.sim.registry import (
+    BASELINES,
+    DEFAULT_CAPACITIES,
+    DEFAULT_POLICIES,
+    VARIANTS,
+    WA_ABLATION,
+    Policy,
+    get_policy,
+)
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_tiered
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
@@ -328,7 +336,7 @@ class SimulateOptions:
     """`kvtrace simulate`'s options as given on the command line."""
 
     policies: str = DEFAULT_POLICIES
-    capacities: str = "1%,5%,10%,25%,50%,inf"
+    capacities: str = DEFAULT_CAPACITIES
     params_path: Path | None = None
     engine_block_size: int | None = None
     model: str = "qwen2-7b"  # preset name or a Hugging Face config.json path
