@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tongyi_trace.models import DEFAULT_MODEL, PRESETS
 from tongyi_trace.sim.registry import DEFAULT_CAPACITIES, DEFAULT_POLICIES  # light: names only (no numba)
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Run:
         return pl.read_parquet(self._dir.blocks_path)
 
     def analyze(self, only: Sequence[str] | None = None,
-                models: Sequence[str] = ("qwen2-7b", "llama2-13b", "llama3-70b")) -> dict[str, dict[str, Any]]:
+                models: Sequence[str] = tuple(PRESETS)) -> dict[str, dict[str, Any]]:
         """Run the characterization analyses (all, or ONLY) and write RUN/analysis/; return each analysis's
         headline figures by name (absent analyses give {"status": "absent", "reason": ...})."""
         from tongyi_trace.analysis import AnalysisOptions, resolve_models, run_analyses
@@ -68,7 +69,7 @@ class Run:
         return {name: (r.headline if r.ok else {"status": r.status, "reason": r.reason})
                 for name, r in rep.results.items()}
 
-    def fit(self, capacities: str | None = "1L", *, model: str = "qwen2-7b", train: str | None = None,
+    def fit(self, capacities: str | None = "1L", *, model: str = DEFAULT_MODEL, train: str | None = None,
             test: str | None = None, jobs: int = 0) -> Path:
         """Fit the reuse model per category, choose the setting per capacity (None: no choice) and write
         RUN/fit/policy.json; return its path. MODEL: preset name or Hugging Face config.json path."""
@@ -80,7 +81,7 @@ class Run:
         return out.policy_path
 
     def simulate(self, policies: Sequence[str] | str = DEFAULT_POLICIES,
-                 capacities: Sequence[str] | str = DEFAULT_CAPACITIES, *, model: str = "qwen2-7b",
+                 capacities: Sequence[str] | str = DEFAULT_CAPACITIES, *, model: str = DEFAULT_MODEL,
                  params: str | Path | None = None, gpu_mem_gib: float | None = None, tp: int | None = None,
                  name: str | None = None, jobs: int = 0) -> pl.DataFrame:
         """Simulate POLICIES x CAPACITIES (as `kvtrace simulate -p/-c`: blocks, 5%, 0.5x, 2L, 40GiB, inf) and

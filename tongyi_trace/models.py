@@ -62,6 +62,7 @@ class ModelPreset:
         return self.hbm_kv_bytes // self.kv_bytes_per_block(block_size_tokens)
 
 
+DEFAULT_MODEL = "qwen2-7b"  # the model of x HBM capacities, bytes and QTTFT when no --model is given
 PRESETS: dict[str, ModelPreset] = {
     "qwen2-7b": ModelPreset("qwen2-7b", num_layers=28, num_kv_heads=4, head_dim=128, dtype_bytes=2,
                             num_params=7.6e9),

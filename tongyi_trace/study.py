@@ -26,6 +26,7 @@ import polars as pl
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
+from tongyi_trace.models import DEFAULT_MODEL
 from tongyi_trace.run import run_root, write_json
 from tongyi_trace.schemas import STUDY_SCHEMA
 
@@ -38,7 +39,7 @@ class StudyOptions:
     """`kvtrace study`'s options."""
 
     capacities: str = DEFAULT_CAPACITIES  # simulate LRU / WA at these (simulate's units)
-    model: str = "qwen2-7b"  # model preset of the analyses and x HBM capacities
+    model: str = DEFAULT_MODEL  # model preset of the analyses and x HBM capacities
     executor: ExecutorOptions = field(default_factory=ExecutorOptions)
 
 

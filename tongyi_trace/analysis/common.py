@@ -27,7 +27,7 @@ import polars as pl
 from tongyi_trace.analysis.chains import chains_table
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.models import MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
+from tongyi_trace.models import DEFAULT_MODEL, MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import ANALYSIS_SCHEMA
@@ -94,7 +94,7 @@ class AnalysisResult:
 class AnalysisOptions:
     """Knobs of the analyses (all have defaults)."""
 
-    models: tuple[ModelPreset, ...] = (PRESETS["qwen2-7b"], PRESETS["llama2-13b"], PRESETS["llama3-70b"])
+    models: tuple[ModelPreset, ...] = tuple(PRESETS.values())
     top_n: int = 20  # users/sessions shown in the producer x consumer heatmap
     window_s: float = 600.0  # next-turn probability windows
     memory_limit_gib: float = 2.0  # DuckDB memory limit (it spills to disk beyond)
@@ -283,7 +283,7 @@ def resolve_models(names: Sequence[str], *, num_layers: int | None = None, num_k
             if missing:
                 raise UsageError(f"--model custom needs {', '.join(missing)}")
         # 'custom' starts from any preset's GPU-side defaults (tp 1, 80 GiB) and replaces the whole shape.
-        preset = get_preset("qwen2-7b" if is_custom else name, gpu_mem_gib=gpu_mem_gib, tp=tp,
+        preset = get_preset(DEFAULT_MODEL if is_custom else name, gpu_mem_gib=gpu_mem_gib, tp=tp,
                             reserve_gib=reserve_gib, utilization=utilization)
         if shape:
             preset = replace(preset, name="custom" if is_custom else f"{preset.name}*", **shape)

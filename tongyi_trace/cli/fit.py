@@ -9,6 +9,7 @@ import typer
 
 from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, run_or_trace, say
+from tongyi_trace.models import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -35,7 +36,7 @@ def fit(
     capacity: str = typer.Option(source_value("fit.tune", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
                                       "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
-    model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path "
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset or Hugging Face config.json path "
                               "(x HBM and byte capacities)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster) for the "

@@ -11,6 +11,7 @@ from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommendation_json
 from tongyi_trace.errors import UsageError
+from tongyi_trace.models import DEFAULT_MODEL
 from tongyi_trace.sim.registry import DEFAULT_CAPACITIES, DEFAULT_POLICIES, VARIANTS, Policy
 
 if TYPE_CHECKING:  # the simulator (numba) is imported when a command runs, not for --help
@@ -36,7 +37,7 @@ def simulate(
                                             "RUN_DIR/fit/policy.json)."),
     engine_block_size: int | None = typer.Option(None, "--engine-block-size",
                                                  help="Regroup trace blocks to this many tokens a block."),
-    model: str = typer.Option("qwen2-7b", "--model", help="Model preset or Hugging Face config.json path (x HBM "
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset or Hugging Face config.json path (x HBM "
                               "and byte capacities, QTTFT)."),
     gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem", "--gpu-mem-gib",
                                              help="Override: memory per GPU in GiB (80)."),

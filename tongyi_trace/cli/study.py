@@ -9,6 +9,7 @@ import typer
 
 from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
+from tongyi_trace.models import DEFAULT_MODEL
 from tongyi_trace.schemas import STUDY_SCHEMA
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def study(
     out: Path = typer.Option(..., "-o", "--out", help="Study folder: run folders, tables, index.html."),
     capacity: str = typer.Option(source_value("study", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Capacities of the LRU / WA comparison (simulate's units)."),
-    model: str = typer.Option("qwen2-7b", "--model", help="Model preset (x HBM capacities, QTTFT)."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset (x HBM capacities, QTTFT)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes of the local executor (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster; "
                                  "pip install 'kvtrace[ray]'; run folders must be on storage every node sees)."),

@@ -26,7 +26,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.guard.simulate import pop_guard_tables, simulate_guarded, write_guard_tables
-from tongyi_trace.models import ModelPreset
+from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
 from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
@@ -339,7 +339,7 @@ class SimulateOptions:
     capacities: str = DEFAULT_CAPACITIES
     params_path: Path | None = None
     engine_block_size: int | None = None
-    model: str = "qwen2-7b"  # preset name or a Hugging Face config.json path
+    model: str = DEFAULT_MODEL  # preset name or a Hugging Face config.json path
     gpu_mem_gib: float | None = None
     tp: int | None = None
     hbm_capacity: str | None = None
