@@ -36,6 +36,7 @@ FORMATS = ("bailian", "mooncake", "parquet")
 DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
 CHUNK_LINES = 1 << 18
 BLOCK_BYTES = 1 << 20  # of the file (decompressed) read at a time
+UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors put first (byte_blocks drops it)
 PROGRESS_LINES = 1 << 12  # the read's progress is reported every this many Parquet rows
 # hash ids per chunk (8 bytes each): small enough that a chunk's arrays are reused by the allocator instead of
 # being mapped afresh (first-touch page faults cost more than the work on a large temporary); ingest's
@@ -223,9 +224,11 @@ def _zstd_blocks(f: IO[bytes], path: Path) -> Iterator[bytes]:
                          "or still being written: get a complete copy")
 
 
+
 def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
-    """The bytes of PATH, decompressed from .gz/.zst, in blocks of about BLOCK_BYTES; a damaged or truncated
-    compressed file is an InputError naming the file, never a shorter trace. STATS.num_bytes_read follows
+    """The bytes of PATH, decompressed from .gz/.zst, without a leading UTF-8 byte-order mark, in blocks of
+    about BLOCK_BYTES; a damaged or truncated compressed file is an InputError naming the file, never a
+    shorter trace. STATS.num_bytes_read follows
     the bytes of the file consumed (reported after each block)."""
     check_trace_path(path)
     kind = path.suffix if path.suffix in (".gz", ".zst") else None
@@ -238,9 +241,14 @@ def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
                 blocks = _zstd_blocks(raw, path)
             else:
                 blocks = iter(lambda: raw.read(BLOCK_BYTES), b"")
+            first = True
             for block in blocks:
                 if stats is not None:
                     stats.advanced(raw.tell())
+                if first:
+                    first = False
+                    if block.startswith(UTF8_BOM):  # some editors write one; it is no part of the first record
+                        block = block[len(UTF8_BOM):]
                 yield block
             if stats is not None:
                 stats.num_bytes_read = raw.tell()
