@@ -96,10 +96,10 @@ def open_run(path: str | Path) -> RunDir:
     if p.is_file():
         raise InputError(f"{p}: is a file, not a kvtrace run folder; make one with 'kvtrace ingest {p} -o "
                          "RUN_DIR' and pass RUN_DIR")
-    if not is_run_dir(p) and (p / "study.json").is_file():
-        raise InputError(f"{p}: is a study folder, not a run folder (its report is {p / 'index.html'}); give one "
-                         f"of its runs, {p / 'runs'}/NAME")
     if not is_run_dir(p):
+        if (p / "study.json").is_file():
+            raise InputError(f"{p}: is a study folder, not a run folder (its report is {p / 'index.html'}); give "
+                             f"one of its runs, {p / 'runs'}/NAME")
         raise InputError(f"{p}: not a kvtrace run folder (no provenance.json/blocks.parquet); "
                          f"run 'kvtrace ingest TRACE -o {p}' first")
     run = RunDir(p)

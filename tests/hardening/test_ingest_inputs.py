@@ -251,10 +251,9 @@ def test_markup_in_user_text_is_printed_verbatim(tmp_path: Path) -> None:
 def test_a_leading_byte_order_mark_is_ignored(tmp_path: Path, suffix: str) -> None:
     """A UTF-8 BOM before the first record (Notepad, PowerShell) reads as the same trace; it was refused
     as "the first record is not valid JSON"."""
-    text = _lines([_req(1), _req(2, parent=1, ts=1.0, n=3, turn=2)]).encode()
-    plain = ingest_trace(_write(tmp_path / "plain.jsonl", [_req(1), _req(2, parent=1, ts=1.0, n=3, turn=2)]),
-                         tmp_path / "plain")
-    data = b"\xef\xbb\xbf" + text
+    records: list[dict[str, object] | str] = [_req(1), _req(2, parent=1, ts=1.0, n=3, turn=2)]
+    plain = ingest_trace(_write(tmp_path / "plain.jsonl", records), tmp_path / "plain")
+    data = b"\xef\xbb\xbf" + _lines(records).encode()
     path = tmp_path / f"bom{suffix}"
     path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else
                      zstandard.ZstdCompressor().compress(data) if suffix.endswith(".zst") else data)

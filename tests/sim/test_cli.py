@@ -35,11 +35,17 @@ def test_simulate_json_and_artifacts(make_run: Callable[..., Path]) -> None:
     assert pl.read_parquet(sim / "per_category.parquet")["category"].unique().to_list() == ["all"]
 
 
-def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], tmp_path: Path) -> None:
+def _wa_run(make_run: Callable[..., Path], tmp_path: Path) -> tuple[Path, Path]:
+    """REQS in two categories, and a policy file for them."""
     run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
     policy = tmp_path / "policy.json"
     save_policy(PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)},
                              default=CategoryParams(0.1, 0.1, 10.0, 10.0)), policy)
+    return run, policy
+
+
+def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    run, policy = _wa_run(make_run, tmp_path)
     res = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru,wa", "-c", "2,3", "--params", str(policy),
                                    "--ablation", "--json", "-j", "2"])
     assert res.exit_code == 0, res.output
@@ -52,10 +58,7 @@ def test_simulate_parallel_sweep_and_wa_ablation(make_run: Callable[..., Path], 
 
 def test_simulate_km_model_without_life_window(make_run: Callable[..., Path], tmp_path: Path) -> None:
     """The km model with the unbounded window (wa-no-life: F(inf) - F(t)) runs like the others."""
-    run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
-    policy = tmp_path / "policy.json"
-    save_policy(PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)},
-                             default=CategoryParams(0.1, 0.1, 10.0, 10.0)), policy)
+    run, policy = _wa_run(make_run, tmp_path)
     res = CliRunner().invoke(app, ["simulate", str(run), "-p", "wa-no-life", "-c", "2,3", "--params", str(policy),
                                    "--set", "wa.model=km", "--set", "wa.conditional=true", "--json", "-j", "1"])
     assert res.exit_code == 0, res.output

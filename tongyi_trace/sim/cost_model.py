@@ -67,9 +67,9 @@ def override(model: CostModel, *, overhead_s: float | None = None, s_per_token: 
                                  "s_per_loaded_token": s_per_loaded_token,
                                  "arrival_scale": arrival_scale}.items() if v is not None}
     for k, v in changes.items():
-        above = v > 0 if k == "arrival_scale" else v >= 0
-        if not (above and math.isfinite(v)):
-            raise UsageError(f"{_OPTIONS[k]} must be a finite number {'>' if k == 'arrival_scale' else '>='} 0 "
+        strict = k == "arrival_scale"  # a scale of 0 would put every arrival at t = 0
+        if not ((v > 0 if strict else v >= 0) and math.isfinite(v)):
+            raise UsageError(f"{_OPTIONS[k]} must be a finite number {'>' if strict else '>='} 0 "
                              f"(the cost model's {k}), got {v}")
     return replace(model, **changes)  # type: ignore[arg-type]
 

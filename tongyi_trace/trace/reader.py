@@ -224,12 +224,10 @@ def _zstd_blocks(f: IO[bytes], path: Path) -> Iterator[bytes]:
                          "or still being written: get a complete copy")
 
 
-
 def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
     """The bytes of PATH, decompressed from .gz/.zst, without a leading UTF-8 byte-order mark, in blocks of
     about BLOCK_BYTES; a damaged or truncated compressed file is an InputError naming the file, never a
-    shorter trace. STATS.num_bytes_read follows
-    the bytes of the file consumed (reported after each block)."""
+    shorter trace. STATS.num_bytes_read follows the bytes of the file consumed (reported after each block)."""
     check_trace_path(path)
     kind = path.suffix if path.suffix in (".gz", ".zst") else None
     try:
