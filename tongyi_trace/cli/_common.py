@@ -8,6 +8,7 @@ use: rich.console is not imported by `kvtrace CMD --help` (bench/bench_cli.py).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 
+# output to a file or pipe (no terminal, no COLUMNS): tables at their natural width and messages on one line
+# each, not cut or wrapped at Rich's default of 80 columns
+REDIRECTED_WIDTH = 1000
+
+
 class _DeferredConsole:
     """A Rich Console (markup and emoji off) created on its first attribute access."""
 
@@ -36,6 +42,8 @@ class _DeferredConsole:
             from rich.console import Console
 
             self._console = Console(stderr=self._stderr, markup=False, emoji=False)
+            if not self._console.is_terminal and "COLUMNS" not in os.environ:
+                self._console.width = REDIRECTED_WIDTH
         return self._console
 
     def __getattr__(self, name: str) -> Any:
