@@ -18,6 +18,8 @@ integer table it (Setup), then
     release(..., x, ref, pos, num_tokens, cat, now_s) the request is served: unpin x (called deepest
                                                       block first, so the head is most recent)
     evict(..., now_s) -> victim id or -1              choose an unpinned cached block to drop
+
+A hook that several policies share (do nothing; leave the queue while used) is bound from sim/hooks.py.
 """
 
 from __future__ import annotations

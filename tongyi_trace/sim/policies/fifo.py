@@ -16,6 +16,7 @@ import sys
 import numpy as np
 from numba import njit
 
+from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import PINNED, QID, q_append, q_head, q_next, q_unlink
 
@@ -30,16 +31,7 @@ def init(params: NoParams, ctx: InitContext) -> Setup:
     return Setup(*params.to_arrays(), g0=np.array([-1], np.int64))
 
 
-@njit(cache=True, inline="always")
-def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
-
-
-@njit(cache=True, inline="always")
-def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
+access, insert = hooks.no_op, hooks.no_op  # shared hooks (sim/hooks.py)
 
 
 @njit(cache=True, inline="always")

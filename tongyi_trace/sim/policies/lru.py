@@ -17,6 +17,7 @@ import sys
 import numpy as np
 from numba import njit
 
+from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import InitContext, NoParams, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import q_append, q_head, q_unlink
 
@@ -30,16 +31,7 @@ def init(params: NoParams, ctx: InitContext) -> Setup:
     return Setup(*params.to_arrays())
 
 
-@njit(cache=True, inline="always")
-def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    q_unlink(bk, qs, x)
-
-
-@njit(cache=True, inline="always")
-def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
+access, insert = hooks.unlink, hooks.no_op  # shared hooks (sim/hooks.py)
 
 
 @njit(cache=True, inline="always")

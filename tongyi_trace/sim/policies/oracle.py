@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.stream import next_request_of_refs
 from tongyi_trace.sim.structs import LAST, heap_pop_valid, heap_push
@@ -74,16 +75,7 @@ def init(params: OracleParams, ctx: InitContext) -> Setup:
     return Setup(ip, fp, it=nxt, heap_size=ctx.lazy_heap_entries)
 
 
-@njit(cache=True, inline="always")
-def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
-
-
-@njit(cache=True, inline="always")
-def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
+access, insert = hooks.no_op, hooks.no_op  # shared hooks (sim/hooks.py)
 
 
 @njit(cache=True, inline="always")

@@ -37,6 +37,7 @@ from numba import njit
 
 from tongyi_trace import wa_priority
 from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import LAST, q_append, q_head, q_unlink
 
@@ -161,16 +162,7 @@ def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.nd
     return cw
 
 
-@njit(cache=True, inline="always")
-def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    q_unlink(bk, qs, x)
-
-
-@njit(cache=True, inline="always")
-def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
-    pass
+access, insert = hooks.unlink, hooks.no_op  # shared hooks (sim/hooks.py)
 
 
 @njit(cache=True, inline="always")
