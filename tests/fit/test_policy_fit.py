@@ -198,6 +198,16 @@ def test_holdout_of_an_instant_trace_says_what_to_do(make_run: Callable[..., Pat
     assert fit_policy(run, tmp_path / "p.json", capacities="1", holdout=0.0).policy.choices
 
 
+def test_empty_holdout_end_says_what_to_do(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    """A held-out end without a request would choose on nothing (every hit ratio 0, LRU by the tie): refused."""
+    run = make_run([(0.0, "text", 1, [1]), (1.0, "text", 2, [1, 2]), (10.0, "text", 2, [1, 2, 3])])
+    with pytest.raises(UsageError, match=r"^--holdout 0.5: the held-out end of the train window \(4:8 s, where "
+                       r"the setting per capacity is chosen\): no block access .*; use --holdout 0 or a longer "
+                       r"train window$"):
+        fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1)
+    assert fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1, holdout=0.0).policy.choices
+
+
 def test_not_a_run_folder(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a kvtrace run folder"):
         fit_policy(tmp_path, tmp_path / "p.json")

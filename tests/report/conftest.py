@@ -48,7 +48,7 @@ def evil_run(evil_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> RunD
     ingest_trace(evil_trace, out)
     run = open_run(out)
     run_analyses(run)
-    fit_policy(out, out / "fit" / "policy.json", train="0:15", test="15:", min_samples=2)
+    fit_policy(out, out / "fit" / "policy.json", train="0:15", test="15:", min_samples=2, holdout=0.0)
     simulate_run(out, SimulateOptions(policies="all", capacities="2,4,8,inf", params_path=out / "fit" / "policy.json",
                                       ablation=True, jobs=1))
     httpd = serve(StandInState(block_size=32, fail_every=5))

@@ -92,33 +92,19 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _points(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.2f}"
-
-
 def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
-    """The answer per capacity: the setting the policy file runs there, and how it did against LRU and the
-    best baseline where it was chosen (and on --test)."""
+    """The answer per capacity: the setting the policy file runs there (fit.params.choice_table)."""
     from rich.table import Table
 
-    from tongyi_trace.fit.tune import Candidate
+    from tongyi_trace.fit.params import choice_table
 
     where = (f"the last {holdout:.0%} of the train window, parameters fitted on the rest" if holdout > 0
              else "the train window")
-    has_test = any(ch.test for ch in outcome.policy.choices)
     table = Table(title=f"setting to run per capacity (chosen by simulation on {where}; gains in points)")
-    cols = ["capacity", "blocks", "run", "hit ratio", "LRU", "vs LRU", "vs best baseline"]
-    for col in cols + (["test hit ratio", "test vs LRU"] if has_test else []):
+    columns, rows = choice_table(outcome.policy.choices)
+    for col in columns:
         table.add_column(col, justify="left" if col in ("capacity", "run") else "right")
-    for ch in outcome.policy.choices:
-        params = {k: v for k, v in ch.params.items() if k != "leaf_only"}
-        tr, te = ch.train, ch.test
-        row = [ch.capacity, f"{ch.capacity_blocks:,}", Candidate(ch.policy, params).label,
-               _fmt(tr.get("hit_ratio"), ".4f"), _fmt(tr.get("lru_hit_ratio"), ".4f"),
-               _points(tr.get("gain_vs_lru")),
-               f"{_points(tr.get('gain_vs_best_baseline'))} ({tr.get('best_baseline', '-')})"]
-        if has_test:
-            row += [_fmt(te.get("hit_ratio"), ".4f"), _points(te.get("gain_vs_lru"))]
+    for row in rows:
         table.add_row(*row)
     return table
 

@@ -70,6 +70,38 @@ class PolicyChoice:
     test: dict[str, Any] = field(default_factory=dict)
 
 
+def setting_label(policy: str, params: dict[str, Any]) -> str:
+    """A setting in one line: 'wa model=km conditional=True life_s=12.5', or 'lru' (leaf_only, always on for
+    a WA choice, left out)."""
+    shown = {k: v for k, v in params.items() if k != "leaf_only"}
+    return " ".join([policy, *(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in shown.items())])
+
+
+CHOICE_COLUMNS = ["capacity", "blocks", "run", "hit ratio", "LRU", "vs LRU", "vs best baseline"]
+TEST_CHOICE_COLUMNS = ["test hit ratio", "test vs LRU"]
+
+
+def choice_table(choices: list[PolicyChoice]) -> tuple[list[str], list[list[str]]]:
+    """What to run per capacity as text (`kvtrace fit` and the report): columns, then per choice its
+    capacity, blocks, setting, hit ratio, LRU's, gains in points over LRU and the best baseline where it
+    was chosen, and on the test window when there was one."""
+    def num(x: Any) -> str:
+        return "-" if x is None else f"{x:.4f}"
+
+    def points(x: Any) -> str:
+        return "-" if x is None else f"{100 * x:+.2f}"
+
+    has_test = any(ch.test for ch in choices)
+    rows = []
+    for ch in choices:
+        tr, te = ch.train, ch.test
+        row = [ch.capacity, f"{ch.capacity_blocks:,}", setting_label(ch.policy, ch.params), num(tr.get("hit_ratio")),
+               num(tr.get("lru_hit_ratio")), points(tr.get("gain_vs_lru")),
+               f"{points(tr.get('gain_vs_best_baseline'))} ({tr.get('best_baseline', '-')})"]
+        rows.append(row + ([num(te.get("hit_ratio")), points(te.get("gain_vs_lru"))] if has_test else []))
+    return CHOICE_COLUMNS + (TEST_CHOICE_COLUMNS if has_test else []), rows
+
+
 @dataclass(frozen=True)
 class RequestContext:
     """Context classes in the category names (tongyi_trace.trace.categories.context_categories): the gap of a

@@ -153,6 +153,9 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 step("fitting the train window without its held-out end")
                 cut_s = train_w.start_s + (1.0 - holdout) * (train_w.end_s - train_w.start_s)
                 part_w, held_w = Window(train_w.start_s, cut_s), Window(cut_s, train_w.end_s, train_w.include_end)
+                _nonempty(window_samples(acc, held_w), held_w, trace_end_s, "--holdout",
+                          f"--holdout {holdout:g}: the held-out end of the train window "
+                          f"({held_w.start_s:g}:{held_w.end_s:g} s, where the setting per capacity is chosen)")
                 part = _own_fits(_nonempty(window_samples(acc, part_w), part_w, trace_end_s, "--holdout",
                                            f"--holdout {holdout:g}: the part of the train window before its held-out "
                                            f"end ({part_w.start_s:g}:{part_w.end_s:g} s)"),

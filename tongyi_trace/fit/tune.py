@@ -38,7 +38,7 @@ import numpy as np
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks, sized_for
 from tongyi_trace.fit.events import Window
-from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext
+from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
@@ -62,14 +62,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """e.g. 'wa model=km conditional=True life_s=12.5' or 'lru'."""
-        if not self.params:
-            return self.policy
-        return self.policy + " " + " ".join(f"{k}={_short(v)}" for k, v in self.params.items())
-
-
-def _short(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+        """e.g. 'wa model=km conditional=True life_s=12.5' or 'lru' (params.setting_label)."""
+        return setting_label(self.policy, self.params)
 
 
 def first_round(eviction_age_s: float) -> list[Candidate]:

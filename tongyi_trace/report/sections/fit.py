@@ -1,7 +1,7 @@
 """Section: the per-category reuse model F_w(d) = p_w (1 - exp(-lambda_w d)) that `kvtrace fit` wrote
 into the policy file: fitted vs empirical (Kaplan-Meier) CDFs per category and the train/test table
 (paper Fig 12-15 fits, Fig 29 stability across hours). Artifacts: fit/train_test.json, fit/cdf.parquet
-(docs/artifacts/fit.md)."""
+(docs/artifacts/fit.md), and the setting to run per capacity from fit/policy.json."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tongyi_trace.fit.params import choice_table, load_policy
 from tongyi_trace.report import fmt
 from tongyi_trace.report.artifacts import read_parquet, read_versioned, require
 from tongyi_trace.report.figures import Fig, new_figure
@@ -53,6 +54,11 @@ def build(run: RunDir) -> list[Section]:
                 s.figures[f"cat{i}"] = fig
                 panels.append((f"cat{i}", cat))
     s.tables["params"] = _params_table(rows)
+    policy_path = run.path / "fit" / "policy.json"
+    choices = load_policy(policy_path).choices if policy_path.is_file() else []
+    if choices:
+        columns, choice_rows = choice_table(choices)
+        s.tables["choices"] = Table(columns=columns, rows=choice_rows)
     if test is not None:
         s.tables["test"] = _test_table(rows)
     # KS over categories fitted on their own data that saw reuses (no reuse at all fits trivially).
