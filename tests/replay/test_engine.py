@@ -63,8 +63,9 @@ def test_engine_hits_match_the_simulators_lru_prediction(lru_replay: dict[str, A
     assert rec is not None, lru_replay["reconciliation_note"]
     # the cache is small enough that LRU loses hits against the unlimited ideal: evictions happened
     assert rec["predicted_hit_ratio"] < rec["ideal_hit_ratio"] - 0.02
-    assert abs(lru_replay["metrics"]["hit_ratio"] - rec["predicted_hit_ratio"]) <= 0.02, rec["worst"][:5]
-    assert rec["exact_share"] >= 0.90, rec["worst"][:5]
+    # one request at a time on an emptied cache: the engine's hits equal the prediction request for request
+    assert rec["exact_share"] == 1.0 and rec["worst"] == [], rec["worst"][:5]
+    assert lru_replay["metrics"]["hit_ratio"] == pytest.approx(rec["predicted_hit_ratio"], abs=1e-12)
 
 
 def test_install_is_a_fast_no_op_once_installed(cpu_engine: dict[str, Any]) -> None:
