@@ -14,6 +14,7 @@ from tongyi_trace.report.figures import Fig, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import COMPARE_SCHEMA
+from tongyi_trace.sim.registry import PAPER_WA_GAIN_POINTS
 
 REMEDY = "re-run 'kvtrace compare RUN_DIR/replay/A RUN_DIR/replay/B'"
 
@@ -63,7 +64,8 @@ def _section(path: Path, index: int) -> Section:
     s.values = {"a": na, "b": nb, "notes": notes, "diff_pp": _pp(diff.get("engine_hit_ratio")),
                 "diff_p99": _signed_ms(diff.get("ttft_p99_ms"))}
     s.headline = [Headline(f"engine hit ratio {nb} - {na}", s.values["diff_pp"],
-                           "WA +1.5 to +3.9 points over the best baseline")]
+                           f"WA +{PAPER_WA_GAIN_POINTS[0]} to +{PAPER_WA_GAIN_POINTS[1]} points over the best "
+                           "baseline")]
     return s
 
 
