@@ -8,7 +8,6 @@ REPLAY_REQUESTS=${REPLAY_REQUESTS:-1600}
 ENGINE_BLOCKS=${ENGINE_BLOCKS:-4096}  # x 32 tokens: evictions bind on the replayed slice, and the fitted choice wins there in simulation
 ENGINE_CAP=$(( (ENGINE_BLOCKS - 1) * 2 ))  # the engine's cache in 16-token trace blocks (one is vLLM's null block)
 SPEEDUP=${SPEEDUP:-2}  # twice real time: the tiny CPU engine keeps up one request at a time
-export COLUMNS=${COLUMNS:-160}  # wide tables when the output is not a terminal
 mkdir -p "$OUT"
 cleanup() { $K engine stop --name demo-lru >/dev/null 2>&1 || true; $K engine stop --name demo-wa >/dev/null 2>&1 || true; }
 trap cleanup EXIT
