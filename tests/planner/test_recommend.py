@@ -43,6 +43,8 @@ def test_targets_and_capacities() -> None:
     assert t80["lru"]["size"]["qwen2-7b"]["x_gpu_hbm"] == pytest.approx(40 * per_block / (80 * GIB))
     text = "\n".join(describe(rec))
     assert "WARNING: the fitted policy (wa) loses to LRU at a" in text
+    assert "the smallest simulated capacity reaching it: a = 20 blocks = " in text
+    assert " with s3fifo, QTTFT mean 5.80 s" in text
     assert "2 instances keep it below 1" in text
 
 

@@ -211,8 +211,8 @@ def describe(rec: dict[str, Any], model: str | None = None) -> list[str]:
                    + (f", QTTFT mean {_sec(lru['qttft_mean_s'])} (at {lru['qttft_at']})" if lru["qttft_at"] else ""))
         b = t["best"]
         best_txt = ("no simulated capacity reaches it" if b is None else
-                    f"best {b['policy']} at {b['capacity']} = {b['capacity_blocks']:,} blocks = {_gib(b['size'], m)}, "
-                    f"QTTFT mean {_sec(b['qttft_mean_s'])}")
+                    f"the smallest simulated capacity reaching it: {b['capacity']} = {b['capacity_blocks']:,} blocks "
+                    f"= {_gib(b['size'], m)} with {b['policy']}, QTTFT mean {_sec(b['qttft_mean_s'])}")
         lines.append(f"{pct}: {lru_txt}; {best_txt}.")
     for e in rec["capacities"]:
         gain = "" if e["gain_over_lru_pp"] is None else f" ({e['gain_over_lru_pp']:+.2f} points over LRU)"
