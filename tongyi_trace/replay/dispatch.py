@@ -11,6 +11,8 @@ With several servers (a fleet replay), each request goes to the server of its in
 routes them) and its record says which.
 A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
 (a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
+A stop (Ctrl-C, SIGTERM, SIGHUP) cancels the dispatch from the event loop, never in the middle of a
+request's bookkeeping; requests it cuts off are not finished (no record), and it ends in KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import asyncio
 import contextlib
 import json
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -171,12 +175,55 @@ def _int(v: object) -> int | None:
     return int(v)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT: asyncio.run cancels the main task itself
+
+
+@contextlib.contextmanager
+def _stop_signals_cancel(task: asyncio.Task[None] | None, received: list[signal.Signals]) -> Iterator[None]:
+    """Within the block, STOP_SIGNALS cancel TASK from the running loop (appended to RECEIVED), instead of
+    a handler raising wherever the process happens to be (inside a request's task, which then dies
+    unretrieved, or between sending and recording); outside the main thread, nothing changes."""
+    if task is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def stop(sig: signal.Signals) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+
+
 async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], prompt_fn: PromptFn,
                    opts: DispatchOptions, writer: RecordWriter, state: DispatchState,
                    on_update: Callable[[DispatchState], None] | None = None,
                    instance_of: Mapping[int, int] | None = None) -> None:
     """Send REQUESTS at their scheduled times; write each finished request's record as it completes. URL:
-    one server, or several with INSTANCE_OF (req_idx -> index in URL) saying where each request goes."""
+    one server, or several with INSTANCE_OF (req_idx -> index in URL) saying where each request goes.
+    A stop signal ends it with KeyboardInterrupt('stopped by SIGTERM') (module doc)."""
+    received: list[signal.Signals] = []
+    with _stop_signals_cancel(asyncio.current_task(), received):
+        try:
+            await _dispatch(url, requests, prompt_fn, opts, writer, state, on_update, instance_of)
+        except asyncio.CancelledError:
+            if received:
+                raise KeyboardInterrupt(f"stopped by {received[0].name}") from None
+            raise
+
+
+async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], prompt_fn: PromptFn,
+                    opts: DispatchOptions, writer: RecordWriter, state: DispatchState,
+                    on_update: Callable[[DispatchState], None] | None,
+                    instance_of: Mapping[int, int] | None) -> None:
     headers = {"Content-Type": "application/json"}
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
@@ -188,6 +235,7 @@ async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], p
     tasks: set[asyncio.Task[None]] = set()
 
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+    stopping = False  # set once the replay is being stopped (Ctrl-C, SIGTERM): see one()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm up the client (lazy imports, first connection) so that it does not delay the first sends.
         for u in urls:
@@ -204,6 +252,8 @@ async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], p
                 state.num_sent += 1
                 rec = await _send(session, completions_urls[instance], body, sr, num_prompt, t0, headers,
                                   instance)
+                if stopping and not rec.ok:  # cut off by our own stop (the session closing): not finished
+                    return
                 writer.write(rec)
                 state.num_done += 1
                 if rec.ok:
@@ -219,22 +269,26 @@ async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], p
                 if sem is not None:
                     sem.release()
 
-        for sr in requests:
-            prompt, keys = prompt_fn(sr)
-            body = request_body(opts.model, prompt, sr, keys)
-            if opts.closed_sessions:
-                finished[sr.req_idx] = asyncio.Event()
-            parent = finished.get(sr.parent_req_idx) if (
-                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
-            ) else None
-            delay = t0 + sr.scheduled_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is not None:
-                await sem.acquire()
-            instance = instance_of[sr.req_idx] if instance_of is not None else 0
-            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            for sr in requests:
+                prompt, keys = prompt_fn(sr)
+                body = request_body(opts.model, prompt, sr, keys)
+                if opts.closed_sessions:
+                    finished[sr.req_idx] = asyncio.Event()
+                parent = finished.get(sr.parent_req_idx) if (
+                    opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
+                ) else None
+                delay = t0 + sr.scheduled_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if sem is not None:
+                    await sem.acquire()
+                instance = instance_of[sr.req_idx] if instance_of is not None else 0
+                task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except BaseException:  # stopped: the requests that closing the session cuts off are not errors
+            stopping = True
+            raise
