@@ -282,18 +282,26 @@ def clear_downstream(run: RunDir) -> None:
             p.unlink()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop like Ctrl-C (which raises KeyboardInterrupt itself)
+
+
+def stop_interrupt(signum: int) -> KeyboardInterrupt:
+    """The KeyboardInterrupt a stop by signal SIGNUM ends in ('stopped by SIGTERM')."""
+    return KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 @contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP stop the process like Ctrl-C (KeyboardInterrupt naming the
-    signal), so that the code's cleanup (finalizing a summary) runs for every kind of stop."""
+    """Within the block, STOP_SIGNALS stop the process like Ctrl-C (stop_interrupt), so that the code's
+    cleanup (finalizing a summary) runs for every kind of stop."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+        raise stop_interrupt(signum)
 
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -77,7 +77,7 @@ def fit(
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),
                     "test": outcome.test.to_json() if outcome.test else None, "rows": outcome.rows,
-                    "choices": outcome.policy.to_json()["choices"]},
+                    "choices": outcome.policy.choices_json()},
                    "kvtrace.fit-output/1")
     elif not quiet:
         for table in _tables(outcome):

@@ -160,8 +160,12 @@ class PolicyParams:
             "km_grid_s": km_grid_s(),
             "categories": {k: _cat_json(v) for k, v in self.categories.items()},
             "default": _cat_json(self.default),
-            "choices": [finite(asdict(c)) for c in self.choices],
+            "choices": self.choices_json(),
         }
+
+    def choices_json(self) -> list[dict[str, Any]]:
+        """The per-capacity choices as the file holds them (also `kvtrace fit --json`'s `choices`)."""
+        return [finite(asdict(c)) for c in self.choices]
 
 
 def _cat_json(c: CategoryParams) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import numpy as np
 
 from tongyi_trace.replay.records import RecordWriter, RequestRecord
 from tongyi_trace.replay.schedule import ScheduledRequest
+from tongyi_trace.run import STOP_SIGNALS, stop_interrupt
 
 PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
@@ -175,14 +176,12 @@ def _int(v: object) -> int | None:
     return int(v)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT: asyncio.run cancels the main task itself
-
-
 @contextlib.contextmanager
 def _stop_signals_cancel(task: asyncio.Task[None] | None, received: list[signal.Signals]) -> Iterator[None]:
-    """Within the block, STOP_SIGNALS cancel TASK from the running loop (appended to RECEIVED), instead of
-    a handler raising wherever the process happens to be (inside a request's task, which then dies
-    unretrieved, or between sending and recording); outside the main thread, nothing changes."""
+    """Within the block, run.STOP_SIGNALS cancel TASK from the running loop (appended to RECEIVED), instead
+    of a handler raising wherever the process happens to be (inside a request's task, which then dies
+    unretrieved, or between sending and recording); outside the main thread, nothing changes. (Ctrl-C:
+    asyncio.run cancels the main task itself.)"""
     if task is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -216,7 +215,7 @@ async def dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], p
             await _dispatch(url, requests, prompt_fn, opts, writer, state, on_update, instance_of)
         except asyncio.CancelledError:
             if received:
-                raise KeyboardInterrupt(f"stopped by {received[0].name}") from None
+                raise stop_interrupt(received[0]) from None
             raise
 
 
@@ -235,7 +234,7 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
     tasks: set[asyncio.Task[None]] = set()
 
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-    stopping = False  # set once the replay is being stopped (Ctrl-C, SIGTERM): see one()
+    main = asyncio.current_task()  # cancelled when the replay is stopped (Ctrl-C, SIGTERM): see one()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm up the client (lazy imports, first connection) so that it does not delay the first sends.
         for u in urls:
@@ -252,7 +251,7 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 state.num_sent += 1
                 rec = await _send(session, completions_urls[instance], body, sr, num_prompt, t0, headers,
                                   instance)
-                if stopping and not rec.ok:  # cut off by our own stop (the session closing): not finished
+                if not rec.ok and main is not None and main.cancelling():  # cut off by our own stop: not finished
                     return
                 writer.write(rec)
                 state.num_done += 1
@@ -269,26 +268,22 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 if sem is not None:
                     sem.release()
 
-        try:
-            for sr in requests:
-                prompt, keys = prompt_fn(sr)
-                body = request_body(opts.model, prompt, sr, keys)
-                if opts.closed_sessions:
-                    finished[sr.req_idx] = asyncio.Event()
-                parent = finished.get(sr.parent_req_idx) if (
-                    opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
-                ) else None
-                delay = t0 + sr.scheduled_s - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if sem is not None:
-                    await sem.acquire()
-                instance = instance_of[sr.req_idx] if instance_of is not None else 0
-                task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-        except BaseException:  # stopped: the requests that closing the session cuts off are not errors
-            stopping = True
-            raise
+        for sr in requests:
+            prompt, keys = prompt_fn(sr)
+            body = request_body(opts.model, prompt, sr, keys)
+            if opts.closed_sessions:
+                finished[sr.req_idx] = asyncio.Event()
+            parent = finished.get(sr.parent_req_idx) if (
+                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
+            ) else None
+            delay = t0 + sr.scheduled_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()
+            instance = instance_of[sr.req_idx] if instance_of is not None else 0
+            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
