@@ -3,6 +3,7 @@ imports the policy file module, which uses this; so does every run-folder writer
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -64,3 +65,8 @@ def finite(o: Any) -> Any:
     if hasattr(o, "item") and not isinstance(o, str | bytes):
         return finite(o.item())
     return o
+
+
+def json_text(obj: Any) -> str:
+    """OBJ as indented, strictly valid JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    return json.dumps(finite(obj), indent=2, allow_nan=False, default=json_default) + "\n"

@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tongyi_trace.atomic import atomic_path, atomic_write_text, finite, json_default
+from tongyi_trace.atomic import atomic_path, atomic_write_text, json_text
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.schemas import RUN_SCHEMA
 
@@ -210,11 +208,6 @@ def write_parquet_atomic(table: pl.DataFrame | pa.Table, path: Path) -> None:
             pq.write_table(table, tmp)
 
 
-def json_text(obj: Any) -> str:
-    """OBJ as indented, strictly valid JSON: NaN and infinities become null, numpy scalars plain numbers."""
-    return json.dumps(finite(obj), indent=2, allow_nan=False, default=json_default) + "\n"
-
-
 def write_json(path: Path, obj: Any) -> None:
     """Write OBJ as indented JSON atomically; a dict written inside a run folder is stamped with the run's
     identity (field run_id) so that readers can refuse stale artifacts (check_identity)."""
@@ -280,30 +273,3 @@ def clear_downstream(run: RunDir) -> None:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop like Ctrl-C (which raises KeyboardInterrupt itself)
-
-
-def stop_interrupt(signum: int) -> KeyboardInterrupt:
-    """The KeyboardInterrupt a stop by signal SIGNUM ends in ('stopped by SIGTERM')."""
-    return KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-@contextmanager
-def stop_signals_interrupt() -> Iterator[None]:
-    """Within the block, STOP_SIGNALS stop the process like Ctrl-C (stop_interrupt), so that the code's
-    cleanup (finalizing a summary) runs for every kind of stop."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise stop_interrupt(signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

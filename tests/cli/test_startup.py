@@ -1,5 +1,6 @@
-"""`kvtrace CMD --help` imports no heavy library (its time is in `make bench`: bench/bench_cli.py), and the
-option defaults read from source without importing equal the imported values."""
+"""`kvtrace CMD --help` imports no heavy library (its time is in `make bench`: bench/bench_cli.py), nor do
+`engine status` and `engine stop` (they read a state file and ask a server), and the option defaults read
+from source without importing equal the imported values."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ sys.argv = ["kvtrace", *{args!r}]
 try:
     runpy.run_module("tongyi_trace.cli", run_name="__main__")
 except SystemExit as e:
-    assert e.code in (0, None), e.code
+    assert e.code in {codes!r}, e.code
 print("heavy imports:", ",".join(m for m in {heavy!r} if m in sys.modules))
 """
 CLI_DIR = Path(__file__).resolve().parents[2] / "tongyi_trace" / "cli"
@@ -33,9 +34,21 @@ def _invocations() -> list[list[str]]:
 
 @pytest.mark.parametrize("args", _invocations(), ids=" ".join)
 def test_help_imports_no_heavy_library(args: list[str]) -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY, codes=(0, None))],
+                         capture_output=True, text=True, check=True)
     assert "Usage:" in out.stdout
+    assert out.stdout.splitlines()[-1] == "heavy imports: "
+
+
+TABLE_LIBRARIES = ("numpy", "polars", "duckdb", "pyarrow", "numba", "scipy", "plotly")
+
+
+@pytest.mark.parametrize("args", [["engine", "status", "--name", "kvtrace-test-none", "--json"],
+                                  ["engine", "stop", "--name", "kvtrace-test-none"]], ids=" ".join)
+def test_engine_status_and_stop_import_no_table_library(args: list[str]) -> None:
+    """They ran 1.4 s on the imports of the plugin's queue and of the run folder module (polars, pyarrow)."""
+    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=TABLE_LIBRARIES, codes=(0, 1))],
+                         capture_output=True, text=True, check=True)
     assert out.stdout.splitlines()[-1] == "heavy imports: "
 
 

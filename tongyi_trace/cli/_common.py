@@ -81,7 +81,7 @@ def say(*parts: Part, err: bool = False) -> None:
 def run_cli(fn: Callable[[], T]) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
     SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
-    from tongyi_trace.run import stop_signals_interrupt
+    from tongyi_trace.stops import stop_signals_interrupt
 
     try:
         with stop_signals_interrupt():
@@ -100,7 +100,7 @@ GENERIC_SCHEMA = "kvtrace.output/1"  # only for callers that do not name their d
 def print_json(obj: dict[str, Any], schema: str = GENERIC_SCHEMA) -> None:
     """Print OBJ as strict JSON on stdout (machine-readable output for --json; NaN becomes null), its
     "schema" key first (SCHEMA unless OBJ carries its own; docs/artifacts/cli-json.md)."""
-    from tongyi_trace.run import json_text
+    from tongyi_trace.atomic import json_text
 
     sys.stdout.write(json_text({"schema": obj.get("schema", schema), **obj}))
 

@@ -26,7 +26,7 @@ from tongyi_trace.engine.install import Log, is_installed, no_log
 from tongyi_trace.engine.model import SERVED_MODEL_NAME, write_model_dir
 from tongyi_trace.engine.paths import engine_dir, tail_text, venv_dir, venv_python
 from tongyi_trace.errors import EngineError, UsageError
-from tongyi_trace.vllm_plugin.queue import EVICTION_MODES
+from tongyi_trace.vllm_plugin import EVICTION_MODES
 
 EVICTION_CHOICES = EVICTION_MODES
 DEFAULT_ENGINE_NAME = "default"

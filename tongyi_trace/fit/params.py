@@ -29,7 +29,7 @@ from typing import Any
 from tongyi_trace.atomic import atomic_write_text, finite
 from tongyi_trace.errors import InputError
 from tongyi_trace.schemas import POLICY_SCHEMA, POLICY_SCHEMA_V1
-from tongyi_trace.vllm_plugin.queue import EVICTION_MODES
+from tongyi_trace.vllm_plugin import EVICTION_MODES
 from tongyi_trace.wa_priority import KM_NUM, exp_cdf, km_grid_s
 
 # the policies a choice can name: what the vLLM plugin runs, but "fitted" (the mode that runs a choice)

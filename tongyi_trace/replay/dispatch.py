@@ -33,7 +33,7 @@ import numpy as np
 
 from tongyi_trace.replay.records import RecordWriter, RequestRecord
 from tongyi_trace.replay.schedule import ScheduledRequest
-from tongyi_trace.run import STOP_SIGNALS, stop_interrupt
+from tongyi_trace.stops import STOP_SIGNALS, stop_interrupt
 
 PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
@@ -178,7 +178,7 @@ def _int(v: object) -> int | None:
 
 @contextlib.contextmanager
 def _stop_signals_cancel(task: asyncio.Task[None] | None, received: list[signal.Signals]) -> Iterator[None]:
-    """Within the block, run.STOP_SIGNALS cancel TASK from the running loop (appended to RECEIVED), instead
+    """Within the block, stops.STOP_SIGNALS cancel TASK from the running loop (appended to RECEIVED), instead
     of a handler raising wherever the process happens to be (inside a request's task, which then dies
     unretrieved, or between sending and recording); outside the main thread, nothing changes. (Ctrl-C:
     asyncio.run cancels the main task itself.)"""

@@ -42,8 +42,9 @@ from tongyi_trace.replay.schedule import (
     build_schedule,
     tagged_requests,
 )
-from tongyi_trace.run import RunDir, open_run, stop_signals_interrupt, write_parquet_atomic
+from tongyi_trace.run import RunDir, open_run, write_parquet_atomic
 from tongyi_trace.schemas import REPLAY_SCHEMA
+from tongyi_trace.stops import stop_signals_interrupt
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ import logging
 import os
 
 SUPPORTED_VLLM = "0.32.0"
+EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo", "fitted")  # KVTRACE_EVICTION
 _REPORTED_ENV = "KVTRACE_PLUGIN_REPORTED"  # set after logging once; child processes inherit it
 
 

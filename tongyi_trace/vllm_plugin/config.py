@@ -9,7 +9,8 @@ from pathlib import Path
 from tongyi_trace.errors import InputError
 from tongyi_trace.fit.params import CategoryParams, load_policy
 from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, QueuePolicy
+from tongyi_trace.vllm_plugin import EVICTION_MODES
+from tongyi_trace.vllm_plugin.queue import CategoryPriority, QueuePolicy
 from tongyi_trace.wa_priority import MODELS
 
 

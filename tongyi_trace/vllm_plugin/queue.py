@@ -42,11 +42,11 @@ from typing import Any
 
 from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.guard.refit import CategoryFit
+from tongyi_trace.vllm_plugin import EVICTION_MODES
 from tongyi_trace.vllm_plugin.s3fifo import S3FifoOrder
 from tongyi_trace.vllm_plugin.stats import PluginStats
 from tongyi_trace.wa_priority import MODELS, evicts_before, log_reuse_prob
 
-EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo", "fitted")
 DEFAULT_CATEGORY = "default"
 _NOT_FREE = -2
 _UNCACHED = -1
