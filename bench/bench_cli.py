@@ -64,5 +64,6 @@ def main() -> None:
         worst = max(worst, (cpu_ratio, " ".join(args)))
     print(f"slowest: kvtrace {worst[1]} at {worst[0]:.2f}x the floor's CPU time (target {TARGET_RATIO}x)")
 
+
 if __name__ == "__main__":
     main()

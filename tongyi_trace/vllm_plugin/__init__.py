@@ -4,7 +4,8 @@ vLLM loads `register` (entry point `kvtrace_wa` in group `vllm.general_plugins`)
 processes. It does nothing unless the server runs with
 
     KVTRACE_POLICY=/path/policy.json     a kvtrace.policy/1 file written by `kvtrace fit`
-    KVTRACE_EVICTION=wa|lru|fifo|s3fifo  optional (default wa); baselines run through the same code
+    KVTRACE_EVICTION=wa|lru|fifo|s3fifo|fitted  optional (default wa; EVICTION_MODES); baselines run
+                                         through the same code, fitted = the policy file's choice for the cache
     KVTRACE_STATS_DIR=/folder            optional (default: the policy's folder): plugin_stats.json
     KVTRACE_TIME_SCALE=x                 optional (default 1): trace seconds per wall second of replay
     KVTRACE_WA_USE_LIFE=1, KVTRACE_WA_CONDITIONAL=0, KVTRACE_WA_USE_OFFSET=1   WA switches
