@@ -79,4 +79,6 @@ def test_every_command_json_has_schema_and_quiet_is_quiet(here: Path, server: st
     _quiet("replay", "run", "--server", server, "--name", "b", "--speedup", "1000", "--max-output", "4")
     assert _json("compare", "run/replay/a", "run/replay/b")["schema"] == "kvtrace.compare/1"
     _quiet("compare", "run/replay/a", "run/replay/b")
-    assert _json("engine", "status", "--name", "pytest-never-started")["schema"] == "kvtrace.engine-status/1"
+    res = RUNNER.invoke(app, ["engine", "status", "--name", "pytest-never-started", "--json"])
+    assert res.exit_code == 1  # not running: the same exit code as the text form
+    assert next(iter(json.loads(res.stdout).items())) == ("schema", "kvtrace.engine-status/1")

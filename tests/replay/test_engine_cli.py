@@ -48,6 +48,13 @@ def test_stop_and_status_of_an_engine_that_does_not_run(tmp_path: Path) -> None:
                                                           "pid": None, "url": None}
     proc = _run(tmp_path, "engine", "status", "--name", "none")
     assert proc.returncode == 1 and "not running (installed: no)" in proc.stdout
+    proc = _run(tmp_path, "engine", "status", "--name", "none", "-q")
+    assert proc.returncode == 1 and proc.stdout == ""
+    # The exit code does not depend on the output form: a script may test it and read the document.
+    proc = _run(tmp_path, "engine", "status", "--name", "none", "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout) == {
+        "schema": "kvtrace.engine-status/1", "name": "none", "running": False, "healthy": False,
+        "installed": False, "state": None}
 
 
 def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:
@@ -59,6 +66,6 @@ def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:
         "model_dir": "x", "served_model_name": "m", "num_blocks": 1, "block_size": 32, "max_model_len": 32,
         "eviction": None, "policy": None, "started_at": 0.0, "command": []}))
     proc = _run(tmp_path, "engine", "status", "--name", "stale", "--json")
-    assert json.loads(proc.stdout)["running"] is False
+    assert proc.returncode == 1 and json.loads(proc.stdout)["running"] is False
     proc = _run(tmp_path, "engine", "stop", "--name", "stale", "--json")
     assert proc.returncode == 0 and not (state / "engine.json").exists()

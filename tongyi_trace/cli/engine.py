@@ -102,21 +102,21 @@ def stop_cmd(
 @engine_app.command("status")
 def status_cmd(
     name: str = _NAME,
-    json_out: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the status as JSON (same exit code)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; the exit code says (0 running, 1 not)."),
 ) -> None:
-    """Whether the engine runs, answers /health, and where its log is."""
+    """Whether the engine runs, answers /health, and where its log is. Exit code 0 when it runs, 1 when
+    not, whatever the output form."""
     from tongyi_trace import engine as eng
 
     s = run_cli(lambda: eng.status(name))
     if json_out:
         print_json(asdict(s), "kvtrace.engine-status/1")
-        return
-    if s.state is None:
-        if not quiet:
-            typer.echo(f"engine {name!r}: not running (installed: {'yes' if s.installed else 'no'})")
+    elif s.state is None and not quiet:
+        typer.echo(f"engine {name!r}: not running (installed: {'yes' if s.installed else 'no'})")
+    if s.state is None:  # None exactly when not running (engine.status)
         raise typer.Exit(1)
-    if quiet:
+    if json_out or quiet:
         return
     st = s.state
     typer.echo(f"engine {name!r}: {'healthy' if s.healthy else 'running, not healthy'} at {st.url} "
