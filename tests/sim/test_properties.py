@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +13,7 @@ from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import Policy, get_policy
 from tongyi_trace.sim.simulate import Cache, simulate_policy
 from tongyi_trace.sim.stream import Stream, stream_from_lists
-from tongyi_trace.sim.structs import NARROW_ROWS, NUM_ROWS
+from tongyi_trace.sim.structs import NARROW_ROWS, NUM_ROWS, PRESENT, aligned_zeros, inserted_at, nchild
 
 FIT = PolicyParams(categories={"a": CategoryParams(0.8, 0.5, 2.0, 5.0), "b": CategoryParams(0.2, 0.05, 20.0, 50.0)},
                    default=CategoryParams(0.5, 0.1, 10.0, 10.0))
@@ -125,31 +124,33 @@ def test_prefix_closed_policies_never_choose_a_block_with_cached_children(s: Str
         assert plain.num_evictions == tracked.num_evictions, (pol, kv)
 
 
+def _widened(c: Cache) -> Cache:
+    """C (not yet served) with its narrow state copied into a full row (structs.NUM_ROWS)."""
+    bk = c.state[0]
+    wide = aligned_zeros((bk.shape[0], NUM_ROWS))
+    wide[:, :NARROW_ROWS] = bk
+    c.state = (wide, *c.state[1:])
+    return c
+
+
 @settings(max_examples=60, deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_a_narrow_state_gives_the_same_results(s: Stream, capacity: int) -> None:
-    # simulate_policy's cache is not tierable: LRU without leaf_only keeps one cache line per block
-    # (structs.NARROW_ROWS), every other setting the full row; both give the same results, stat by stat.
-    for pol, leaf_only in [("lru", False), ("lru", True), ("oracle", False), ("fifo", False)]:
+    # A policy without a heap or columns of its own keeps one cache line per block (structs.NARROW_ROWS),
+    # counting cached children or not; the full row gives the same results, stat by stat.
+    for pol, leaf_only in [("lru", False), ("lru", True), ("fifo", False), ("fifo", True)]:
         params = {"leaf_only": leaf_only}
-        narrow, wide = (Cache(s, pol, capacity, params=params, tierable=t) for t in (False, True))
-        assert wide.state[0].shape[1] == NUM_ROWS
-        assert narrow.state[0].shape[1] == (NARROW_ROWS if (pol, leaf_only) == ("lru", False) else NUM_ROWS)
+        narrow = Cache(s, pol, capacity, params=params)
+        wide = _widened(Cache(s, pol, capacity, params=params))
+        assert narrow.state[0].shape[1] == NARROW_ROWS
         for c in (narrow, wide):
             c.serve(0, s.num_requests)
         a, b = narrow.result(), wide.result()
         assert a.req_hit_blocks.tolist() == b.req_hit_blocks.tolist(), pol
         assert (narrow.stats[:S_EVICT_CYCLES] == wide.stats[:S_EVICT_CYCLES]).all(), pol
         assert (narrow.stats[S_EVICT_CYCLES + 1:] == wide.stats[S_EVICT_CYCLES + 1:]).all(), pol
-
-
-def test_the_kernel_refuses_a_narrow_state_where_it_counts_cached_children() -> None:
-    s = stream_from_lists([[1, 2], [3]])
-    c = Cache(s, "lru", 2, tierable=False)
-    assert c.state[0].shape[1] == NARROW_ROWS
-    c.leaf_only = True  # leaf_only needs the count of cached children, which a narrow row has no room for
-    with pytest.raises(ValueError, match="narrow state"):
-        c.serve(0, 2)
+    for pol in ("lfu", "s3fifo", "gdsf", "oracle"):  # policy columns or a heap: the full row
+        assert Cache(s, pol, capacity).state[0].shape[1] == NUM_ROWS, pol
 
 
 def test_orphans_are_counted_without_leaf_only() -> None:
@@ -204,3 +205,16 @@ def test_wa_in_lru_order_is_lru(s: Stream, capacity: int) -> None:
     cache.ip[IP_LRU_ORDER] = 1
     cache.serve(0, s.num_requests)
     assert cache.result().req_hit_blocks.tolist() == simulate_policy(s, "lru", capacity).req_hit_blocks.tolist()
+
+
+def test_a_child_is_uncounted_only_from_the_parent_that_counted_it() -> None:
+    # FIFO, capacity 3: r1 [1,2] counts 2 in 1; r3 [4] evicts 1 (the oldest) under its cached child 2;
+    # r4 [1] caches 1 again (a new incarnation, no child) and evicts 2: 2 was counted in the evicted
+    # incarnation only, so the new one keeps 0 children (uncounting it would wrap its count below 0).
+    s = stream_from_lists([[1], [1, 2], [3], [4], [1]])
+    c = Cache(s, "fifo", 3)
+    c.serve(0, s.num_requests)
+    bk = c.state[0]
+    one, two = (int(s.blk[i]) for i in (0, 2))
+    assert c.result().num_orphaning_evictions == 1 and bk[two, PRESENT] == 0
+    assert nchild(bk, one) == 0 and inserted_at(bk, one) == 5 > inserted_at(bk, two) == 2

@@ -138,7 +138,7 @@ def test_plain_cache_refuses_a_tiered_pairing_of_two_streams() -> None:
         TieredCache(Cache(a, "lru", 1), Cache(a, "lru", 1))
 
 
-def test_a_cache_that_is_not_tierable_is_no_dram_tier() -> None:
+def test_a_tiered_cache_is_no_dram_tier() -> None:
     s = stream_from_lists([[1, 2], [3]])
-    with pytest.raises(ValueError, match="tierable DRAM cache"):
-        TieredCache(Cache(s, "lru", 1, tiered=True), Cache(s, "lru", 2, tierable=False))
+    with pytest.raises(ValueError, match="untiered DRAM cache"):
+        TieredCache(Cache(s, "lru", 1, tiered=True), Cache(s, "lru", 2, tiered=True))

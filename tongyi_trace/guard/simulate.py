@@ -146,7 +146,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     their shadows."""
     t0 = time.perf_counter()
     cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, next_req=next_req,
-                  timing=timing, tierable=False)  # never a lower tier: a plain LRU may keep the narrow state
+                  timing=timing)
     n = stream.num_requests
     wa = _wa_params(cache)
     if wa is None or not wa.guarded or n == 0:
@@ -159,7 +159,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     scap = max(1, round(rate * capacity_blocks))
     shadow_params = {k: v for k, v in cache.params.items() if k in {f.name for f in dataclasses.fields(WaParams)}}
     shadow_params["leaf_only"] = cache.leaf_only
-    lru = Cache(sub, "lru", scap, timing=False, tierable=False)
+    lru = Cache(sub, "lru", scap, timing=False)
     pol = Cache(sub, "wa", scap, params=shadow_params, fit=fit, timing=False)
     pol.cw = cache.cw.copy()
     guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None

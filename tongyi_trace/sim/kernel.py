@@ -13,9 +13,12 @@ Only the first nstat[r] blocks count in the statistics (the engine model appends
 blocks after them); extra[r] slots are held by r while it runs and free afterwards (a partial block).
 
 Prefix closure (`leaf_only`): the parent of a block is the previous block of its request (parent[x],
-from the stream). The kernel counts each cached block's cached children (NCHILD). With leaf_only, a
-victim the policy chooses while it still has cached children is held back (PARK = 1: cached, out of
-the policy's order, in the held list) and the policy is asked again; when its last cached child goes it
+from the stream). The kernel counts each cached block's cached children (structs.nchild, in the block's
+FOREST column beside its insertion stamp: a block entering the cache is counted in its parent when the
+parent is cached, and uncounted when it leaves if the parent is still the incarnation that counted it,
+structs.forest_leave). With leaf_only, a victim the policy chooses while it still has cached children
+is held back (PARK = 1: cached, out of the policy's order, in the held list) and the policy is asked
+again; when its last cached child goes it
 is evicted before anything else (PARK = 2, FIFO among such blocks); a hit on a held-back block hands it
 back to the policy like any accessed block. Only when the policy has nothing left to offer is the
 longest-held block evicted although it has children (an engine must find room for the running request;
@@ -23,9 +26,10 @@ vLLM's plugin does the same). So no block is evicted before its descendants, and
 block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
 parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
 Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy of the loop takes it at
-its word: without leaf_only it keeps no count of cached children (NCHILD, PGEN, GEN: two more random
-rows per eviction), so it counts no orphaning eviction, of which there is none (a property test checks
-the claim with the count kept); its state may then be narrow (structs.NARROW_ROWS, simulate.Cache).
+its word: without leaf_only it keeps no count of cached children (a random parent row per insertion
+and eviction), so it counts no orphaning eviction, of which there is none (a property test checks the
+claim with the count kept). Every count lives in the first cache line of a row, so a state without a
+heap or policy columns is narrow whatever it counts (structs.NARROW_ROWS, simulate.Cache).
 
 Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
 with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
@@ -58,15 +62,15 @@ from numba import njit
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.policy_base import prefix_closed
 from tongyi_trace.sim.structs import (
+    FOREST,
+    G_INSERTIONS,
     G_SIZE,
-    GEN,
+    ID_MASK,
     LAST,
-    NCHILD,
-    NUM_ROWS,
     PARK,
-    PGEN,
     PINNED,
     PRESENT,
+    forest_leave,
     q_unlink,
     read_cycles,
 )
@@ -118,12 +122,11 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     rnext = rl[0]
     rprev = rl[1]
     num_out = 0
-    forest = leaf_only or not PREFIX_CLOSED  # keep NCHILD (module doc)
-    if forest and bk.shape[1] < NUM_ROWS:
-        raise ValueError("a narrow state (structs.NARROW_ROWS) has no room to count cached children")
+    forest = leaf_only or not PREFIX_CLOSED  # count cached children (module doc)
     held = leaf_only or rnext[d] != d or rnext[d + 1] != d + 1  # a block may be held back (PARK != 0)
     # the cache's size and the per-eviction counts live in registers (stored into g and stats at the end)
     size = g[G_SIZE]
+    insertions = g[G_INSERTIONS]
     num_evictions = 0
     evict_age_us = 0
     num_evict_runs = 0
@@ -189,7 +192,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                         _unpark(bk, rnext, rprev, v)
                     else:
                         v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-                        while v >= 0 and leaf_only and bk[v, NCHILD] > 0:
+                        while v >= 0 and leaf_only and bk[v, FOREST] & ID_MASK > 0:
                             bk[v, PARK] = 1
                             _append(rnext, rprev, d + 1, v)
                             stats[S_PARKED] += 1
@@ -204,16 +207,19 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     num_evictions += 1
                     evict_age_us += now_us - bk[v, LAST]
                     if forest:
-                        if bk[v, NCHILD] > 0:  # its cached children can no longer hit: orphans
+                        fv = bk[v, FOREST]
+                        if fv & ID_MASK > 0:  # its cached children can no longer hit: orphans
                             stats[S_ORPHANING] += 1
+                        # uncount v where it was counted: structs.forest_leave, written out (as a call it cost
+                        # FIFO a sixth of its speed); p's whole word is below v's stamp << 32 exactly when p
+                        # entered before v
                         p = parent[v]
-                        if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and present[p] == 1:
-                            bk[p, NCHILD] -= 1
-                            if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                        if p >= 0 and present[p] == 1 and bk[p, FOREST] < (fv & ~ID_MASK):
+                            bk[p, FOREST] -= 1
+                            if bk[p, FOREST] & ID_MASK == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
                                 _unlink(rnext, rprev, p)
                                 bk[p, PARK] = 2
                                 _append(rnext, rprev, d, p)
-                        bk[v, PGEN] = 0
                     if TIERED:
                         out[num_out] = v
                         num_out += 1
@@ -227,12 +233,11 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             present[x] = 1
             pinned[x] = 1
             if forest:
-                bk[x, GEN] += 1
-                bk[x, NCHILD] = 0
+                insertions += 1
+                bk[x, FOREST] = insertions << 32  # no cached child yet
                 p = parent[x]
                 if p >= 0 and present[p] == 1:
-                    bk[p, NCHILD] += 1
-                    bk[x, PGEN] = bk[p, GEN]
+                    bk[p, FOREST] += 1
             size += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
         # 3. served: release deepest first (DEMOTE: as the block's last release in the upper tier)
@@ -268,6 +273,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         cat_stats[c, 2] += tok
         cat_stats[c, 3] += hit_tok
     g[G_SIZE] = size
+    g[G_INSERTIONS] = insertions
     stats[S_EVICTIONS] = num_evictions
     stats[S_EVICT_AGE_US] = evict_age_us
     stats[S_EVICT_RUNS] = num_evict_runs
@@ -306,14 +312,11 @@ def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.
         q_unlink(bk, qs, v)
         bk[v, PRESENT] = 0
         g[G_SIZE] -= 1
-        p = parent[v]
-        if p >= 0 and bk[v, PGEN] != 0 and bk[v, PGEN] == bk[p, GEN] and bk[p, PRESENT] == 1:
-            bk[p, NCHILD] -= 1
-            if bk[p, NCHILD] == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
-                _unlink(rnext, rprev, p)
-                bk[p, PARK] = 2
-                _append(rnext, rprev, d, p)
-        bk[v, PGEN] = 0
+        p = forest_leave(bk, parent, v)
+        if p >= 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+            _unlink(rnext, rprev, p)
+            bk[p, PARK] = 2
+            _append(rnext, rprev, d, p)
         low[v] = 1
         num += 1
     return num

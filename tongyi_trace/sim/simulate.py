@@ -49,10 +49,10 @@ from tongyi_trace.sim.kernel import (
     policy_kernel,
     promote,
 )
-from tongyi_trace.sim.policy_base import InitContext, prefix_closed
+from tongyi_trace.sim.policy_base import InitContext
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream
-from tongyi_trace.sim.structs import G_SIZE, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
+from tongyi_trace.sim.structs import G_SIZE, MAX_INSERTIONS, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
 
 _NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays: low, out
 _NO_LREL = np.zeros((4, 1), np.int64)  # and lrel
@@ -162,14 +162,13 @@ class Cache:
     policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
     made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*). TIERED:
     the cache is the HBM tier of a TieredCache (the kernel's "tiered" copy, with the arrays `low`, `lrel`
-    and `out` the TieredCache gives it). TIERABLE = False promises that nothing but this cache's `serve`
-    runs it (it is no TieredCache's DRAM tier): a prefix-closed policy without leaf_only, a heap or
-    columns of its own then keeps one cache line per block (structs.NARROW_ROWS)."""
+    and `out` the TieredCache gives it). A policy without a heap or columns of its own keeps one cache
+    line per block (structs.NARROW_ROWS)."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                  engine: EngineShape | None = None, next_req: np.ndarray | None = None,
-                 timing: bool = True, tiered: bool = False, tierable: bool = True) -> None:
+                 timing: bool = True, tiered: bool = False) -> None:
         policy, params = _resolved(policy, params, fit, capacity_blocks, stream.block_size)
         spec = get_policy(policy)
         typed, self.leaf_only = spec.make_params(params)
@@ -187,9 +186,10 @@ class Cache:
             lens = np.diff(stream.req_off)
             engine = EngineShape(lens, lens, np.zeros(n, np.int64))
         self.engine = engine
-        narrow = (not tierable and not tiered and not self.leaf_only and prefix_closed(spec.hooks)
-                  and not setup.heap_size and not spec.hooks.STATE.columns)
-        self.tierable = tierable
+        if stream.num_refs > MAX_INSERTIONS:  # each reference inserts a block at most once (structs.FOREST)
+            raise UsageError(f"the simulator takes at most {MAX_INSERTIONS:,} references; this stream has "
+                             f"{stream.num_refs:,}: simulate a shorter window of the trace")
+        narrow = not setup.heap_size and not spec.hooks.STATE.columns
         self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0,
                                 NARROW_ROWS if narrow else NUM_ROWS)
         self.kernel = policy_kernel(spec.name, spec.hooks, "tiered" if tiered else "")
@@ -262,7 +262,7 @@ def simulate_policy(stream: Stream, policy: str | Policy, capacity_blocks: int, 
     it); NEXT_REQ: precomputed next use per reference (ORACLE; computed when absent). POLICY "fitted" runs
     what FIT chose for this capacity (resolve_fitted), PARAMS on top."""
     cache = Cache(stream, policy, capacity_blocks, params=params, fit=fit, engine=engine, next_req=next_req,
-                  timing=timing, tierable=False)
+                  timing=timing)
     cache.serve(0, stream.num_requests)
     return cache.result()
 
@@ -323,8 +323,8 @@ class TieredCache:
     only `promote` and its policy's demote kernel touch."""
 
     def __init__(self, hbm: Cache, dram: Cache) -> None:
-        if hbm.stream is not dram.stream or not hbm.tiered or not dram.tierable:
-            raise ValueError("a TieredCache needs a tiered HBM cache and a tierable DRAM cache over the same stream")
+        if hbm.stream is not dram.stream or not hbm.tiered or dram.tiered:
+            raise ValueError("a TieredCache needs a tiered HBM cache and an untiered DRAM cache over the same stream")
         st = hbm.stream
         self.hbm, self.dram, self.stream = hbm, dram, st
         most = hbm.capacity_blocks + (int(np.diff(st.req_off).max()) if st.num_requests else 0) + 1

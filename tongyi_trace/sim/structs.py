@@ -11,16 +11,17 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                    PARK     leaf_only: 0, 1 = chosen by the policy while it had cached
                                             children (held back), 2 = parked and now a leaf (evicted next)
                                    LAST     last access (release time of the last request using it), in us
-                                   NCHILD   cached children (blocks whose parent, the previous block of
-                                            their request, is this one): 0 = a leaf of the cached forest
-                                   PGEN     GEN of the parent when this block was counted in its NCHILD
-                                            (0 = not counted); GEN counts this block's insertions
+                                   FOREST   the block's place in the cached forest, two numbers in one
+                                            int64 (as the heap's stamp and id): its insertion stamp
+                                            (`inserted_at`: the cache's count of insertions when it
+                                            entered, 1.. < 2^31) and its cached children (`nchild`:
+                                            blocks whose parent, the previous block of their request,
+                                            is this one; 0 = a leaf), see kernel.py
                                  the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
                                  and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
                                  documents in its own file (policy_base.StateDecl). A state that needs
-                                 no column after NCHILD has NARROW_ROWS columns: one cache line per
-                                 block (simulate.Cache decides; the kernel refuses it when it would
-                                 count cached children)
+                                 no column after FOREST (no heap, no policy column) has NARROW_ROWS
+                                 columns: one cache line per block (simulate.Cache decides)
     hp  int64[Hn, 2]             heap entries (HKEY, HTIE), 16 bytes each: a node's 4 children fill one
                                  cache line
     g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE; G_HSIZE, G_HSTAMP), then
@@ -47,11 +48,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # columns of bk: the kernel's, the queues', the heap's, then the policy's
-PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, NCHILD, PGEN, GEN, HVER = range(11)
-POLICY_COL0 = 11  # the first column a policy may declare (policy_base.StateDecl)
-POLICY_COLUMNS = 5
+PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, FOREST, HVER = range(9)
+POLICY_COL0 = 9  # the first column a policy may declare (policy_base.StateDecl)
+POLICY_COLUMNS = 7
 NUM_ROWS = POLICY_COL0 + POLICY_COLUMNS
-NARROW_ROWS = NCHILD + 1  # the columns of a narrow state (module doc)
+NARROW_ROWS = FOREST + 1  # the columns of a narrow state (module doc)
+MAX_INSERTIONS = (1 << 31) - 1  # insertion stamps (FOREST's high half) of one cache
 # columns of hp
 HKEY, HTIE = 0, 1  # the key; push stamp << 32 | block id (the tie-break, and the entry's block and version)
 ID_MASK = (1 << 32) - 1
@@ -63,7 +65,8 @@ HOFF = 3  # logical entry i is at row i + HOFF, so the 4 children of a node fill
 G_SIZE = 0  # cached blocks (the kernel's)
 G_HSIZE = 1  # entries in the heap
 G_HSTAMP = 2  # heap pushes so far
-G_POLICY = 3
+G_INSERTIONS = 3  # insertions so far, the last stamp in FOREST (the kernel's, kept while it counts children)
+G_POLICY = 4
 LINE_BYTES = 128  # two cache lines: a row of bk is one aligned pair (the adjacent-line prefetcher)
 
 
@@ -97,6 +100,33 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     rl[:, d + 1] = d + 1
     hp = aligned_zeros((max(heap_size, 1) + HOFF, 2))
     return bk, hp, g, gf, np.zeros(nq, np.int64), rl
+
+
+# ---------------------------------------------------------------- the cached forest (FOREST)
+@njit(cache=True, inline="always")
+def nchild(bk: np.ndarray, x: int) -> int:
+    """Cached children of X (FOREST's low half)."""
+    return bk[x, FOREST] & ID_MASK
+
+
+@njit(cache=True, inline="always")
+def inserted_at(bk: np.ndarray, x: int) -> int:
+    """X's insertion stamp (FOREST's high half; 0 = entered while the kernel counted no children)."""
+    return bk[x, FOREST] >> 32
+
+
+@njit(cache=True, inline="always")
+def forest_leave(bk: np.ndarray, parent: np.ndarray, v: int) -> int:
+    """V leaves the cache: uncount it from its parent's children when it was counted there, i.e. when the
+    parent is cached and entered before V (cached ever since, so it was cached when V entered, which is
+    when a child is counted). Returns that parent when it became a leaf, else -1. A stamp rather than a
+    flag: a parent evicted and cached again after V entered is another incarnation that never counted V."""
+    p = parent[v]
+    if p >= 0 and bk[p, PRESENT] == 1 and inserted_at(bk, p) < inserted_at(bk, v):
+        bk[p, FOREST] -= 1
+        if nchild(bk, p) == 0:
+            return p
+    return -1
 
 
 # ---------------------------------------------------------------- queues

@@ -2,8 +2,10 @@
 
     access(x):  nothing (x keeps its place; it is pinned so eviction skips it)
     release(x): forget the cursor; if x is new (in no queue): append x at the newest end (deepest-first)
-    evict():    walk from the oldest end, skipping pinned blocks (a cursor remembers the pinned run
-                already skipped while the request runs), unlink and return the first unpinned one
+    evict():    unlink and return the oldest block when it is not pinned; else walk on from there,
+                skipping pinned blocks (a cursor remembers the pinned run already skipped while the
+                request runs), to the first unpinned one. The common case reads no cursor: reading it
+                on every eviction cost FIFO a quarter of its speed.
 
 Definition: first-in-first-out replacement (textbook; libCacheSim FIFO.c).
 """
@@ -46,8 +48,13 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
+    x = q_head(bk, qs, 0)
+    if x >= 0 and bk[x, PINNED] == 0:
+        q_unlink(bk, qs, x)
+        return x
     cur = g[CURSOR]
-    x = q_head(bk, qs, 0) if cur < 0 else q_next(bk, qs, cur)
+    if cur >= 0:
+        x = q_next(bk, qs, cur)
     while x >= 0:
         if bk[x, PINNED] == 0:
             q_unlink(bk, qs, x)
