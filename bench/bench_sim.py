@@ -100,11 +100,13 @@ def main() -> None:
         return
     policy_path = fitted_policy(run_path)
     fit = load_policy(policy_path)
+    wa_stream = load_stream(open_run(run_path), context=fit.context)  # the categories the file was fitted on
     for cap in caps:
-        simulate_policy(stream, "wa", 10, fit=fit)
-        wa = simulate_policy(stream, "wa", cap, fit=fit)
+        simulate_policy(wa_stream, "wa", 10, fit=fit)
+        wa = simulate_policy(wa_stream, "wa", cap, fit=fit)
         print(f"wa       {cap:>9,} {refs / wa.elapsed_s / 1e6:>12.2f}   (target >= 5 M refs/s)"
-              f"   hit {wa.hit_ratio:.4f}, {wa.evict_decision_ns:.0f} ns per eviction")
+              f"   hit {wa.hit_ratio:.4f}, {wa.evict_decision_ns:.0f} ns per eviction, "
+              f"{len(wa_stream.categories)} categories")
     nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
     for cap in caps:
         simulate_policy(stream, "oracle", 10, next_req=nxt)
