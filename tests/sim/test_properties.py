@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
 from tongyi_trace.sim.kernel import S_EVICT_CYCLES
 from tongyi_trace.sim.lru_curve import lru_curve
@@ -218,3 +220,12 @@ def test_a_child_is_uncounted_only_from_the_parent_that_counted_it() -> None:
     one, two = (int(s.blk[i]) for i in (0, 2))
     assert c.result().num_orphaning_evictions == 1 and bk[two, PRESENT] == 0
     assert nchild(bk, one) == 0 and inserted_at(bk, one) == 5 > inserted_at(bk, two) == 2
+
+
+def test_a_stream_past_the_insertion_stamps_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stamps take 31 bits (structs.MAX_INSERTIONS); a stream that could insert more is refused up front.
+    import tongyi_trace.sim.simulate as sim
+
+    monkeypatch.setattr(sim, "MAX_INSERTIONS", 2)
+    with pytest.raises(UsageError, match="at most 2 references; this stream has 3: simulate a shorter window"):
+        Cache(stream_from_lists([[1, 2], [3]]), "fifo", 2)

@@ -16,20 +16,20 @@ Prefix closure (`leaf_only`): the parent of a block is the previous block of its
 from the stream). The kernel counts each cached block's cached children (structs.nchild, in the block's
 FOREST column beside its insertion stamp: a block entering the cache is counted in its parent when the
 parent is cached, and uncounted when it leaves if the parent is still the incarnation that counted it,
-structs.forest_leave). With leaf_only, a victim the policy chooses while it still has cached children
-is held back (PARK = 1: cached, out of the policy's order, in the held list) and the policy is asked
-again; when its last cached child goes it
-is evicted before anything else (PARK = 2, FIFO among such blocks); a hit on a held-back block hands it
-back to the policy like any accessed block. Only when the policy has nothing left to offer is the
-longest-held block evicted although it has children (an engine must find room for the running request;
-vLLM's plugin does the same). So no block is evicted before its descendants, and no cached
-block is ever orphaned (a cached child whose prefix cannot hit). LRU is prefix-closed by itself (a
-parent is always at least as recent as its children); ORACLE too (a parent's next use is never later).
-Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy of the loop takes it at
-its word: without leaf_only it keeps no count of cached children (a random parent row per insertion
-and eviction), so it counts no orphaning eviction, of which there is none (a property test checks the
-claim with the count kept). Every count lives in the first cache line of a row, so a state without a
-heap or policy columns is narrow whatever it counts (structs.NARROW_ROWS, simulate.Cache).
+structs.forest_leave). With leaf_only, a victim the policy chooses while it still has cached children is
+held back (PARK = 1: cached, out of the policy's order, in the held list) and the policy is asked again;
+when its last cached child goes it is evicted before anything else (PARK = 2, FIFO among such blocks); a
+hit on a held-back block hands it back to the policy like any accessed block. Only when the policy has
+nothing left to offer is the longest-held block evicted although it has children (an engine must find
+room for the running request; vLLM's plugin does the same). So no block is evicted before its
+descendants, and no cached block is ever orphaned (a cached child whose prefix cannot hit). LRU is
+prefix-closed by itself (a parent is always at least as recent as its children); ORACLE too (a parent's
+next use is never later). Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy
+of the loop takes it at its word: without leaf_only it keeps no count of cached children (a random
+parent row per insertion and eviction), so it counts no orphaning eviction, of which there is none (a
+property test checks the claim with the count kept). Every count lives in the first cache line of a row,
+so a state without a heap or policy columns is narrow whatever it counts (structs.NARROW_ROWS,
+simulate.Cache).
 
 Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
 with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
@@ -65,12 +65,13 @@ from tongyi_trace.sim.structs import (
     FOREST,
     G_INSERTIONS,
     G_SIZE,
-    ID_MASK,
     LAST,
     PARK,
     PINNED,
     PRESENT,
     forest_leave,
+    inserted_at,
+    nchild,
     q_unlink,
     read_cycles,
 )
@@ -192,7 +193,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                         _unpark(bk, rnext, rprev, v)
                     else:
                         v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-                        while v >= 0 and leaf_only and bk[v, FOREST] & ID_MASK > 0:
+                        while v >= 0 and leaf_only and nchild(bk, v) > 0:
                             bk[v, PARK] = 1
                             _append(rnext, rprev, d + 1, v)
                             stats[S_PARKED] += 1
@@ -207,16 +208,15 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     num_evictions += 1
                     evict_age_us += now_us - bk[v, LAST]
                     if forest:
-                        fv = bk[v, FOREST]
-                        if fv & ID_MASK > 0:  # its cached children can no longer hit: orphans
+                        if nchild(bk, v) > 0:  # its cached children can no longer hit: orphans
                             stats[S_ORPHANING] += 1
-                        # uncount v where it was counted: structs.forest_leave, written out (as a call it cost
-                        # FIFO a sixth of its speed); p's whole word is below v's stamp << 32 exactly when p
-                        # entered before v
+                        # uncount v where it was counted: structs.forest_leave written out (a call taking the
+                        # parent array cost FIFO a fifth of its speed; the one-array nchild and inserted_at cost
+                        # nothing)
                         p = parent[v]
-                        if p >= 0 and present[p] == 1 and bk[p, FOREST] < (fv & ~ID_MASK):
+                        if p >= 0 and present[p] == 1 and inserted_at(bk, p) < inserted_at(bk, v):
                             bk[p, FOREST] -= 1
-                            if bk[p, FOREST] & ID_MASK == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
+                            if nchild(bk, p) == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
                                 _unlink(rnext, rprev, p)
                                 bk[p, PARK] = 2
                                 _append(rnext, rprev, d, p)
