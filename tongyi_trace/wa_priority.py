@@ -71,26 +71,46 @@ def exp_cdf(p: float, rate_per_s: float, d_s: float) -> float:
     return p * -math.expm1(-rate_per_s * d_s)
 
 
+def exp_terms(p: float, rate_per_s: float, life_s: float, use_life: bool) -> tuple[float, float]:
+    """The exponential model's terms that do not depend on t: (log p_w, log(1 - exp(-lambda_w life))),
+    the second 0.0 without the window; (-inf, 0.0) when the block is never reused. A caller that keeps them
+    per category (the simulator) computes each priority with one multiply (exp_log_reuse_prob)."""
+    if p <= 0.0 or rate_per_s <= 0.0:
+        return -math.inf, 0.0
+    log_w = 0.0
+    if use_life:
+        w = -math.expm1(-rate_per_s * life_s)
+        if w <= 0.0:
+            return -math.inf, 0.0
+        log_w = math.log(w)
+    return math.log(p), log_w
+
+
+def exp_log_reuse_prob(log_p: float, log_w: float, p: float, rate_per_s: float, t_s: float, use_life: bool,
+                       conditional: bool) -> float:
+    """log ReuseProb_w(t_s, life) of the exponential model from its exp_terms (LOG_P, LOG_W)."""
+    if log_p == -math.inf:
+        return -math.inf
+    t = max(t_s, 0.0)
+    # log[p e^(-rate t) (1 - e^(-rate life))] without underflow
+    out = log_p - rate_per_s * t
+    if use_life:
+        out += log_w
+    if conditional:
+        survive = 1.0 - p + p * math.exp(-rate_per_s * t)  # 1 - F(t)
+        if survive <= 0.0:
+            return 0.0
+        out -= math.log(survive)
+    return out
+
+
 def log_reuse_prob(model: int, p: float, rate_per_s: float, table: object, t_s: float, life_s: float,
                    use_life: bool, conditional: bool) -> float:
     """log ReuseProb_w(t_s, life_s) of a block last accessed t_s seconds ago (-inf: never reused)."""
-    t = max(t_s, 0.0)
     if model == MODEL_EXP:
-        if p <= 0.0 or rate_per_s <= 0.0:
-            return -math.inf
-        # log[p e^(-rate t) (1 - e^(-rate life))] without underflow
-        out = math.log(p) - rate_per_s * t
-        if use_life:
-            w = -math.expm1(-rate_per_s * life_s)
-            if w <= 0.0:
-                return -math.inf
-            out += math.log(w)
-        if conditional:
-            survive = 1.0 - p + p * math.exp(-rate_per_s * t)  # 1 - F(t)
-            if survive <= 0.0:
-                return 0.0
-            out -= math.log(survive)
-        return out
+        log_p, log_w = exp_terms(p, rate_per_s, life_s, use_life)
+        return exp_log_reuse_prob(log_p, log_w, p, rate_per_s, t_s, use_life, conditional)
+    t = max(t_s, 0.0)
     f_t = km_cdf(table, t)
     f_end = km_cdf(table, t + life_s) if use_life else km_cdf(table, math.inf)
     mass = f_end - f_t

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.policies.wa import CW_P
+from tongyi_trace.sim.simulate import Cache, simulate_policy
 from tongyi_trace.sim.stream import stream_from_lists
 
 # r0 [1,2]; r1 [3]; r2 [1,2]; r3 [4]; r4 [3]; capacity 3 blocks; 7 references.
@@ -103,6 +104,26 @@ def test_wa_unknown_category_uses_default() -> None:
     as_b = PolicyParams(categories={**_wa_fit().categories, "c": _wa_fit().categories["b"]},
                         default=_wa_fit().default)
     assert simulate_policy(s, "wa", 2, fit=as_b).req_hit_blocks.tolist() == [0, 0, 0, 0]
+
+
+def test_wa_follows_parameters_a_driver_changed_at_the_same_instant() -> None:
+    # The online refit writes new parameters between slices (Cache.cw, then Cache.changed); WA must order by
+    # them even when the next request comes at the same time as the last eviction, whose priorities it
+    # keeps. All at t=0, capacity 3, same rate and window (0.1/s, 10 s) so p decides: r0 (a) [1]; r1 (b) [2];
+    # r2 (b) [3]; r3 (a) [4] evicts b's head 2 (p 0.1 < a's 0.9). Then p becomes a 0.5, b 0.7: r4 (b) [5]
+    # evicts a's head 1 (with a's old 0.9 kept, b's 3 would go), and r5 (b) [3] hits.
+    s = stream_from_lists([[1], [2], [3], [4], [5], [3]], times_s=[0] * 6,
+                          categories=["a", "b", "b", "a", "b", "b"])
+    fit = PolicyParams(categories={"a": CategoryParams(0.9, 0.1, 10.0, 10.0),
+                                   "b": CategoryParams(0.1, 0.1, 10.0, 10.0)},
+                       default=CategoryParams(0.5, 0.1, 10.0, 10.0))
+    cache = Cache(s, "wa", 3, fit=fit)
+    cache.serve(0, 4)
+    cache.cw[CW_P, s.categories.index("a")] = 0.5
+    cache.cw[CW_P, s.categories.index("b")] = 0.7
+    cache.changed()
+    cache.serve(4, 6)
+    assert cache.req_hit_blocks.tolist() == [0, 0, 0, 0, 0, 1]
 
 
 def test_wa_km_model_golden() -> None:

@@ -107,6 +107,26 @@ def test_every_pair_of_policies_adds_up_and_stays_exclusive(s: Stream, hbm: int,
     assert 0 <= res.num_dram_hit_tokens <= res.hbm.num_hit_tokens
 
 
+@settings(max_examples=60, deadline=None)
+@given(streams(), st.integers(1, 8), st.integers(1, 8))
+def test_wa_in_dram_sees_the_blocks_promoted_behind_its_hooks(s: Stream, hbm: int, dram: int) -> None:
+    """WA keeps its queue heads' priorities while the time stands still; promote takes blocks out of its
+    queues behind its hooks (kernel.promote bumps structs.G_EPOCH). With every request at one instant a
+    head promoted to HBM must not be WA's next victim: each tier stays within its size, exclusive, and its
+    count of cached blocks true."""
+    lens = np.diff(s.req_off)
+    same = stream_from_lists([s.blk[a:a + n].tolist() for a, n in zip(s.req_off[:-1], lens, strict=True)],
+                             times_s=[0.0] * s.num_requests, categories=[s.categories[c] for c in s.req_cat])
+    cache = TieredCache(Cache(same, "lru", hbm, timing=False, tiered=True),
+                        Cache(same, "wa", dram, fit=FIT, timing=False))
+    for r in range(same.num_requests):
+        cache.serve(r, r + 1)
+        in_hbm = cache.hbm.state[0][: same.num_ids, PRESENT] == 1
+        in_dram = cache.dram.state[0][: same.num_ids, PRESENT] == 1
+        assert not (in_hbm & in_dram).any()
+        assert in_hbm.sum() == cache.hbm.num_cached <= hbm and in_dram.sum() == cache.dram.num_cached <= dram
+
+
 @settings(max_examples=40, deadline=None)
 @given(streams(), st.integers(1, 8), st.integers(1, 8), st.sampled_from(ALL))
 def test_with_lru_in_hbm_the_dram_tier_only_adds(s: Stream, hbm: int, dram: int, lower: str) -> None:

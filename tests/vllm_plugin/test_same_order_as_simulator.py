@@ -50,11 +50,12 @@ class Block:
 class MiniPool:
     """vLLM's prefix-cache bookkeeping (BlockPool + KVCacheManager) for requests served one at a time."""
 
-    def __init__(self, capacity_blocks: int, mode: str, variant: dict[str, object] | None = None) -> None:
+    def __init__(self, capacity_blocks: int, mode: str, variant: dict[str, object] | None = None,
+                 params: dict[str, CategoryParams] = PARAMS) -> None:
         def prio(c: CategoryParams) -> CategoryPriority:
             return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
 
-        policy = QueuePolicy(mode=mode, categories={k: prio(v) for k, v in PARAMS.items()},
+        policy = QueuePolicy(mode=mode, categories={k: prio(v) for k, v in params.items()},
                              default=prio(DEFAULT), **(variant or {}))  # type: ignore[arg-type]
         self.queue = PolicyFreeQueue([Block(i) for i in range(capacity_blocks + 1)], policy)
         self.queue.popleft()  # vLLM's null block
@@ -91,7 +92,7 @@ class MiniPool:
 
 
 def workload(seed: int, num_sessions: int, max_turns: int, ties: bool = False, shared: bool = False,
-             ) -> tuple[list[list[int]], list[float], list[str]]:
+             categories: tuple[str, ...] = ("hot", "cold", "other")) -> tuple[list[list[int]], list[float], list[str]]:
     """Interleaved multi-turn sessions: each turn = the previous turn's blocks + 1-4 new ones (TIES:
     times rounded to whole 10 s, so many blocks share a last access; SHARED: most sessions, of any
     category, open with one of two 2-block system prompts, so one prefix serves several categories)."""
@@ -99,7 +100,7 @@ def workload(seed: int, num_sessions: int, max_turns: int, ties: bool = False, s
     next_id = 4  # 0-1 and 2-3: the two shared system prompts
     events: list[tuple[float, list[int], str]] = []
     for _ in range(num_sessions):
-        cat = rng.choice(["hot", "cold", "other"])
+        cat = rng.choice(categories)
         t = rng.uniform(0, 100)
         blocks: list[int] = rng.choice([[0, 1], [2, 3], []]) if shared else []
         for _ in range(rng.randint(1, max_turns)):
@@ -115,12 +116,13 @@ def workload(seed: int, num_sessions: int, max_turns: int, ties: bool = False, s
 
 
 def simulated_hits(requests: list[list[int]], times: list[float], cats: list[str], capacity: int,
-                   policy: str, variant: dict[str, object] | None = None) -> list[int]:
+                   policy: str, variant: dict[str, object] | None = None,
+                   params: dict[str, CategoryParams] = PARAMS) -> list[int]:
     from tongyi_trace.sim.simulate import simulate_policy
     from tongyi_trace.sim.stream import stream_from_lists
 
     stream = stream_from_lists(requests, times_s=times, categories=cats)
-    fit = PolicyParams(categories=dict(PARAMS), default=DEFAULT) if policy == "wa" else None
+    fit = PolicyParams(categories=dict(params), default=DEFAULT) if policy == "wa" else None
     res = simulate_policy(stream, policy, capacity, fit=fit, params=dict(variant or {}), timing=False)
     return [int(x) for x in np.asarray(res.req_hit_blocks)]
 
@@ -153,6 +155,36 @@ def test_plugin_queue_gives_the_simulators_hits(seed: int, capacity: int, ties: 
         # touches the cached copy; the engine model's business, not the eviction order's.
         assume(pool.num_orphans == 0)
     assert plugin == simulated_hits(requests, times, cats, capacity, policy, variant)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), capacity=st.integers(12, 60), ties=st.booleans(),
+       variant=st.sampled_from(VARIANTS[:5]))
+def test_wa_over_many_categories_gives_the_simulators_hits(seed: int, capacity: int, ties: bool,
+                                                          variant: dict[str, object]) -> None:
+    """Eleven categories of random parameters (the simulator's tournament tree over the queue heads is
+    four levels deep, with empty leaves; the plugin compares the heads one by one). Each category has a
+    km table of its own, flat in places: two categories with one table would give heads whose priorities
+    are equal in exact arithmetic, which the engine's float times and the simulator's microseconds round
+    apart."""
+    rng = random.Random(seed)
+
+    def km_table(p: float) -> tuple[float, ...]:
+        steps = np.cumsum([rng.choice([0.0, rng.random()]) for _ in km_grid_s()])
+        return tuple(float(v) for v in p * steps / max(float(steps[-1]), 1.0))
+
+    params = {}
+    for i in range(10):
+        p = rng.uniform(0.05, 0.95)
+        params[f"c{i}"] = CategoryParams(reuse_prob=p, rate_per_s=rng.uniform(0.01, 2.0), mean_reuse_s=10.0,
+                                         life_s=rng.uniform(1.0, 300.0), km_cdf=km_table(p))
+    requests, times, cats = workload(seed, num_sessions=30, max_turns=4, ties=ties,
+                                     categories=(*params, "unknown"))
+    assume(max(len(r) for r in requests) <= capacity)
+    pool = MiniPool(capacity, "wa", variant, params)
+    plugin = [pool.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)]
+    assert pool.num_orphans == 0
+    assert plugin == simulated_hits(requests, times, cats, capacity, "wa", variant, params)
 
 
 @pytest.mark.parametrize("chosen", ["lru", "fifo", "s3fifo"])

@@ -198,6 +198,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         if switch is not None:
             run.switches.append(switch)
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
+            cache.changed()
         refitted = False
         if window is not None and end_s >= next_refit_s:
             _feed(window, sub, fed, int(b), for_refit)  # the accesses since the last refit, in one batch
@@ -256,6 +257,7 @@ def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tu
             for cache in caches:
                 cache.cw[CW_P, c], cache.cw[CW_RATE, c] = new.reuse_prob, new.rate_per_s
                 cache.cw[CW_TABLE:, c] = new.km_cdf
+                cache.changed()
         rows.append({"time_s": now_s, "category": names[c], "refitted": new is not None,
                      "old_reuse_prob": old.reuse_prob, "old_rate_per_s": old.rate_per_s,
                      "new_reuse_prob": (new or old).reuse_prob, "new_rate_per_s": (new or old).rate_per_s,

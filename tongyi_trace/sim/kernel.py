@@ -44,7 +44,8 @@ with a compile-time switch the plain copy compiles none of (policy_kernel's `var
   by that reference, position, category and time).
 `promote` takes blocks out of a cache whatever its policy: a policy keeps its cached blocks only in the
 queues and the lazy heap of structs.py (a heap entry of a block that is not cached is stale), so
-unlinking the block and clearing PRESENT takes it out of any policy's order.
+unlinking the block and clearing PRESENT takes it out of any policy's order; it bumps G_EPOCH, so a
+policy that keeps what it derives from its queues (WA's tree of queue heads) rebuilds it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.policy_base import prefix_closed
 from tongyi_trace.sim.structs import (
     FOREST,
+    G_EPOCH,
     G_INSERTIONS,
     G_SIZE,
     LAST,
@@ -319,6 +321,8 @@ def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.
             _append(rnext, rprev, d, p)
         low[v] = 1
         num += 1
+    if num:
+        g[G_EPOCH] += 1  # the policy's queues changed behind its hooks
     return num
 
 

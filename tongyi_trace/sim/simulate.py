@@ -52,7 +52,7 @@ from tongyi_trace.sim.kernel import (
 from tongyi_trace.sim.policy_base import InitContext
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream
-from tongyi_trace.sim.structs import G_SIZE, MAX_INSERTIONS, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
+from tongyi_trace.sim.structs import G_EPOCH, G_SIZE, MAX_INSERTIONS, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
 
 _NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays: low, out
 _NO_LREL = np.zeros((4, 1), np.int64)  # and lrel
@@ -160,10 +160,10 @@ class Cache:
 
     Arguments as simulate_policy's; the stream's requests are served in index order by `serve`. The
     policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
-    made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*). TIERED:
-    the cache is the HBM tier of a TieredCache (the kernel's "tiered" copy, with the arrays `low`, `lrel`
-    and `out` the TieredCache gives it). A policy without a heap or columns of its own keeps one cache
-    line per block (structs.NARROW_ROWS)."""
+    made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*) and then
+    calls `changed`. TIERED: the cache is the HBM tier of a TieredCache (the kernel's "tiered" copy, with
+    the arrays `low`, `lrel` and `out` the TieredCache gives it). A policy without a heap or columns of
+    its own keeps one cache line per block (structs.NARROW_ROWS)."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
@@ -219,6 +219,11 @@ class Cache:
         self.req_hit_blocks[start:stop] = hits
         self.req_hit_tokens[start:stop] = hit_tok
         return hits
+
+    def changed(self) -> None:
+        """Say that a driver changed the policy's parameters (ip, fp, cw, nxt) between slices: a policy that
+        keeps what it derived from them recomputes it (structs.G_EPOCH)."""
+        self.state[2][G_EPOCH] += 1
 
     def cached_prefix(self, r: int) -> int:
         """How many leading blocks of request R are cached now (what a prefix-aware router asks)."""

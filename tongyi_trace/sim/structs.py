@@ -24,8 +24,8 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                  columns: one cache line per block (simulate.Cache decides)
     hp  int64[Hn, 2]             heap entries (HKEY, HTIE), 16 bytes each: a node's 4 children fill one
                                  cache line
-    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE; G_HSIZE, G_HSTAMP), then
-                                 the policy's
+    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE, G_INSERTIONS, G_EPOCH;
+                                 G_HSIZE, G_HSTAMP), then the policy's
     gf  float64[...]             the policy's float scalars (policy_base.StateDecl)
     qs  int64[NQ]                queue sizes
     rl  int64[2, D + 2]          the kernel's two FIFOs of held-back blocks (kernel.py): next and previous
@@ -66,7 +66,9 @@ G_SIZE = 0  # cached blocks (the kernel's)
 G_HSIZE = 1  # entries in the heap
 G_HSTAMP = 2  # heap pushes so far
 G_INSERTIONS = 3  # insertions so far, the last stamp in FOREST (the kernel's, kept while it counts children)
-G_POLICY = 4
+G_EPOCH = 4  # bumped when anything but the policy's hooks changes its queues or parameters (kernel.promote,
+#              simulate.Cache.changed): a policy that keeps what it derived from them (WA's tree) rebuilds it
+G_POLICY = 5
 LINE_BYTES = 128  # two cache lines: a row of bk is one aligned pair (the adjacent-line prefetcher)
 
 

@@ -17,8 +17,17 @@ to evict, compare only the W queue heads in the total order of tongyi_trace.wa_p
     Prefix closure (leaf_only, on by default for WA) is the kernel's: see kernel.py.
 
 The priority functions are the plain-Python ones of tongyi_trace/wa_priority.py compiled here with
-numba, the same definitions the vLLM plugin runs. Cost: O(W) per eviction; a head's priority is
-cached while it stays the head within one request (same now), so most evictions compute one log.
+numba, the same definitions the vLLM plugin runs.
+
+Cost: the W heads' priorities change with `now` only, so they are computed once per request that evicts
+(with the exp model one multiply each: its log terms are kept per category, wa_priority.exp_terms),
+and a tournament tree over the queues (a winner tree: each node holds the queue whose head comes first
+below it, the root the victim's) finds the victim. A head that leaves its queue (evicted, or accessed:
+the hooks see it) or a queue that fills again marks its leaf stale; the next eviction recomputes the
+stale leaves and their paths to the root, log2(W) comparisons each, instead of comparing all W heads.
+Anything else that changes the queues or the parameters (kernel.promote, a driver's Cache.changed)
+bumps structs.G_EPOCH, and the tree and the terms are built again. The victim is the minimum of the
+same total order either way, so the order is exactly the linear scan's (and the plugin's).
 
 Source: Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 4.2; vLLM PR #22236.
 """
@@ -39,15 +48,18 @@ from tongyi_trace import wa_priority
 from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import LAST, q_append, q_head, q_unlink
+from tongyi_trace.sim.structs import G_EPOCH, LAST, QID, q_append, q_head, q_unlink
 
 if TYPE_CHECKING:
     from tongyi_trace.fit.params import PolicyParams
 
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
-# log_reuse_prob calls km_cdf: compile it with the compiled km_cdf bound in its globals
+exp_terms = njit(cache=True, inline="always")(wa_priority.exp_terms)
+exp_log_reuse_prob = njit(cache=True, inline="always")(wa_priority.exp_log_reuse_prob)
+# log_reuse_prob calls those: compile it with the compiled ones bound in its globals
 log_reuse_prob = njit(cache=True, inline="always")(FunctionType(
-    wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf}, "log_reuse_prob"))
+    wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf, "exp_terms": exp_terms,
+                                          "exp_log_reuse_prob": exp_log_reuse_prob}, "log_reuse_prob"))
 evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
 # rows of WA's float table ft (sim.simulate.Cache.cw; one column per category): p, rate, life, then the
 # km table of F
@@ -56,7 +68,8 @@ NUM_CW_ROWS = CW_TABLE + wa_priority.KM_NUM
 # ip slots: switches (to_arrays), and IP_LRU_ORDER: 1 = evict in LRU order across the queue heads (the
 # head released longest ago: the STAMP column) instead of by priority; a driver (a guard) may flip it
 # between slices of requests (sim.simulate.Cache.ip); fp[FP_LIFE] = life_s
-IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER = 0, 1, 2, 3, 4
+# IP_LEAVES: the tournament tree's leaves, the queues rounded up to a power of 2 (init)
+IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER, IP_LEAVES = 0, 1, 2, 3, 4, 5
 FP_LIFE = 0
 
 
@@ -130,24 +143,37 @@ STATE = StateDecl(
              "BPOS": "block position (offset) in that request",
              "STAMP": "release stamp: the value of RELEASES when released (the LRU order IP_LRU_ORDER uses)"},
     slots={"RELEASES": "releases so far",
-           "QHEAD": "per queue: the head whose priority is cached in QPRIO (-1 = none)"},
-    fslots={"NOW": "the time the cached head priorities were computed for (nan = never)",
-            "QPRIO": "per queue: the cached priority of its head"})
+           "EPOCH": "the structs.G_EPOCH the tree was built at",
+           "NDIRTY": "stale leaves listed in DIRTY",
+           "QHEAD": "per queue: the head whose key leaf w of the tree holds (EMPTY: the queue was empty; "
+                    "STALE: listed in DIRTY, to recompute); then per queue DIRTY, the stale queues; then "
+                    "TREE, 2 x ip[IP_LEAVES] nodes: node 1 is the root, node IP_LEAVES + w the leaf of queue "
+                    "w, node i's children 2i and 2i + 1, each node the queue whose head comes first in the "
+                    "eviction order below it (-1: none)"},
+    fslots={"NOW": "the time the tree's priorities were computed for (nan = never)",
+            "QPRIO": "per queue: the priority of the head in QHEAD; then per queue LOGP and LOGW, the exp "
+                     "model's terms of its category (wa_priority.exp_terms) for the parameters of EPOCH"})
 CAT = STATE.col("CAT")
 BPOS = STATE.col("BPOS")
 STAMP = STATE.col("STAMP")
 RELEASES = STATE.slot("RELEASES")
+EPOCH = STATE.slot("EPOCH")
+NDIRTY = STATE.slot("NDIRTY")
 QHEAD = STATE.slot("QHEAD")
 NOW = STATE.fslot("NOW")
 QPRIO = STATE.fslot("QPRIO")
+EMPTY, STALE = -2, -1  # QHEAD values that are not a head
 
 
 def init(params: WaParams, ctx: InitContext) -> Setup:
     """One queue per category of the stream; ft = category_table (the policy file's parameters)."""
     nq = max(len(ctx.stream.categories), 1)
-    return Setup(*params.to_arrays(), ft=category_table(ctx.stream.categories, ctx.fit), num_queues=nq,
-                 g0=np.concatenate([[0], np.full(nq, -1)]).astype(np.int64),
-                 gf0=np.concatenate([[np.nan], np.zeros(nq)]))
+    ip, fp = params.to_arrays()
+    leaves = 1 << (nq - 1).bit_length()
+    ip[IP_LEAVES] = leaves
+    g0 = np.concatenate([[0, -1, 0], np.full(nq, STALE), np.zeros(nq), np.full(2 * leaves, -1)])
+    return Setup(ip, fp, ft=category_table(ctx.stream.categories, ctx.fit), num_queues=nq,
+                 g0=g0.astype(np.int64), gf0=np.concatenate([[np.nan], np.zeros(3 * nq)]))
 
 
 def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.ndarray:
@@ -162,7 +188,25 @@ def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.nd
     return cw
 
 
-access, insert = hooks.unlink, hooks.no_op  # shared hooks (sim/hooks.py)
+insert = hooks.no_op  # shared hook (sim/hooks.py)
+
+
+@njit(cache=True, inline="always")
+def _stale(g: np.ndarray, nq: int, q: int) -> None:
+    """Leaf Q of the tree (of NQ queues) is to be recomputed: listed in DIRTY, once."""
+    if g[QHEAD + q] != STALE:
+        g[QHEAD + q] = STALE
+        g[QHEAD + nq + g[NDIRTY]] = q
+        g[NDIRTY] += 1
+
+
+@njit(cache=True, inline="always")
+def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
+    q = bk[x, QID]
+    if q >= 0 and g[QHEAD + q] == x:  # a head leaves its queue
+        _stale(g, qs.shape[0], q)
+    q_unlink(bk, qs, x)
 
 
 @njit(cache=True, inline="always")
@@ -173,17 +217,63 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
     bk[x, BPOS] = pos
     g[RELEASES] += 1
     bk[x, STAMP] = g[RELEASES]
+    if g[QHEAD + c] == EMPTY:  # the queue gets a head
+        _stale(g, qs.shape[0], c)
     q_append(bk, qs, c, x)
+
+
+@njit(cache=True, inline="always")
+def _leaf(bk: np.ndarray, g: np.ndarray, gf: np.ndarray, qs: np.ndarray, ip: np.ndarray, fp: np.ndarray,
+          ft: np.ndarray, w: int, now: float) -> int:
+    """Key queue W's head at NOW (QHEAD, QPRIO); return W, or -1 when it is empty."""
+    h = q_head(bk, qs, w)
+    if h < 0:
+        g[QHEAD + w] = EMPTY
+        return -1
+    t_s = now - bk[h, LAST] * 1e-6
+    if ip[IP_MODEL] == wa_priority.MODEL_EXP:  # with its terms, kept per category (_terms)
+        nq = qs.shape[0]
+        gf[QPRIO + w] = exp_log_reuse_prob(gf[QPRIO + nq + w], gf[QPRIO + 2 * nq + w], ft[CW_P, w], ft[CW_RATE, w],
+                                           t_s, ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
+    else:
+        gf[QPRIO + w] = log_reuse_prob(ip[IP_MODEL], ft[CW_P, w], ft[CW_RATE, w], ft[CW_TABLE:, w], t_s,
+                                       _life(fp, ft, w), ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
+    g[QHEAD + w] = h
+    return w
+
+
+@njit(cache=True, inline="always")
+def _life(fp: np.ndarray, ft: np.ndarray, w: int) -> float:
+    """Category W's life window, s."""
+    return fp[FP_LIFE] if fp[FP_LIFE] > 0.0 else ft[CW_LIFE, w]
+
+
+@njit(cache=True, inline="always")
+def _terms(gf: np.ndarray, nq: int, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray) -> None:
+    """Each category's exp terms (LOGP, LOGW) for the current parameters."""
+    for w in range(nq):
+        gf[QPRIO + nq + w], gf[QPRIO + 2 * nq + w] = exp_terms(ft[CW_P, w], ft[CW_RATE, w], _life(fp, ft, w),
+                                                               ip[IP_USE_LIFE] == 1)
+
+
+@njit(cache=True, inline="always")
+def _first(bk: np.ndarray, g: np.ndarray, gf: np.ndarray, a: int, b: int, use_offset: bool) -> int:
+    """Of queues A and B (-1: none), the one whose keyed head comes first in the eviction order."""
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    ha = g[QHEAD + a]
+    hb = g[QHEAD + b]
+    if evicts_before(gf[QPRIO + a], bk[ha, BPOS], bk[ha, LAST], ha, gf[QPRIO + b], bk[hb, BPOS], bk[hb, LAST], hb,
+                     use_offset):
+        return a
+    return b
 
 
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
-    use_life = ip[IP_USE_LIFE] == 1
-    conditional = ip[IP_CONDITIONAL] == 1
-    use_offset = ip[IP_USE_OFFSET] == 1
-    model = ip[IP_MODEL]
-    life_all = fp[FP_LIFE]
     nq = qs.shape[0]
     if ip[IP_LRU_ORDER] == 1:  # LRU across the queue heads (each queue is ordered by last access)
         best = -1
@@ -194,32 +284,40 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             if best < 0 or bk[h, STAMP] < bk[best, STAMP]:  # released longest ago
                 best = h
         if best >= 0:
+            q = bk[best, QID]
+            if g[QHEAD + q] == best:
+                _stale(g, nq, q)
             q_unlink(bk, qs, best)
         return best
-    if gf[NOW] != now:  # a new request: every cached head priority is stale
-        gf[NOW] = now
+    use_offset = ip[IP_USE_OFFSET] == 1
+    leaves = ip[IP_LEAVES]
+    tree = QHEAD + 2 * nq
+    if gf[NOW] != now or g[EPOCH] != g[G_EPOCH]:  # every priority changed, or something behind the hooks:
+        gf[NOW] = now  # build the tree
+        if g[EPOCH] != g[G_EPOCH]:
+            _terms(gf, nq, ip, fp, ft)
+            g[EPOCH] = g[G_EPOCH]
+        g[NDIRTY] = 0
         for w in range(nq):
-            g[QHEAD + w] = -1
-    best = -1
-    best_prio = 0.0
-    for w in range(nq):
-        if qs[w] == 0:
-            continue
-        h = q_head(bk, qs, w)
-        if g[QHEAD + w] == h:  # same head at the same time: same priority
-            prio = gf[QPRIO + w]
-        else:
-            life = life_all if life_all > 0.0 else ft[CW_LIFE, w]
-            prio = log_reuse_prob(model, ft[CW_P, w], ft[CW_RATE, w], ft[CW_TABLE:, w],
-                                  now - bk[h, LAST] * 1e-6, life, use_life, conditional)
-            g[QHEAD + w] = h
-            gf[QPRIO + w] = prio
-        if best < 0 or evicts_before(prio, bk[h, BPOS], bk[h, LAST], h,
-                                     best_prio, bk[best, BPOS], bk[best, LAST], best, use_offset):
-            best = h
-            best_prio = prio
-    if best >= 0:
-        q_unlink(bk, qs, best)
+            g[tree + leaves + w] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+        for i in range(leaves - 1, 0, -1):
+            g[tree + i] = _first(bk, g, gf, g[tree + 2 * i], g[tree + 2 * i + 1], use_offset)
+    else:  # recompute the stale leaves and their paths
+        for k in range(g[NDIRTY]):
+            w = g[QHEAD + nq + k]
+            i = leaves + w
+            g[tree + i] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            i >>= 1
+            while i >= 1:
+                g[tree + i] = _first(bk, g, gf, g[tree + 2 * i], g[tree + 2 * i + 1], use_offset)
+                i >>= 1
+        g[NDIRTY] = 0
+    w = g[tree + 1]
+    if w < 0:
+        return -1
+    best = g[QHEAD + w]
+    _stale(g, nq, w)
+    q_unlink(bk, qs, best)
     return best
 
 
