@@ -91,13 +91,7 @@ def test_every_pair_of_policies_adds_up_and_stays_exclusive(s: Stream, hbm: int,
     tier at most and each tier within its size after every request; hits never above the ideal."""
     cache = TieredCache(Cache(s, upper, hbm, fit=FIT, timing=False, tiered=True),
                         Cache(s, lower, dram, fit=FIT, timing=False))
-    for r in range(s.num_requests):
-        cache.serve(r, r + 1)
-        in_hbm = cache.hbm.state[0][: s.num_ids, PRESENT] == 1
-        in_dram = cache.dram.state[0][: s.num_ids, PRESENT] == 1
-        assert not (in_hbm & in_dram).any()
-        assert in_hbm.sum() == cache.hbm.num_cached <= hbm and in_dram.sum() == cache.dram.num_cached <= dram
-        assert cache.cached_prefix(r) >= 0
+    _serve_checking_each_request(cache, hbm, dram)
     res = cache.result()
     hits, dram_hits = res.hbm.req_hit_blocks, res.req_dram_hits
     lens = np.diff(s.req_off)
@@ -117,14 +111,21 @@ def test_wa_in_dram_sees_the_blocks_promoted_behind_its_hooks(s: Stream, hbm: in
     lens = np.diff(s.req_off)
     same = stream_from_lists([s.blk[a:a + n].tolist() for a, n in zip(s.req_off[:-1], lens, strict=True)],
                              times_s=[0.0] * s.num_requests, categories=[s.categories[c] for c in s.req_cat])
-    cache = TieredCache(Cache(same, "lru", hbm, timing=False, tiered=True),
-                        Cache(same, "wa", dram, fit=FIT, timing=False))
-    for r in range(same.num_requests):
+    _serve_checking_each_request(TieredCache(Cache(same, "lru", hbm, timing=False, tiered=True),
+                                             Cache(same, "wa", dram, fit=FIT, timing=False)), hbm, dram)
+
+
+def _serve_checking_each_request(cache: TieredCache, hbm: int, dram: int) -> None:
+    """Serve every request one at a time; after each, a block is in one tier at most and each tier's count
+    of cached blocks is true and within its size."""
+    s = cache.stream
+    for r in range(s.num_requests):
         cache.serve(r, r + 1)
-        in_hbm = cache.hbm.state[0][: same.num_ids, PRESENT] == 1
-        in_dram = cache.dram.state[0][: same.num_ids, PRESENT] == 1
+        in_hbm = cache.hbm.state[0][: s.num_ids, PRESENT] == 1
+        in_dram = cache.dram.state[0][: s.num_ids, PRESENT] == 1
         assert not (in_hbm & in_dram).any()
         assert in_hbm.sum() == cache.hbm.num_cached <= hbm and in_dram.sum() == cache.dram.num_cached <= dram
+        assert cache.cached_prefix(r) >= 0
 
 
 @settings(max_examples=40, deadline=None)
