@@ -32,6 +32,7 @@ from tongyi_trace.sim.sweep import SweepConfig, run_sweep
 SHARED = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "s3fifo": "S3FIFO", "gdsf": "GDSF"}
 TARGET_RATIO = {"lru": 8.0}  # kvtrace refs/s over libCacheSim's, per policy
 DEFAULT_TARGET_RATIO = 4.0
+WA_TARGET_M_REFS_S = 5.0
 REPEATS = 3
 
 
@@ -101,10 +102,12 @@ def main() -> None:
     policy_path = fitted_policy(run_path)
     fit = load_policy(policy_path)
     wa_stream = load_stream(open_run(run_path), context=fit.context)  # the categories the file was fitted on
+    simulate_policy(wa_stream, "wa", 10, fit=fit)
     for cap in caps:
-        simulate_policy(wa_stream, "wa", 10, fit=fit)
-        wa = simulate_policy(wa_stream, "wa", cap, fit=fit)
-        print(f"wa       {cap:>9,} {refs / wa.elapsed_s / 1e6:>12.2f}   (target >= 5 M refs/s)"
+        wa = min((simulate_policy(wa_stream, "wa", cap, fit=fit) for _ in range(REPEATS)), key=lambda r: r.elapsed_s)
+        rate = refs / wa.elapsed_s / 1e6
+        print(f"wa       {cap:>9,} {rate:>12.2f}   (target >= {WA_TARGET_M_REFS_S:g} M refs/s: "
+              f"{'met' if rate >= WA_TARGET_M_REFS_S else 'NOT met'})"
               f"   hit {wa.hit_ratio:.4f}, {wa.evict_decision_ns:.0f} ns per eviction, "
               f"{len(wa_stream.categories)} categories")
     nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)

@@ -173,7 +173,7 @@ def init(params: WaParams, ctx: InitContext) -> Setup:
     ip[IP_LEAVES] = leaves
     g0 = np.concatenate([[0, -1, 0], np.full(nq, STALE), np.zeros(nq), np.full(2 * leaves, -1)])
     return Setup(ip, fp, ft=category_table(ctx.stream.categories, ctx.fit), num_queues=nq,
-                 g0=g0.astype(np.int64), gf0=np.concatenate([[np.nan], np.zeros(3 * nq)]))
+                 g0=g0.astype(np.int64), gf0=np.concatenate([[np.nan], np.zeros(3 * nq), np.full(2 * leaves, np.inf)]))
 
 
 def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.ndarray:
@@ -257,18 +257,16 @@ def _terms(gf: np.ndarray, nq: int, ip: np.ndarray, fp: np.ndarray, ft: np.ndarr
 
 
 @njit(cache=True, inline="always")
-def _first(bk: np.ndarray, g: np.ndarray, gf: np.ndarray, a: int, b: int, use_offset: bool) -> int:
-    """Of queues A and B (-1: none), the one whose keyed head comes first in the eviction order."""
-    if a < 0:
-        return b
-    if b < 0:
-        return a
+def _first(bk: np.ndarray, g: np.ndarray, a: int, pa: float, b: int, pb: float, use_offset: bool) -> bool:
+    """Whether queue A (its head's priority PA; -1 and +inf: none) comes before queue B (PB) in the eviction
+    order: the priorities decide, a tie (rare) reads the heads' other keys."""
+    if pa != pb:
+        return pa < pb
+    if a < 0 or b < 0:
+        return b < 0 <= a
     ha = g[QHEAD + a]
     hb = g[QHEAD + b]
-    if evicts_before(gf[QPRIO + a], bk[ha, BPOS], bk[ha, LAST], ha, gf[QPRIO + b], bk[hb, BPOS], bk[hb, LAST], hb,
-                     use_offset):
-        return a
-    return b
+    return evicts_before(pa, bk[ha, BPOS], bk[ha, LAST], ha, pb, bk[hb, BPOS], bk[hb, LAST], hb, use_offset)
 
 
 @njit(cache=True, inline="always")
@@ -292,6 +290,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
     use_offset = ip[IP_USE_OFFSET] == 1
     leaves = ip[IP_LEAVES]
     tree = QHEAD + 2 * nq
+    nodep = QPRIO + 3 * nq
     if gf[NOW] != now or g[EPOCH] != g[G_EPOCH]:  # every priority changed, or something behind the hooks:
         gf[NOW] = now  # build the tree
         if g[EPOCH] != g[G_EPOCH]:
@@ -299,18 +298,30 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             g[EPOCH] = g[G_EPOCH]
         g[NDIRTY] = 0
         for w in range(nq):
-            g[tree + leaves + w] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            i = leaves + w
+            g[tree + i] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            gf[nodep + i] = gf[QPRIO + w] if g[tree + i] >= 0 else np.inf
         for i in range(leaves - 1, 0, -1):
-            g[tree + i] = _first(bk, g, gf, g[tree + 2 * i], g[tree + 2 * i + 1], use_offset)
-    else:  # recompute the stale leaves and their paths
+            a, b = tree + 2 * i, nodep + 2 * i
+            right = _first(bk, g, g[a + 1], gf[b + 1], g[a], gf[b], use_offset)
+            g[tree + i] = g[a + 1] if right else g[a]
+            gf[nodep + i] = gf[b + 1] if right else gf[b]
+    else:  # recompute the stale leaves and their paths (the winner carried up, each sibling's key read)
         for k in range(g[NDIRTY]):
             w = g[QHEAD + nq + k]
             i = leaves + w
-            g[tree + i] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
-            i >>= 1
-            while i >= 1:
-                g[tree + i] = _first(bk, g, gf, g[tree + 2 * i], g[tree + 2 * i + 1], use_offset)
+            win = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            wp = gf[QPRIO + w] if win >= 0 else np.inf
+            g[tree + i] = win
+            gf[nodep + i] = wp
+            while i > 1:
+                s = g[tree + (i ^ 1)]
+                sp = gf[nodep + (i ^ 1)]
+                if _first(bk, g, s, sp, win, wp, use_offset):
+                    win, wp = s, sp
                 i >>= 1
+                g[tree + i] = win
+                gf[nodep + i] = wp
         g[NDIRTY] = 0
     w = g[tree + 1]
     if w < 0:
