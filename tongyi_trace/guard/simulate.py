@@ -257,11 +257,13 @@ def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tu
             for cache in caches:
                 cache.cw[CW_P, c], cache.cw[CW_RATE, c] = new.reuse_prob, new.rate_per_s
                 cache.cw[CW_TABLE:, c] = new.km_cdf
-                cache.changed()
         rows.append({"time_s": now_s, "category": names[c], "refitted": new is not None,
                      "old_reuse_prob": old.reuse_prob, "old_rate_per_s": old.rate_per_s,
                      "new_reuse_prob": (new or old).reuse_prob, "new_rate_per_s": (new or old).rate_per_s,
                      **metrics[c]})
+    if fits:
+        for cache in caches:
+            cache.changed()
     return rows
 
 

@@ -151,8 +151,9 @@ STATE = StateDecl(
                     "w, node i's children 2i and 2i + 1, each node the queue whose head comes first in the "
                     "eviction order below it (-1: none)"},
     fslots={"NOW": "the time the tree's priorities were computed for (nan = never)",
-            "QPRIO": "per queue: the priority of the head in QHEAD; then per queue LOGP and LOGW, the exp "
-                     "model's terms of its category (wa_priority.exp_terms) for the parameters of EPOCH"})
+            "LOGP": "per queue: the exp model's terms of its category (wa_priority.exp_terms) for the "
+                    "parameters of EPOCH, LOGP then per queue LOGW; then NODEP, per node of TREE the "
+                    "priority of its queue's head (+inf: none; a leaf's is its queue head's, at NOW)"})
 CAT = STATE.col("CAT")
 BPOS = STATE.col("BPOS")
 STAMP = STATE.col("STAMP")
@@ -161,7 +162,7 @@ EPOCH = STATE.slot("EPOCH")
 NDIRTY = STATE.slot("NDIRTY")
 QHEAD = STATE.slot("QHEAD")
 NOW = STATE.fslot("NOW")
-QPRIO = STATE.fslot("QPRIO")
+LOGP = STATE.fslot("LOGP")
 EMPTY, STALE = -2, -1  # QHEAD values that are not a head
 
 
@@ -173,7 +174,7 @@ def init(params: WaParams, ctx: InitContext) -> Setup:
     ip[IP_LEAVES] = leaves
     g0 = np.concatenate([[0, -1, 0], np.full(nq, STALE), np.zeros(nq), np.full(2 * leaves, -1)])
     return Setup(ip, fp, ft=category_table(ctx.stream.categories, ctx.fit), num_queues=nq,
-                 g0=g0.astype(np.int64), gf0=np.concatenate([[np.nan], np.zeros(3 * nq), np.full(2 * leaves, np.inf)]))
+                 g0=g0.astype(np.int64), gf0=np.concatenate([[np.nan], np.zeros(2 * nq), np.full(2 * leaves, np.inf)]))
 
 
 def category_table(categories: Sequence[str], fit: PolicyParams | None) -> np.ndarray:
@@ -201,12 +202,18 @@ def _stale(g: np.ndarray, nq: int, q: int) -> None:
 
 
 @njit(cache=True, inline="always")
-def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
-           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
+def _leave(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, x: int) -> None:
+    """X leaves its queue (if in one): when it is the head a leaf holds, that leaf is stale."""
     q = bk[x, QID]
-    if q >= 0 and g[QHEAD + q] == x:  # a head leaves its queue
+    if q >= 0 and g[QHEAD + q] == x:
         _stale(g, qs.shape[0], q)
     q_unlink(bk, qs, x)
+
+
+@njit(cache=True, inline="always")
+def access(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+           qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
+    _leave(bk, g, qs, x)
 
 
 @njit(cache=True, inline="always")
@@ -224,22 +231,28 @@ def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 
 @njit(cache=True, inline="always")
 def _leaf(bk: np.ndarray, g: np.ndarray, gf: np.ndarray, qs: np.ndarray, ip: np.ndarray, fp: np.ndarray,
-          ft: np.ndarray, w: int, now: float) -> int:
-    """Key queue W's head at NOW (QHEAD, QPRIO); return W, or -1 when it is empty."""
+          ft: np.ndarray, w: int, now: float) -> tuple[int, float]:
+    """Key queue W's head at NOW into its leaf (QHEAD, TREE, NODEP); return (W, the head's priority), or
+    (-1, +inf) when the queue is empty."""
+    nq = qs.shape[0]
+    i = ip[IP_LEAVES] + w
     h = q_head(bk, qs, w)
     if h < 0:
         g[QHEAD + w] = EMPTY
-        return -1
+        g[QHEAD + 2 * nq + i] = -1
+        gf[LOGP + 2 * nq + i] = np.inf
+        return -1, np.inf
     t_s = now - bk[h, LAST] * 1e-6
     if ip[IP_MODEL] == wa_priority.MODEL_EXP:  # with its terms, kept per category (_terms)
-        nq = qs.shape[0]
-        gf[QPRIO + w] = exp_log_reuse_prob(gf[QPRIO + nq + w], gf[QPRIO + 2 * nq + w], ft[CW_P, w], ft[CW_RATE, w],
-                                           t_s, ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
+        prio = exp_log_reuse_prob(gf[LOGP + w], gf[LOGP + nq + w], ft[CW_P, w], ft[CW_RATE, w], t_s,
+                                  ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
     else:
-        gf[QPRIO + w] = log_reuse_prob(ip[IP_MODEL], ft[CW_P, w], ft[CW_RATE, w], ft[CW_TABLE:, w], t_s,
-                                       _life(fp, ft, w), ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
+        prio = log_reuse_prob(ip[IP_MODEL], ft[CW_P, w], ft[CW_RATE, w], ft[CW_TABLE:, w], t_s, _life(fp, ft, w),
+                              ip[IP_USE_LIFE] == 1, ip[IP_CONDITIONAL] == 1)
     g[QHEAD + w] = h
-    return w
+    g[QHEAD + 2 * nq + i] = w
+    gf[LOGP + 2 * nq + i] = prio
+    return w, prio
 
 
 @njit(cache=True, inline="always")
@@ -252,7 +265,7 @@ def _life(fp: np.ndarray, ft: np.ndarray, w: int) -> float:
 def _terms(gf: np.ndarray, nq: int, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray) -> None:
     """Each category's exp terms (LOGP, LOGW) for the current parameters."""
     for w in range(nq):
-        gf[QPRIO + nq + w], gf[QPRIO + 2 * nq + w] = exp_terms(ft[CW_P, w], ft[CW_RATE, w], _life(fp, ft, w),
+        gf[LOGP + w], gf[LOGP + nq + w] = exp_terms(ft[CW_P, w], ft[CW_RATE, w], _life(fp, ft, w),
                                                                ip[IP_USE_LIFE] == 1)
 
 
@@ -282,15 +295,12 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             if best < 0 or bk[h, STAMP] < bk[best, STAMP]:  # released longest ago
                 best = h
         if best >= 0:
-            q = bk[best, QID]
-            if g[QHEAD + q] == best:
-                _stale(g, nq, q)
-            q_unlink(bk, qs, best)
+            _leave(bk, g, qs, best)
         return best
     use_offset = ip[IP_USE_OFFSET] == 1
     leaves = ip[IP_LEAVES]
     tree = QHEAD + 2 * nq
-    nodep = QPRIO + 3 * nq
+    nodep = LOGP + 2 * nq
     if gf[NOW] != now or g[EPOCH] != g[G_EPOCH]:  # every priority changed, or something behind the hooks:
         gf[NOW] = now  # build the tree
         if g[EPOCH] != g[G_EPOCH]:
@@ -298,9 +308,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             g[EPOCH] = g[G_EPOCH]
         g[NDIRTY] = 0
         for w in range(nq):
-            i = leaves + w
-            g[tree + i] = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
-            gf[nodep + i] = gf[QPRIO + w] if g[tree + i] >= 0 else np.inf
+            _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
         for i in range(leaves - 1, 0, -1):
             a, b = tree + 2 * i, nodep + 2 * i
             right = _first(bk, g, g[a + 1], gf[b + 1], g[a], gf[b], use_offset)
@@ -310,10 +318,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         for k in range(g[NDIRTY]):
             w = g[QHEAD + nq + k]
             i = leaves + w
-            win = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
-            wp = gf[QPRIO + w] if win >= 0 else np.inf
-            g[tree + i] = win
-            gf[nodep + i] = wp
+            win, wp = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
             while i > 1:
                 s = g[tree + (i ^ 1)]
                 sp = gf[nodep + (i ^ 1)]
