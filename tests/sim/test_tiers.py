@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.sim.test_properties import FIT, streams
 from tongyi_trace.errors import UsageError
+from tongyi_trace.sim.kernel import promote
 from tongyi_trace.sim.registry import Policy
 from tongyi_trace.sim.simulate import Cache, TieredCache, simulate_policy, simulate_tiered
 from tongyi_trace.sim.stream import Stream, stream_from_lists
@@ -31,6 +32,21 @@ def test_golden_prefix_across_both_tiers() -> None:
     assert r.hbm.num_evictions == 4 and r.num_dram_evictions == 0  # 4 demotions, nothing dropped
     assert r.hbm.num_bypassed == 1
     assert r.req_dram_hit_tokens.tolist() == [0, 0, 16, 16]  # 16 tokens a block (stream_from_lists)
+
+
+def test_warming_compiles_every_kernel_and_serves_nothing() -> None:
+    # warm() runs before the timer (the first run on a machine compiles): it must leave the cache untouched,
+    # so the golden case above still comes out the same after it
+    s = stream_from_lists([[1, 2], [3], [1, 2, 4], [3, 5]], times_s=[0, 1, 2, 3])
+    cache = TieredCache(Cache(s, "lru", 2, timing=False, tiered=True), Cache(s, "lru", 3, timing=False))
+    cache.warm()
+    cache.hbm._run(0, 0), cache.dram._run(0, 0), cache._demote(0, 0.0)  # what warm() calls when not compiled
+    assert cache.hbm.kernel.signatures and cache.demote.signatures and promote.signatures
+    for tier in (cache.hbm, cache.dram):
+        assert not tier.stats.any() and not tier.state[0][:, PRESENT].any() and tier.elapsed_s == 0
+    assert not cache.dram_stats.any()
+    cache.serve(0, 4)
+    assert cache.hbm.req_hit_blocks.tolist() == [0, 0, 2, 1] and cache.req_dram_hits.tolist() == [0, 0, 1, 1]
 
 
 def test_golden_lru_over_oracle_keeps_what_lru_drops() -> None:
