@@ -1,4 +1,5 @@
--- Next-turn probability (paper Fig 11): per window of $window_s seconds (by arrival) and category,
+-- Next-turn probability (paper Fig 11): per window of $window_s seconds (by arrival, counted from the
+-- first request) and category,
 -- how many requests are followed by a next turn (a later request naming them as parent), at all and
 -- within $window_s seconds of their arrival.
 WITH child AS (
@@ -7,7 +8,7 @@ WITH child AS (
     WHERE parent_chat_id >= 0
     GROUP BY parent_chat_id
 )
-SELECT CAST(floor(r.arrival_s / $window_s) AS BIGINT) AS window_idx,
+SELECT CAST(floor((r.arrival_s - (SELECT min(arrival_s) FROM requests)) / $window_s) AS BIGINT) AS window_idx,
        r.category,
        CASE WHEN r.turn IS NULL THEN NULL WHEN r.turn = 1 THEN 'single' ELSE 'multi' END AS turn_kind,
        count(*) AS num_requests,

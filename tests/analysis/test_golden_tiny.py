@@ -12,10 +12,14 @@ The fixture (see tests/fixtures/README.md), with prefix-chained blocks named by 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import polars as pl
 import pytest
 
-from tongyi_trace.analysis import AnalysisReport
+from tests.analysis.conftest import RunFactory
+from tongyi_trace.analysis import AnalysisReport, run_analyses
 from tongyi_trace.models import PRESETS
 
 
@@ -93,6 +97,15 @@ def test_next_turn(tiny_report: AnalysisReport) -> None:
     assert n["by_category"] == pytest.approx({"text-1": 0.5, "text-2": 1.0, "text-3+": 0.5, "search-1": 0.0})
     windows = tiny_report.results["next_turn"].tables["windows"]
     assert windows["window_idx"].unique().to_list() == [0]  # all within the first 600 s
+
+
+def test_next_turn_windows_count_from_the_first_request(tiny_report: AnalysisReport, tiny_bailian_path: Path,
+                                                        make_run: RunFactory) -> None:
+    # the same trace on a clock 599.5 s later: still one window (measured from 0, it straddled 600 s)
+    rows = [json.loads(line) for line in tiny_bailian_path.read_text().splitlines()]
+    late = make_run([{**r, "timestamp": r["timestamp"] + 599.5} for r in rows], "late")
+    got = run_analyses(late, only="next_turn").results["next_turn"].tables["windows"]
+    assert got.equals(tiny_report.results["next_turn"].tables["windows"])
 
 
 def test_reuse_time(tiny_report: AnalysisReport) -> None:

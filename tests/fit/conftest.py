@@ -78,7 +78,7 @@ def write_run(path: Path, requests: list[tuple[float, str | None, int | None, li
     (path / "provenance.json").write_text(json.dumps({
         "schema": "kvtrace.run/1", "source": "tests/fit generator", "sha256": "0" * 64, "format": "bailian",
         "block_size": block_size, "num_requests": n, "num_block_refs": len(chain),
-        "num_distinct_blocks": len(uniq), "duration_s": max(arrival, default=0.0),
+        "num_distinct_blocks": len(uniq), "duration_s": max(arrival, default=0.0) - min(arrival, default=0.0),
         "has_types": has_types, "has_turns": has_types, "has_users": False, "has_sessions": True,
         "turn_buckets": [1, 2, 3], "findings": {}, "finding_examples": {}, "created_by": "tests",
     }))

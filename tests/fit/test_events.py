@@ -40,7 +40,7 @@ def tiny(make_run: Callable[..., Path]) -> Path:
 def test_whole_trace_samples(tiny: Path) -> None:
     acc = load_accesses(open_run(tiny))
     assert acc.trace_end_s == 100.0
-    got = as_rows(window_samples(acc, parse_window(":", acc.trace_end_s, "--train")))
+    got = as_rows(window_samples(acc, parse_window(":", acc.trace_start_s, acc.trace_end_s, "--train")))
     assert got == {
         "text-1": [(10.0, True, 2)],
         "text-2": [(30.0, True, 3)],
@@ -51,13 +51,13 @@ def test_whole_trace_samples(tiny: Path) -> None:
 
 def test_window_censors_at_its_end(tiny: Path) -> None:
     acc = load_accesses(open_run(tiny))
-    got = as_rows(window_samples(acc, parse_window("0:30", acc.trace_end_s, "--train")))
+    got = as_rows(window_samples(acc, parse_window("0:30", acc.trace_start_s, acc.trace_end_s, "--train")))
     assert got == {
         "text-1": [(10.0, True, 2)],
         "text-2": [(20.0, False, 3)],  # next access at 40 > 30: censored at 30 - 10
         "file-1": [(15.0, False, 1)],  # next access at 100: censored at 30 - 15
     }
-    later = as_rows(window_samples(acc, parse_window("10:40", acc.trace_end_s, "--test")))
+    later = as_rows(window_samples(acc, parse_window("10:40", acc.trace_start_s, acc.trace_end_s, "--test")))
     assert later == {"text-2": [(30.0, True, 3)], "file-1": [(25.0, False, 1)]}  # reuse AT the end is seen
 
 
@@ -76,13 +76,18 @@ def test_block_lifespans(tiny: Path) -> None:
 ])
 def test_bad_windows(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        parse_window(text, 100.0, "--train")
+        parse_window(text, 0.0, 100.0, "--train")
 
 
 def test_window_defaults() -> None:
-    assert parse_window(":", 70.0, "--train") == Window(0.0, 70.0, include_end=True)
-    assert parse_window("5:", 70.0, "--train") == Window(5.0, 70.0, include_end=True)
-    assert parse_window(":30", 70.0, "--train") == Window(0.0, 30.0, include_end=False)
+    assert parse_window(":", 0.0, 70.0, "--train") == Window(0.0, 70.0, include_end=True)
+    assert parse_window("5:", 0.0, 70.0, "--train") == Window(5.0, 70.0, include_end=True)
+    assert parse_window(":30", 0.0, 70.0, "--train") == Window(0.0, 30.0, include_end=False)
+    # a trace whose clock starts at 900 s: the same options, counted from its first request
+    late = parse_window("5:30", 900.0, 970.0, "--train")
+    assert late == Window(905.0, 930.0, include_end=False, origin_s=900.0)
+    assert late.to_json() == {"start_s": 5.0, "end_s": 30.0} and str(late) == "5:30"
+    assert parse_window(":", 900.0, 970.0, "--train") == Window(900.0, 970.0, include_end=True, origin_s=900.0)
 
 
 def sql_events(run: Path) -> pl.DataFrame:

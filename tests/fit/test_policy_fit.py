@@ -40,7 +40,8 @@ def check_recovery(rows: list[dict]) -> None:
 def test_recovers_known_parameters_over_the_whole_trace(known_run: Path, tmp_path: Path) -> None:
     out = fit_policy(known_run, tmp_path / "policy.json")
     check_recovery(out.rows)
-    assert out.train.start_s == 0.0 and out.train.include_end
+    assert out.train.to_json()["start_s"] == 0.0 and out.train.include_end
+    assert out.train.start_s == out.train.origin_s > 0  # the first request's arrival
 
 
 def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path, tmp_path: Path) -> None:
@@ -51,7 +52,7 @@ def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path,
     # censoring matters there: ignoring it (p = share of accesses reused in the window, 1/lambda = mean
     # of the observed reuse times) misses both tolerances
     acc = load_accesses(open_run(known_run))
-    s = window_samples(acc, parse_window("0:4800", acc.trace_end_s, "--train"))["file-1"]
+    s = window_samples(acc, parse_window("0:4800", acc.trace_start_s, acc.trace_end_s, "--train"))["file-1"]
     naive_rate = s.num_observed / float(np.sum(s.time_s[s.observed] * s.count[s.observed]))
     assert naive_rate / KNOWN["file-1"][1] - 1 > 0.10
     assert KNOWN["file-1"][0] - s.num_observed / s.num_samples > 0.05
@@ -206,6 +207,22 @@ def test_empty_holdout_end_says_what_to_do(make_run: Callable[..., Path], tmp_pa
                        r"train window$"):
         fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1)
     assert fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1, holdout=0.0).policy.choices
+
+
+@pytest.mark.parametrize("train", [None, "0:60"])
+def test_a_trace_whose_clock_starts_late_fits_as_if_it_started_at_0(
+        make_run: Callable[..., Path], tmp_path: Path, train: str | None) -> None:
+    """Windows count from the first request: a slice of a longer trace, or one stamped with epoch seconds,
+    takes the same options and gives the same policy as the trace moved to start at 0 (the --holdout split
+    included: measured from 0 instead, its first part was empty and fit refused the trace)."""
+    reqs = [(5.0 * i, "text" if i % 3 else "file", 1 + i % 3, list(range(1, 2 + i % 4))) for i in range(24)]
+    late = [(1_700_000_000.0 + t, *rest) for t, *rest in reqs]
+    a = fit_policy(make_run(reqs, "early"), tmp_path / "a.json", train=train, capacities="2,4", min_samples=1)
+    b = fit_policy(make_run(late, "late"), tmp_path / "b.json", train=train, capacities="2,4", min_samples=1)
+    assert b.policy.categories == a.policy.categories and b.policy.default == a.policy.default
+    assert b.policy.choices == a.policy.choices and b.policy.window == a.policy.window
+    assert b.rows == a.rows and str(b.train) == str(a.train) == ("0:115" if train is None else "0:60")
+    assert b.train.start_s == 1_700_000_000.0
 
 
 def test_not_a_run_folder(tmp_path: Path) -> None:

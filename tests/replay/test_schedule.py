@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,16 @@ def test_times_scale_with_speedup_and_parents_link(tiny_run: Path) -> None:
     assert [r.parent_req_idx for r in s.requests] == [None, None, 0, None, 2, 4]
     assert [r.max_tokens for r in s.requests] == [10, 5, 8, 3, 4, 2]
     assert [r.category for r in s.requests] == ["text-1", "text-1", "text-2", "search-1", "text-3+", "text-3+"]
+
+
+def test_window_counts_from_the_first_request() -> None:
+    """--start and --duration are seconds from the trace's first request, whatever its clock reads."""
+    late = pl.DataFrame({"req_idx": [0, 1, 2], "session_id": [0, 0, 1], "parent_chat_id": [-1, 0, -1],
+                         "chat_id": [0, 1, 2], "arrival_s": [900.0, 901.0, 905.0], "input_tokens": [32, 48, 16],
+                         "output_tokens": [2, 3, 1], "category": ["text-1", "text-2", "text-1"]})
+    s = build_schedule(late, ScheduleOptions(start_s=1.0, duration_s=2.0), None)
+    assert [(r.req_idx, r.scheduled_s) for r in s.requests] == [(1, 0.0)] and s.num_in_window == 1
+    assert [r.req_idx for r in build_schedule(late, ScheduleOptions(), None).requests] == [0, 1, 2]
 
 
 def test_window_caps_and_too_long_are_counted(tiny_run: Path) -> None:

@@ -113,7 +113,7 @@ def _tables(outcome: FitOutcome) -> list[Table]:
     from rich.table import Table
 
     w = outcome.train
-    train = Table(title=f"reuse fit F(d) = p (1 - exp(-d / mean)), train window {w.start_s:g}-{w.end_s:g} s")
+    train = Table(title=f"reuse fit F(d) = p (1 - exp(-d / mean)), train window {w} s")
     for col in ("category", "samples", "p", "mean reuse s", "life s", "KS", "fallback"):
         train.add_column(col, justify="left" if col == "category" else "right")
     for r in outcome.rows:
@@ -124,7 +124,7 @@ def _tables(outcome: FitOutcome) -> list[Table]:
     if outcome.test is None:
         return [train]
     t = outcome.test
-    test = Table(title=f"held-out window {t.start_s:g}-{t.end_s:g} s: own fit, and KS of the train fit")
+    test = Table(title=f"held-out window {t} s: own fit, and KS of the train fit")
     for col in ("category", "samples", "p", "mean reuse s", "KS own", "KS train fit"):
         test.add_column(col, justify="left" if col == "category" else "right")
     for r in outcome.rows:

@@ -35,12 +35,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Window:
-    """A time window [start_s, end_s) in seconds from the trace start ([start_s, end_s] when the window
-    reaches the trace's end, so that the last requests' accesses count as samples)."""
+    """A time window [start_s, end_s) on the trace's clock (its arrival_s; [start_s, end_s] when the
+    window reaches the trace's end, so that the last requests' accesses count as samples). ORIGIN_S is
+    the trace's first arrival: users give and read windows in seconds from it (parse_window, to_json),
+    so a trace whose clock does not start at 0 (a slice, epoch timestamps) takes the same options."""
 
     start_s: float
     end_s: float
     include_end: bool = False
+    origin_s: float = 0.0
 
     def contains(self, t_s: np.ndarray) -> np.ndarray:
         """Mask of the times T_S inside the window."""
@@ -48,24 +51,31 @@ class Window:
         return (t_s >= self.start_s) & upper
 
     def to_json(self) -> dict[str, float]:
-        """{"start_s", "end_s"} as in the policy file."""
-        return {"start_s": self.start_s, "end_s": self.end_s}
+        """{"start_s", "end_s"} in seconds from the trace start, as in the policy file."""
+        return {"start_s": self.start_s - self.origin_s, "end_s": self.end_s - self.origin_s}
+
+    def __str__(self) -> str:
+        """START:END in seconds from the trace start, as the options take it."""
+        j = self.to_json()
+        return f"{j['start_s']:g}:{j['end_s']:g}"
 
 
-def parse_window(text: str, trace_end_s: float, option: str) -> Window:
-    """Parse START:END (seconds; either side may be empty: trace start / trace end)."""
+def parse_window(text: str, trace_start_s: float, trace_end_s: float, option: str) -> Window:
+    """Parse START:END, seconds from the trace start TRACE_START_S (its first arrival; either side may be
+    empty: the trace's start / end), into a Window on the trace's clock."""
     start_txt, sep, end_txt = text.partition(":")
     if not sep:
         raise UsageError(f"{option} {text!r}: expected START:END in seconds, e.g. {option} 0:3600")
     try:
         start_s = float(start_txt) if start_txt.strip() else 0.0
-        end_s = float(end_txt) if end_txt.strip() else trace_end_s
+        end_s = float(end_txt) if end_txt.strip() else trace_end_s - trace_start_s
     except ValueError:
         raise UsageError(f"{option} {text!r}: START and END must be numbers of seconds, "
                          f"e.g. {option} 0:3600") from None
     if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
         raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
-    return Window(start_s, end_s, include_end=end_s >= trace_end_s)
+    return Window(trace_start_s + start_s, trace_start_s + end_s,
+                  include_end=trace_start_s + end_s >= trace_end_s, origin_s=trace_start_s)
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,11 @@ class Accesses:
     pair_count: np.ndarray  # int64
     sorted_req: np.ndarray  # int64 per access, sorted by (chain_idx, req_idx)
     sorted_chain: np.ndarray  # int64 per access, same order
+
+    @property
+    def trace_start_s(self) -> float:
+        """Arrival time of the first request (the trace's clock)."""
+        return float(self.arrival_s.min()) if len(self.arrival_s) else 0.0
 
     @property
     def trace_end_s(self) -> float:

@@ -117,10 +117,13 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     with run.lock():
         prov = run.provenance()
         requests = run.requests()
-        last_s = float(requests["arrival_s"].to_numpy().max()) if requests.height else 0.0
-        trace_end_s = max(last_s, float(prov.get("duration_s") or 0.0))
-        train_w = parse_window(train, trace_end_s, "--train") if train else Window(0.0, trace_end_s, True)
-        test_w = parse_window(test, trace_end_s, "--test") if test else None
+        arrival_s = requests["arrival_s"].to_numpy()
+        start_s = float(arrival_s.min()) if requests.height else 0.0  # windows count from here
+        trace_end_s = max(float(arrival_s.max()) if requests.height else 0.0,
+                          start_s + float(prov.get("duration_s") or 0.0))
+        train_w = (parse_window(train, start_s, trace_end_s, "--train") if train
+                   else Window(start_s, trace_end_s, True, start_s))
+        test_w = parse_window(test, start_s, trace_end_s, "--test") if test else None
         ctx = fit_context(requests, train_w, context)
         step("linking block accesses")
         acc = load_accesses(run, ctx)
@@ -142,7 +145,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             categories=policy_cats,
             default=default,
             trace={k: prov.get(k) for k in ("source", "sha256", "format", "block_size", "run_id")},
-            window=train_w.to_json() | {"trace_end_s": trace_end_s},
+            window=train_w.to_json() | {"trace_end_s": trace_end_s - start_s},
             turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
             context=ctx,
         )
@@ -152,13 +155,14 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             if holdout > 0:
                 step("fitting the train window without its held-out end")
                 cut_s = train_w.start_s + (1.0 - holdout) * (train_w.end_s - train_w.start_s)
-                part_w, held_w = Window(train_w.start_s, cut_s), Window(cut_s, train_w.end_s, train_w.include_end)
+                part_w = Window(train_w.start_s, cut_s, origin_s=start_s)
+                held_w = Window(cut_s, train_w.end_s, train_w.include_end, start_s)
                 _nonempty(window_samples(acc, held_w), held_w, trace_end_s, "--holdout",
                           f"--holdout {holdout:g}: the held-out end of the train window "
-                          f"({held_w.start_s:g}:{held_w.end_s:g} s, where the setting per capacity is chosen)")
+                          f"({held_w} s, where the setting per capacity is chosen)")
                 part = _own_fits(_nonempty(window_samples(acc, part_w), part_w, trace_end_s, "--holdout",
                                            f"--holdout {holdout:g}: the part of the train window before its held-out "
-                                           f"end ({part_w.start_s:g}:{part_w.end_s:g} s)"),
+                                           f"end ({part_w} s)"),
                                  lambda done, total: count("fitting categories (held-out choice)", done, total))
                 cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
                                                 life_quantile, life_s)
@@ -222,8 +226,8 @@ def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option
     if not samples:
         fix = ("use --holdout 0 or a longer train window" if option == "--holdout"
                else f"give {option} a window inside the trace")
-        raise UsageError(f"{what or f'{option} {w.start_s:g}:{w.end_s:g}'}: no block access in this window "
-                         f"(the trace spans 0:{trace_end_s:g} s); {fix}")
+        raise UsageError(f"{what or f'{option} {w}'}: no block access in this window "
+                         f"(the trace spans 0:{trace_end_s - w.origin_s:g} s from its first request); {fix}")
     return samples
 
 

@@ -1,6 +1,7 @@
 """Which requests a replay sends, and when: the open-loop schedule.
 
-Definition. From requests.parquet in arrival order: keep arrivals in [start_s, start_s + duration_s);
+Definition. From requests.parquet in arrival order: keep arrivals in [start_s, start_s + duration_s),
+counted from the trace's first arrival (a trace whose clock does not start at 0 takes the same options);
 keep whole sessions whose deterministic hash (seed, session_id) falls below sample_sessions (the time
 pattern of the kept sessions is untouched); skip, and count, requests whose prompt + output exceed the
 server's max_model_len; take the first max_requests. Request i is due at
@@ -104,7 +105,7 @@ def build_schedule(requests: pl.DataFrame, opts: ScheduleOptions, max_model_len:
     """Select and time the requests of REQUESTS (requests.parquet) per OPTS."""
     _check(opts)
     df = requests.sort("req_idx")
-    lo = opts.start_s
+    lo = (float(df["arrival_s"].to_numpy().min()) if df.height else 0.0) + opts.start_s
     window = df.filter(pl.col("arrival_s") >= lo)
     if opts.duration_s is not None:
         window = window.filter(pl.col("arrival_s") < lo + opts.duration_s)
