@@ -102,6 +102,21 @@ def test_like_is_deterministic_and_cli_runs(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "exactly one of" in res.output
 
 
+def test_like_says_when_the_measured_trace_had_other_blocks(tmp_path: Path) -> None:
+    """A 512-token-block source (Mooncake) gives 16-token blocks: 32x the block counts, said in one line."""
+    path = tmp_path / "workload.json"
+    for block_size, note in ((512, True), (16, False)):
+        path.write_text(json.dumps({**_workload(200), "block_size": block_size}))
+        res = runner.invoke(app, ["synth", "--like", str(path), "-o", str(tmp_path / "t.jsonl"), "--json"])
+        doc = json.loads(res.stdout)
+        assert (doc["block_size"], doc["source_block_size"]) == (16, block_size)
+        res = runner.invoke(app, ["synth", "--like", str(path), "-o", str(tmp_path / "t.jsonl")])
+        assert res.exit_code == 0 and ("block counts are 32x finer" in res.output) == note, res.output
+    res = runner.invoke(app, ["synth", "--profile", "to-c", "--requests", "50", "-o", str(tmp_path / "p.jsonl"),
+                              "--json"])
+    assert json.loads(res.stdout)["source_block_size"] is None
+
+
 @pytest.mark.parametrize("edit, field", [
     ({"num_requests": "5"}, "'num_requests' must be a number"),
     ({"duration_s": float("inf")}, "'duration_s' must be a finite number"),

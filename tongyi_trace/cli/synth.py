@@ -73,12 +73,17 @@ def synth(
 
     t = Table(title=f"synthetic {summary.profile} trace -> {summary.path}", show_header=False)
     for k, v in summary.to_json().items():
-        if k in ("path", "profile"):
+        if k in ("path", "profile") or v is None:
             continue
         if isinstance(v, dict):
             v = ", ".join(f"{a} {b:.1%}" for a, b in v.items())
         t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
     console.print(t)
+    src = summary.source_block_size
+    if src is not None and src != summary.block_size:
+        console.print(f"note: the trace has {summary.block_size}-token blocks (the Qwen-Bailian format's), the "
+                      f"measured trace {src}-token ones: its block counts are {src / summary.block_size:g}x finer, "
+                      "so compare hit ratios, tokens and GiB, not blocks")
 
 
 def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, scale: float, json_out: bool,

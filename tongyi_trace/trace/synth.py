@@ -23,7 +23,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.run import check_not_run_table
 from tongyi_trace.trace.synth_api import ApiParams, draw_api
 from tongyi_trace.trace.synth_chat import ChatParams, ChatType, LongChat, draw_chat
-from tongyi_trace.trace.synth_core import SessionRequests, SynthTrace, assemble, write_jsonl
+from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SessionRequests, SynthTrace, assemble, write_jsonl
 
 MAX_REQUESTS = 20_000_000  # ~3 GB of JSONL at to-C sizes: a larger ask is a mistake, not a trace
 MAX_DURATION_S = 366 * 86_400.0
@@ -98,6 +98,8 @@ class SynthSummary:
     duration_s: float
     multi_turn_share: float  # requests with turn >= 2 (as request_mix counts them)
     type_share: dict[str, float]
+    block_size: int  # tokens per hash id written (synth_core.BLOCK_SIZE_TOKENS)
+    source_block_size: int | None = None  # --like: the measured trace's (None: a profile, or not recorded)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
@@ -136,8 +138,9 @@ def generate(profile: str, seed: int, num_requests: int | None = None, duration_
     return assemble(prof.draw(np.random.default_rng(seed), n, d))
 
 
-def summarize(trace: SynthTrace, path: Path, profile: str, seed: int) -> SynthSummary:
-    """Headline counts of a generated trace."""
+def summarize(trace: SynthTrace, path: Path, profile: str, seed: int,
+              source_block_size: int | None = None) -> SynthSummary:
+    """Headline counts of a generated trace (SOURCE_BLOCK_SIZE: --like's measured trace's block size)."""
     roots = trace.parent_chat_id < 0
     counts = np.bincount(trace.type_code, minlength=len(trace.type_names))
     span_ms = int(trace.arrival_ms.max() - trace.arrival_ms.min()) if trace.num_requests else 0
@@ -149,6 +152,7 @@ def summarize(trace: SynthTrace, path: Path, profile: str, seed: int) -> SynthSu
         multi_turn_share=float(np.mean(trace.turn >= 2)) if trace.num_requests else 0.0,
         type_share={name: float(c / trace.num_requests) for name, c in zip(trace.type_names, counts,
                                                                             strict=True) if c},
+        block_size=BLOCK_SIZE_TOKENS, source_block_size=source_block_size,
     )
 
 

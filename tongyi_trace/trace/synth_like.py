@@ -152,6 +152,7 @@ class Workload:
     lengths: dict[str, dict[str, list[float]]]
     session_rate_shape: list[float]
     prefix_share: float | None
+    block_size: int | None  # the measured trace's tokens per hash id (None: not recorded)
 
 
 def parse_workload(doc: Any, path: Path) -> Workload:
@@ -165,8 +166,8 @@ def parse_workload(doc: Any, path: Path) -> Workload:
     dur = _number(path, "duration_s", doc["duration_s"], 1e-3, MAX_DURATION_S)
     users = doc.get("num_users")
     num_users = None if users is None else int(_number(path, "num_users", users, 1, MAX_USERS, integer=True))
-    if "block_size" in doc:
-        _number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True)
+    block_size = (int(_number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True))
+                  if "block_size" in doc else None)
     if "turn_buckets" in doc:
         tb = _numbers(path, "turn_buckets", doc["turn_buckets"], 1, 1 << 20)
         if not tb or tb != sorted(set(tb)) or any(x != int(x) for x in tb):
@@ -202,7 +203,7 @@ def parse_workload(doc: Any, path: Path) -> Workload:
         shape = [1.0]
     prefix = doc.get("first_turn_prefix_hit_share")
     prefix_share = None if prefix is None else _number(path, "first_turn_prefix_hit_share", prefix, 0.0, 1.0)
-    return Workload(n, dur, num_users, types, turn_share, levels, lengths, shape, prefix_share)
+    return Workload(n, dur, num_users, types, turn_share, levels, lengths, shape, prefix_share, block_size)
 
 
 def load_workload(source: str | Path) -> Workload:
@@ -278,7 +279,7 @@ def synth_like(source: str | Path, seed: int, num_requests: int | None = None,
 def synth_like_to_file(source: str | Path, seed: int, out: str | Path, num_requests: int | None = None,
                        duration_s: float | None = None, scale: float = 1.0) -> SynthSummary:
     """Generate the --like trace of SOURCE and write it to OUT as Bailian JSONL."""
-    _, trace = synth_like(source, seed, num_requests, duration_s, scale)
+    wl, trace = synth_like(source, seed, num_requests, duration_s, scale)
     path = Path(out)
     write_jsonl(trace, path)
-    return summarize(trace, path, f"like:{Path(source).name}", seed)
+    return summarize(trace, path, f"like:{Path(source).name}", seed, wl.block_size)
