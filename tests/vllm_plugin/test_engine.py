@@ -278,3 +278,7 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     engine_hits = recs["cached_tokens"].to_numpy().astype(np.int64)
     assert int(np.asarray(lru).sum()) != int(np.asarray(predicted).sum()), "the choice must differ from LRU here"
     assert engine_hits.tolist() == np.asarray(predicted).tolist()
+    # the replay's own reconciliation simulates what the engine ran (the plugin's fitted), not LRU
+    rec = json.loads((run / "replay" / "fitted" / "summary.json").read_text())["reconciliation"]
+    assert rec["predicted_policy"] == "fitted" and "predicted_policy_note" not in rec
+    assert (rec["exact_share"], rec["predicted_hit_tokens"]) == (1.0, int(np.asarray(predicted).sum()))

@@ -44,13 +44,16 @@ def _render(res: ReplayResult) -> None:
     t.add_row("engine cached_tokens (records)", _fmt(s.get("records_hit_ratio"), pct=True))
     rec = s.get("reconciliation")
     if rec and "predicted_hit_ratio" in rec:
-        t.add_row("simulator LRU at engine capacity", _fmt(rec["predicted_hit_ratio"], pct=True))
+        pol = str(rec.get("predicted_policy", "lru"))
+        t.add_row(f"simulator {pol.upper()} at engine capacity", _fmt(rec["predicted_hit_ratio"], pct=True))
         t.add_row("trace ideal (unlimited cache)", _fmt(rec["ideal_hit_ratio"], pct=True))
     console.print(t)
     if rec and "exact_share" in rec:
         console.print(f"engine == simulator for {100 * rec['exact_share']:.1f}% of requests; mean |gap| "
                       f"{rec['mean_abs_gap_tokens']:.1f} tokens; engine - simulator "
                       f"{rec['engine_minus_predicted_pp']:+.2f} pp", highlight=False)
+        if rec.get("predicted_policy_note"):
+            console.print(f"note: {rec['predicted_policy_note']}", highlight=False)
     elif s.get("reconciliation_note"):
         console.print(f"reconciliation skipped: {s['reconciliation_note']}", highlight=False)
     if rec and rec.get("per_instance"):

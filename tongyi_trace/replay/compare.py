@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
+from tongyi_trace.replay.reconcile import guard_params, predict_hits
 from tongyi_trace.run import RunDir, check_identity, open_run, write_json
 from tongyi_trace.schemas import COMPARE_SCHEMA
 from tongyi_trace.vllm_plugin.stats import read_stats
@@ -123,30 +123,10 @@ def _ok_records(replay_dir: Path) -> pl.DataFrame:
     return read_records(replay_dir / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
 
 
-def guard_params(plugin: dict[str, Any] | None) -> dict[str, Any]:
-    """WA's guard and refit parameters (WaParams names) that the plugin behind PLUGIN (its stats) was started
-    with, whatever policy it ran; none recorded (no plugin, or a stats file older than the settings): {} =
-    WA's defaults, what the plugin runs unless told."""
-    settings = (plugin or {}).get("guard_settings")
-    return dict(settings) if isinstance(settings, dict) else {}
-
-
 def _predict(run: RunDir, recs: pl.DataFrame, policy: str, params: PolicyParams | None,
              block_size: int, num_gpu_blocks: int, guard: dict[str, Any]) -> float:
-    """Simulator token hit ratio of POLICY on RECS (as the replay's reconciliation calls it); WA (or fitted)
-    with the guard and refit parameters GUARD."""
-    from tongyi_trace.sim.engine_model import predict_request_hits
-
-    req_idx = recs["req_idx"].to_numpy().astype(np.int64)
-    out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    if policy == "lru" or params is None:
-        hits = np.asarray(predict_request_hits(run, req_idx, block_size, num_gpu_blocks,
-                                               policy=policy, params=params, output_tokens=out_tok))
-    else:
-        from tongyi_trace.guard.simulate import predict_guarded
-
-        hits = predict_guarded(run, req_idx, block_size, num_gpu_blocks, policy, params, guard,
-                               out_tok).result.req_hit_tokens
+    """Simulator token hit ratio of POLICY on RECS, as the replay's reconciliation predicts it."""
+    hits = predict_hits(run, recs, block_size, num_gpu_blocks, policy, params, guard)
     prompt = int(recs["prompt_tokens"].sum() or 0)
     return float(hits.sum()) / prompt if prompt else 0.0
 

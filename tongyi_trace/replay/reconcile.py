@@ -3,8 +3,11 @@
 Definition. For the requests that completed, in the order they were sent, at the ENGINE's block size:
   ideal_hit_tokens     = tongyi_trace.sim.engine_model.predict_request_hits(..., num_engine_blocks=None)
                          (unlimited cache: every full engine block computed before is reused),
-  predicted_hit_tokens = the same with LRU at the engine's num_gpu_blocks (the model takes off vLLM's
-                         null block) and the output tokens the engine generated,
+  predicted_hit_tokens = the same at the engine's num_gpu_blocks (the model takes off vLLM's null block)
+                         and the output tokens the engine generated, under the policy the engine ran
+                         (`engine_policy`): LRU for stock vLLM, the plugin's wa or fitted with its policy
+                         file and guard settings (predict_guarded, the engine's guard step per request),
+  predicted_policy     = that policy's name (aggregate),
   engine_cached_tokens = usage.prompt_tokens_details.cached_tokens reported by the engine.
 Aggregates: token hit ratios of the three, exact-agreement share, mean absolute gap, and the requests
 where engine and prediction disagree most. No peer puts these side by side (peers.md, point 1).
@@ -18,6 +21,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tongyi_trace.errors import InputError
+from tongyi_trace.fit.params import PolicyParams, load_policy
 from tongyi_trace.run import RunDir
 
 RECONCILE_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -35,18 +40,62 @@ class Reconciliation:
     aggregate: dict[str, Any]
 
 
-def reconcile(run: RunDir, ok_records: pl.DataFrame, engine_block_size: int, num_gpu_blocks: int,
-              num_worst: int = 20) -> Reconciliation:
-    """Build the reconciliation of OK_RECORDS (status ok, any order) against the simulator."""
+def guard_params(plugin: dict[str, Any] | None) -> dict[str, Any]:
+    """WA's guard and refit parameters (WaParams names) that the plugin behind PLUGIN (its stats) was started
+    with, whatever policy it ran; none recorded (no plugin, or a stats file older than the settings): {} =
+    WA's defaults, what the plugin runs unless told."""
+    settings = (plugin or {}).get("guard_settings")
+    return dict(settings) if isinstance(settings, dict) else {}
+
+
+def engine_policy(plugin: dict[str, Any] | None) -> tuple[str, PolicyParams | None, str | None]:
+    """(policy, policy file, note) the engine ran, from the plugin's stats PLUGIN (None: stock vLLM, LRU):
+    the plugin's wa or fitted with the policy file it loaded; LRU, with a note saying why, when that file
+    cannot be read or the plugin ran a mode the prediction does not model."""
+    mode = str((plugin or {}).get("mode") or "lru")
+    if mode == "lru":
+        return "lru", None, None
+    if mode not in ("wa", "fitted"):
+        return "lru", None, f"the plugin ran {mode}: predicted as LRU"
+    path = (plugin or {}).get("policy_path")
+    if not path:
+        return "lru", None, f"the plugin ran {mode} without a recorded policy file: predicted as LRU"
+    try:
+        return mode, load_policy(path), None
+    except InputError as e:
+        return "lru", None, f"the plugin's policy file is unreadable ({e}): predicted as LRU"
+
+
+def predict_hits(run: RunDir, recs: pl.DataFrame, engine_block_size: int, num_gpu_blocks: int | None,
+                 policy: str = "lru", params: PolicyParams | None = None,
+                 guard: dict[str, Any] | None = None) -> np.ndarray:
+    """Simulator hit tokens of each of RECS (completed records, in send order) on the engine: LRU (None
+    blocks: the unlimited cache), or the plugin's wa / fitted with PARAMS and the guard settings GUARD."""
     from tongyi_trace.sim.engine_model import predict_request_hits
 
+    req_idx = recs["req_idx"].to_numpy().astype(np.int64)
+    out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
+    if policy == "lru" or params is None or num_gpu_blocks is None:
+        hits = predict_request_hits(run, req_idx, engine_block_size, num_gpu_blocks, policy="lru",
+                                    output_tokens=out_tok)
+    else:
+        from tongyi_trace.guard.simulate import predict_guarded
+
+        hits = predict_guarded(run, req_idx, engine_block_size, num_gpu_blocks, policy, params, guard or {},
+                               out_tok).result.req_hit_tokens
+    return np.asarray(hits, dtype=np.int64)
+
+
+def reconcile(run: RunDir, ok_records: pl.DataFrame, engine_block_size: int, num_gpu_blocks: int,
+              num_worst: int = 20, plugin: dict[str, Any] | None = None) -> Reconciliation:
+    """Build the reconciliation of OK_RECORDS (status ok, any order) against the simulator running what
+    the engine ran (PLUGIN: the plugin's stats over the replay; None: stock vLLM)."""
     recs = ok_records.sort("sent_s")
     req_idx = recs["req_idx"].to_numpy().astype(np.int64)
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    ideal = np.asarray(predict_request_hits(run, req_idx, engine_block_size, None, policy="lru",
-                                            output_tokens=out_tok), dtype=np.int64)
-    pred = np.asarray(predict_request_hits(run, req_idx, engine_block_size, num_gpu_blocks, policy="lru",
-                                           output_tokens=out_tok), dtype=np.int64)
+    policy, params, note = engine_policy(plugin)
+    ideal = predict_hits(run, recs, engine_block_size, None)
+    pred = predict_hits(run, recs, engine_block_size, num_gpu_blocks, policy, params, guard_params(plugin))
     engine = recs["cached_tokens"].to_numpy().astype(np.int64)
     table = pl.DataFrame({
         "order": np.arange(len(recs), dtype=np.int64), "req_idx": req_idx, "category": recs["category"],
@@ -54,7 +103,10 @@ def reconcile(run: RunDir, ok_records: pl.DataFrame, engine_block_size: int, num
         "predicted_hit_tokens": pred, "engine_cached_tokens": engine, "engine_minus_predicted": engine - pred,
         "ttft_ms": recs["ttft_ms"],
     }, schema=RECONCILE_SCHEMA)
-    return Reconciliation(table, aggregate_reconciliation(table, num_worst))
+    agg = {"predicted_policy": policy, **aggregate_reconciliation(table, num_worst)}
+    if note:
+        agg["predicted_policy_note"] = note
+    return Reconciliation(table, agg)
 
 
 def aggregate_reconciliation(table: pl.DataFrame, num_worst: int = 20) -> dict[str, Any]:

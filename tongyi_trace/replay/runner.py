@@ -355,8 +355,9 @@ def _reconcile_only(run: RunDir, name: str) -> ReplayResult:
     summary.update(_record_figures(recs, _num_scheduled(summary)))
     summary.setdefault("metrics", _no_metrics())
     ok = recs.filter(pl.col("status") == "ok")
+    plugin = summary.get("plugin") if isinstance(summary.get("plugin"), dict) else None
     summary["reconciliation"], summary["reconciliation_note"] = _reconcile(run, out_dir, ok, engine or {},
-                                                                          summary.get("servers"))
+                                                                          summary.get("servers"), plugin)
     run.write_artifact(summary_path, summary)
     return ReplayResult(out_dir, summary)
 
@@ -438,8 +439,8 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
     run.write_artifact(out_dir / "summary.json", summary)
     try:
         with stop_signals_interrupt():
+            summary["plugin"] = _plugin_window(stats_path, stats_before)  # what the engine ran: reconciled with
             summary.update(_engine_side(run, out_dir, infos, opts, recs, summary))
-            summary["plugin"] = _plugin_window(stats_path, stats_before)
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
         summary["error"] = summary["error"] or "stopped while reading the engine's final figures"
@@ -466,7 +467,7 @@ def _engine_side(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: Repl
         run.write_artifact(out_dir / "cost_model.json", cost)
         run.write_artifact(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
     out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, summary["engine"],
-                                                                   summary.get("servers"))
+                                                                   summary.get("servers"), summary.get("plugin"))
     return out
 
 
@@ -479,7 +480,8 @@ def _metrics_delta(info: ServerInfo, after: MetricsSnapshot | None) -> dict[str,
 
 
 def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, Any],
-               servers: list[str] | None = None) -> tuple[dict[str, Any] | None, str | None]:
+               servers: list[str] | None = None, plugin: dict[str, Any] | None = None,
+               ) -> tuple[dict[str, Any] | None, str | None]:
     bs, nb = engine.get("block_size"), engine.get("num_gpu_blocks")
     if bs is None or nb is None:
         return None, ("the server exported no vllm:cache_config_info (block size, block count): pass "
@@ -495,7 +497,7 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, A
             routing = pl.read_parquet(out_dir / "routing.parquet")
             rec = reconcile_fleet(run, ok, routing, servers, int(bs), int(nb))
         else:
-            rec = reconcile(run, ok, int(bs), int(nb))
+            rec = reconcile(run, ok, int(bs), int(nb), plugin=plugin)
     except ImportError as e:
         return None, f"simulator engine model unavailable ({e})"
     except KvtraceError as e:

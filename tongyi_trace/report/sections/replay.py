@@ -1,5 +1,5 @@
 """Section(s): live replays against a vLLM server, one section per RUN_DIR/replay/NAME/: the run's
-figures, the reconciliation of ideal, simulated (LRU) and engine-reported hits per request, TTFT
+figures, the reconciliation of ideal, simulated (the policy the engine ran) and engine-reported hits per request, TTFT
 distributions, TTFT vs uncached tokens with the fitted cost model, and the WA plugin's counters when
 it ran. Artifacts: summary.json, records.jsonl, reconcile.parquet, plugin_stats.json
 (docs/artifacts/replay.md, docs/artifacts/compare.md)."""
@@ -46,7 +46,8 @@ def _replay_section(d: Path, index: int) -> Section:
                 definition="Each trace block id becomes a fixed list of token ids (same id, same tokens); requests "
                            "are sent at the trace's timestamps (divided by the speedup) with their output "
                            "length forced; the engine's cached_tokens per request is compared with the "
-                           "simulator's LRU prediction at the engine's block size and block count.")
+                           "simulator's prediction of the policy the engine ran (LRU for stock vLLM, the "
+                           "plugin's policy with its file and guard) at the engine's block size and block count.")
     records = read_records(d / "records.jsonl")
     ok = records.filter(pl.col("status") == "ok")
     counts = doc.get("counts") or {}
@@ -94,7 +95,8 @@ def _replay_section(d: Path, index: int) -> Section:
     s.headline = [Headline(f"engine hit ratio, replay {name}", fmt.ratio(doc.get("records_hit_ratio")))]
     if rec is not None:
         s.headline += [
-            Headline(f"simulator LRU prediction, replay {name}", fmt.ratio(rec.get("predicted_hit_ratio"))),
+            Headline(f"simulator {_predicted(rec)} prediction, replay {name}",
+                     fmt.ratio(rec.get("predicted_hit_ratio"))),
             Headline(f"requests where engine = simulator, replay {name}", fmt.pct(rec.get("exact_share"))),
         ]
     s.headline.append(Headline(f"TTFT P50 / P99, replay {name}", _ms_pair(doc.get("ttft_ms"))))
@@ -102,6 +104,11 @@ def _replay_section(d: Path, index: int) -> Section:
     if plugin:
         _plugin(s, plugin)
     return s
+
+
+def _predicted(rec: dict[str, Any]) -> str:
+    """The policy the reconciliation simulated: what the engine ran (LRU in summaries older than the field)."""
+    return str(rec.get("predicted_policy") or "lru").upper()
 
 
 def _throughput(t: dict[str, Any] | None) -> str:
@@ -129,11 +136,11 @@ def _ms_pair(d: dict[str, Any] | None) -> str:
 def _reconciliation(s: Section, d: Path, rec: dict[str, Any]) -> None:
     s.tables["reconcile"] = Table(columns=["", "hit tokens", "hit ratio (of prompt tokens)"], rows=[
         ["ideal (unlimited cache)", fmt.count(rec.get("ideal_hit_tokens")), fmt.ratio(rec.get("ideal_hit_ratio"))],
-        ["simulator (LRU, engine's blocks)", fmt.count(rec.get("predicted_hit_tokens")),
+        [f"simulator ({_predicted(rec)}, engine's blocks)", fmt.count(rec.get("predicted_hit_tokens")),
          fmt.ratio(rec.get("predicted_hit_ratio"))],
         ["engine (cached_tokens)", fmt.count(rec.get("engine_cached_tokens")), fmt.ratio(rec.get("engine_hit_ratio"))],
     ])
-    s.values.update({"exact_share": fmt.pct(rec.get("exact_share")),
+    s.values.update({"exact_share": fmt.pct(rec.get("exact_share")), "predicted_policy": _predicted(rec),
                      "gap_pp": fmt.num(rec.get("engine_minus_predicted_pp")),
                      "num_above": fmt.count(rec.get("num_engine_above")),
                      "num_below": fmt.count(rec.get("num_engine_below")),
@@ -156,7 +163,7 @@ def _reconciliation(s: Section, d: Path, rec: dict[str, Any]) -> None:
                    fmt.count(w.get("engine_minus_predicted"))] for w in worst])
     table = read_parquet(d / "reconcile.parquet", REMEDY)
     if table is not None and table.height:
-        s.figures["reconcile"] = _reconcile_scatter(table)
+        s.figures["reconcile"] = _reconcile_scatter(table, _predicted(rec))
 
 
 def _thin(df: pl.DataFrame, max_rows: int = MAX_SCATTER_POINTS) -> pl.DataFrame:
@@ -164,10 +171,10 @@ def _thin(df: pl.DataFrame, max_rows: int = MAX_SCATTER_POINTS) -> pl.DataFrame:
     return df if df.height <= max_rows else df.gather_every(-(-df.height // max_rows))
 
 
-def _reconcile_scatter(t: pl.DataFrame) -> Fig:
+def _reconcile_scatter(t: pl.DataFrame, policy: str) -> Fig:
     t = _thin(t.sort("order"))
     top = float(max(t["predicted_hit_tokens"].max() or 0, t["engine_cached_tokens"].max() or 0, 1))  # type: ignore[arg-type]
-    fig = new_figure(x_title="simulator predicted hit tokens (LRU)", y_title="engine cached_tokens")
+    fig = new_figure(x_title=f"simulator predicted hit tokens ({policy})", y_title="engine cached_tokens")
     fig.add_scatter(x=[0, top], y=[0, top], mode="lines", name="engine = simulator",
                     line={"dash": "dot", "color": "#999"})
     fig.add_scatter(x=t["predicted_hit_tokens"].to_numpy(), y=t["engine_cached_tokens"].to_numpy(), mode="markers",
