@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import polars as pl
+from pathlib import Path
 
+import polars as pl
+import pytest
+
+from tongyi_trace.fit.policy_fit import fit_policy
 from tongyi_trace.report.sections import sim
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunDir, open_run
+from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
+from tongyi_trace.trace.ingest import ingest_trace
 
 
 def _results(rows: list[tuple[str, str, int, float]]) -> pl.DataFrame:
@@ -42,3 +48,25 @@ def test_report_says_whether_the_exported_policy_beats_lru(evil_run: RunDir) -> 
     else:
         assert verdict.endswith("at least as good as LRU at every simulated capacity.")
     assert "orphans" in section.tables  # orphaned references per policy
+
+
+def test_headline_gives_the_policy_files_gain_beside_was(tiny_bailian_path: Path,
+                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The headline's first rows quote the paper's WA; the tool's answer is the fitted choice: its gain over
+    the best baseline at the smallest and largest capacity follows them, as the gain table computes it."""
+    out = tmp_path_factory.mktemp("fitted_run")
+    ingest_trace(tiny_bailian_path, out)
+    fit_policy(out, out / "fit" / "policy.json", min_samples=2, holdout=0.0, capacities="2,4")
+    simulate_run(out, SimulateOptions(policies="lru,s3fifo,wa,fitted", capacities="2,4",
+                                      params_path=out / "fit" / "policy.json", jobs=1))
+    [section] = sim.build(open_run(out))
+    got = {h.label: h.value for h in section.headline}
+    results = sim._results(out / "sim")
+    assert results is not None
+    caps = results.select("capacity", "capacity_blocks").unique(maintain_order=True).sort("capacity_blocks")
+    gains = sim._policy_gains(results, caps, "fitted")
+    assert list(got)[:2] == ["WA - best baseline, smallest capacity (2)", "WA - best baseline, largest capacity (4)"]
+    assert got["fitted (the policy file's choice) - best baseline, smallest capacity (2)"] == \
+        f"{100 * gains[0]['vs_best']:+.2f} points"
+    assert got["fitted (the policy file's choice) - best baseline, largest capacity (4)"] == \
+        f"{100 * gains[-1]['vs_best']:+.2f} points"

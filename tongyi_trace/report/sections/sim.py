@@ -116,6 +116,10 @@ def build(run: RunDir) -> list[Section]:
             Headline(f"WA - best baseline, largest capacity ({gains[-1]['capacity']})",
                      f"{s.values['gain_large']} points"),
         ]
+    if policy_gain and exported == FITTED:  # the tool's answer: what the policy file chose per capacity
+        for g, which in ((policy_gain[0], "smallest"), (policy_gain[-1], "largest")):
+            s.headline.append(Headline(f"fitted (the policy file's choice) - best baseline, {which} capacity "
+                                       f"({g['capacity']})", f"{100 * g['vs_best']:+.2f} points"))
     return [s]
 
 
