@@ -439,7 +439,7 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
     run.write_artifact(out_dir / "summary.json", summary)
     try:
         with stop_signals_interrupt():
-            summary["plugin"] = _plugin_window(stats_path, stats_before)  # what the engine ran: reconciled with
+            summary["plugin"] = _plugin_window(stats_path, stats_before)  # first: the reconciliation simulates it
             summary.update(_engine_side(run, out_dir, infos, opts, recs, summary))
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
