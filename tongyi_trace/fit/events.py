@@ -74,8 +74,8 @@ def parse_window(text: str, trace_start_s: float, trace_end_s: float, option: st
                          f"e.g. {option} 0:3600") from None
     if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
         raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
-    return Window(trace_start_s + start_s, trace_start_s + end_s,
-                  include_end=trace_start_s + end_s >= trace_end_s, origin_s=trace_start_s)
+    end_abs_s = trace_start_s + end_s if end_txt.strip() else trace_end_s  # no round trip through the offset
+    return Window(trace_start_s + start_s, end_abs_s, include_end=end_abs_s >= trace_end_s, origin_s=trace_start_s)
 
 
 @dataclass(frozen=True)
