@@ -18,11 +18,13 @@ The priority is compared as a natural logarithm, so that it never underflows to 
 (exp(-lambda t) is 0.0 in floating point past lambda t = 745). Blocks with no chance of reuse get -inf.
 
 The eviction order is TOTAL and shared: the victim is the block with the smallest key
-    (log ReuseProb, -offset, last access, block id)
+    (log ReuseProb, -offset, last access, block key)
 i.e. lowest priority first; on equal priority the deeper block (larger offset); then the one accessed
-longest ago; then the smaller block id. Only the last key can differ between the simulator (dense ids)
-and an engine (physical block ids), and it is reached only when two blocks share category, time and
-offset, which needs two requests of one category arriving at the same instant.
+longest ago; then the smaller block key: the simulator's block id. The engine knows it when the request
+sends it (`kvtrace replay` sends every request's as kv_block_keys), so both break exact ties alike; a
+block without one comes after, by vLLM's block id (vllm_plugin/queue.py). Exact ties are common where
+requests share a timestamp (traces stamped to the second) and categories share a model (the fit pools
+thin categories).
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ def km_grid_s() -> list[float]:
     return [0.0] + [KM_T0_S * KM_RATIO**k for k in range(KM_NUM - 1)]
 
 
+KM_GRID_S = tuple(km_grid_s())
+
+
 def km_cdf(table: object, d_s: float) -> float:
     """F(d_s) from a table of F at km_grid_s() (linear interpolation; flat past the last point; d_s = inf
-    allowed: the unbounded window of use_life=False)."""
+    allowed: the unbounded window of use_life=False). The grid points are read from KM_GRID_S and the
+    segment is settled by comparing with them, so that the compiled copy (whose power and logarithm may
+    round differently) gives the same float as this one: equal priorities stay equal in both."""
     vals = table  # any indexable of KM_NUM floats (a list in the plugin, a numpy row in the simulator)
     if d_s == math.inf:
         return vals[KM_NUM - 1]  # type: ignore[index]
@@ -54,14 +61,17 @@ def km_cdf(table: object, d_s: float) -> float:
         return vals[0]  # type: ignore[index]
     if d_s < KM_T0_S:
         return vals[0] + (vals[1] - vals[0]) * (d_s / KM_T0_S)  # type: ignore[index]
-    k = int(math.log(d_s / KM_T0_S) / math.log(KM_RATIO))
-    if k >= KM_NUM - 2:
+    if d_s >= KM_GRID_S[KM_NUM - 1]:
         return vals[KM_NUM - 1]  # type: ignore[index]
-    lo = KM_T0_S * KM_RATIO**k
-    hi = lo * KM_RATIO
-    frac = (d_s - lo) / (hi - lo)
-    frac = min(max(frac, 0.0), 1.0)
-    return vals[k + 1] + (vals[k + 2] - vals[k + 1]) * frac  # type: ignore[index]
+    # the segment [grid[i], grid[i + 1]) holding d_s: a guess from the logarithm, settled on the grid
+    i = min(max(int(math.log(d_s / KM_T0_S) / math.log(KM_RATIO)) + 1, 1), KM_NUM - 2)
+    while i > 1 and d_s < KM_GRID_S[i]:
+        i -= 1
+    while i < KM_NUM - 2 and d_s >= KM_GRID_S[i + 1]:
+        i += 1
+    lo = KM_GRID_S[i]
+    frac = (d_s - lo) / (KM_GRID_S[i + 1] - lo)
+    return vals[i] + (vals[i + 1] - vals[i]) * frac  # type: ignore[index]
 
 
 def exp_cdf(p: float, rate_per_s: float, d_s: float) -> float:
@@ -130,8 +140,8 @@ def reuse_prob(p: float, rate_per_s: float, t_s: float, life_s: float, use_life:
     return math.exp(log_reuse_prob(MODEL_EXP, p, rate_per_s, None, t_s, life_s, use_life, conditional))
 
 
-def evicts_before(prio_a: float, offset_a: int, last_a: float, id_a: int,
-                  prio_b: float, offset_b: int, last_b: float, id_b: int, use_offset: bool) -> bool:
+def evicts_before(prio_a: float, offset_a: int, last_a: float, key_a: int,
+                  prio_b: float, offset_b: int, last_b: float, key_b: int, use_offset: bool) -> bool:
     """True when block a comes before block b in the total eviction order (a is evicted first)."""
     if prio_a != prio_b:
         return prio_a < prio_b
@@ -139,4 +149,4 @@ def evicts_before(prio_a: float, offset_a: int, last_a: float, id_a: int,
         return offset_a > offset_b  # -offset: the deeper block has the lower priority
     if last_a != last_b:
         return last_a < last_b
-    return id_a < id_b
+    return key_a < key_b

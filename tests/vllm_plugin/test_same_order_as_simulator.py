@@ -63,7 +63,9 @@ class MiniPool:
         self.num_orphans = 0  # blocks still cached although their parent was evicted
 
 
-    def serve(self, chain_ids: list[int], category: str, time_s: float) -> int:
+    def serve(self, chain_ids: list[int], category: str, time_s: float, keys: list[int] | None = None) -> int:
+        """Serve one request; KEYS: its kv_block_keys (the simulator's ids of its blocks), as kvtrace
+        replay sends them."""
         q = self.queue
         q.observe_time(time_s)
         hits: list[Block] = []
@@ -86,7 +88,7 @@ class MiniPool:
             b.block_hash = cid
             self.cached[cid] = b
         blocks = hits + new
-        q.note_request(blocks, category, time_s)
+        q.note_request(blocks, category, time_s, keys)
         q.append_n(list(reversed(blocks)))
         return len(hits)
 
@@ -115,6 +117,20 @@ def workload(seed: int, num_sessions: int, max_turns: int, ties: bool = False, s
     return [e[1] for e in events], [e[0] for e in events], [e[2] for e in events]
 
 
+def simulator_ids(requests: list[list[int]]) -> list[list[int]]:
+    """The simulator's id of every block of REQUESTS (what kvtrace replay sends as kv_block_keys)."""
+    from tongyi_trace.sim.stream import stream_from_lists
+
+    s = stream_from_lists(requests)
+    return [s.blk[a:b].tolist() for a, b in zip(s.req_off[:-1], s.req_off[1:], strict=True)]
+
+
+def plugin_hits(pool: MiniPool, requests: list[list[int]], times: list[float], cats: list[str]) -> list[int]:
+    """The hit blocks of each request served through POOL, each sending its kv_block_keys."""
+    return [pool.serve(r, c, t, k)
+            for r, t, c, k in zip(requests, times, cats, simulator_ids(requests), strict=True)]
+
+
 def simulated_hits(requests: list[list[int]], times: list[float], cats: list[str], capacity: int,
                    policy: str, variant: dict[str, object] | None = None,
                    params: dict[str, CategoryParams] = PARAMS) -> list[int]:
@@ -138,23 +154,40 @@ def _prefix_closed(policy: str, variant: dict[str, object]) -> bool:
     return policy == "lru" or leaf_only is True
 
 
+# "other" shares "hot"'s model, as categories pooled by the fit do: with TIES their queue heads are exactly
+# equal in priority, offset and last access, and only the block key decides
+POOLED = {**PARAMS, "other": PARAMS["hot"]}
+
+
 @settings(max_examples=240, deadline=None)
 @given(seed=st.integers(0, 10_000), capacity=st.integers(12, 60), ties=st.booleans(), shared=st.booleans(),
-       case=st.sampled_from(CASES))
-def test_plugin_queue_gives_the_simulators_hits(seed: int, capacity: int, ties: bool, shared: bool,
+       pooled=st.booleans(), case=st.sampled_from(CASES))
+def test_plugin_queue_gives_the_simulators_hits(seed: int, capacity: int, ties: bool, shared: bool, pooled: bool,
                                                 case: tuple[str, dict[str, object]]) -> None:
     policy, variant = case
+    params = POOLED if pooled else PARAMS
     requests, times, cats = workload(seed, num_sessions=12, max_turns=5, ties=ties, shared=shared)
     assume(max(len(r) for r in requests) <= capacity)
-    pool = MiniPool(capacity, policy, variant)
-    plugin = [pool.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)]
+    pool = MiniPool(capacity, policy, variant, params)
+    plugin = plugin_hits(pool, requests, times, cats)
     if _prefix_closed(policy, variant):
         assert pool.num_orphans == 0  # prefix closure: a cached block always has its parent
     else:
         # A block cached while its parent was evicted: vLLM recomputes it in a new block, the simulator
         # touches the cached copy; the engine model's business, not the eviction order's.
         assume(pool.num_orphans == 0)
-    assert plugin == simulated_hits(requests, times, cats, capacity, policy, variant)
+    assert plugin == simulated_hits(requests, times, cats, capacity, policy, variant, params)
+
+
+def test_pooled_ties_break_by_the_simulators_block_id() -> None:
+    """Golden: two pooled categories' heads tie on priority, offset and last access; the simulator's block
+    id decides, which the plugin knows only from kv_block_keys (vLLM's block ids come in another order)."""
+    requests, times, cats = workload(1, num_sessions=12, max_turns=5, ties=True, shared=True)
+    sim = simulated_hits(requests, times, cats, 20, "wa", {}, POOLED)
+    pool = MiniPool(20, "wa", {}, POOLED)
+    assert plugin_hits(pool, requests, times, cats) == sim
+    unkeyed = MiniPool(20, "wa", {}, POOLED)
+    assert [unkeyed.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)] != sim
 
 
 @settings(max_examples=60, deadline=None)
@@ -182,7 +215,7 @@ def test_wa_over_many_categories_gives_the_simulators_hits(seed: int, capacity: 
                                      categories=(*params, "unknown"))
     assume(max(len(r) for r in requests) <= capacity)
     pool = MiniPool(capacity, "wa", variant, params)
-    plugin = [pool.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)]
+    plugin = plugin_hits(pool, requests, times, cats)
     assert pool.num_orphans == 0
     assert plugin == simulated_hits(requests, times, cats, capacity, "wa", variant, params)
 
@@ -198,7 +231,7 @@ def test_fitted_mode_runs_the_choice_nearest_the_pool(chosen: str) -> None:
         requests, times, cats = workload(seed, num_sessions=12, max_turns=5, shared=True)
         pool = MiniPool(capacity, "fitted", {"choices": choices})
         assert (pool.queue.policy.mode, pool.queue.policy.leaf_only) == (chosen, True)
-        plugin = [pool.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)]
+        plugin = plugin_hits(pool, requests, times, cats)
         assert pool.num_orphans == 0
         assert plugin == simulated_hits(requests, times, cats, capacity, chosen, params)
 

@@ -15,8 +15,10 @@ append_n, prepend_n, get_all_free_blocks, iter_blocks_after, num_free_blocks) an
   multiplied by `time_scale` (trace seconds per wall second);
 - eviction picks among the cached blocks with the mode's rule:
   * `wa`   (paper section 4.2): compare the W queue heads in the total order of
-    tongyi_trace.wa_priority (log ReuseProb_w(t, life), -offset, last access, block id), the model
-    (exp or km), conditional and life window as the policy file says; the first goes.
+    tongyi_trace.wa_priority (log ReuseProb_w(t, life), -offset, last access, block key), the model
+    (exp or km), conditional and life window as the policy file says; the first goes. The block key
+    is the simulator's id of the block when its request sent one (`vllm_xargs` "kv_block_keys", sent
+    by `kvtrace replay`), so that exact ties break as in the simulator; else UNKEYED + vLLM's block id.
   * `lru`  the least recently freed block (the global LRU head is one of the W heads): vLLM's own order.
   * `fifo` the block that entered the cache first (a hit does not move it).
   * `s3fifo` S3-FIFO (small + main FIFO + ghost), see s3fifo.py.
@@ -51,6 +53,7 @@ DEFAULT_CATEGORY = "default"
 _NOT_FREE = -2
 _UNCACHED = -1
 _HELD = -3  # leaf_only: chosen while it had cached children
+UNKEYED = 1 << 62  # the tie-break key of a block whose request sent no kv_block_keys: UNKEYED + block id
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class PolicyFreeQueue:
         self._offset = [0] * n              # block position in that request
         self._last_s = [0.0] * n            # last access on the policy clock (seconds, see now_s)
         self._seq = [0] * n                 # release order (ties and LRU)
+        self._key = [UNKEYED + i for i in range(n)]  # WA's last tie-break (see the module doc)
         self._first_seq = [-1] * n          # FIFO: when the block entered the cache (-1 = not cached)
         self._req_s = [math.nan] * n        # trace time of the last releasing request (nan: none given)
         self._parent = [-1] * n             # leaf_only: the block before it in its request (-1: none)
@@ -164,8 +168,9 @@ class PolicyFreeQueue:
     def note_request(self, blocks: Iterable[Any], category: object, time_s: float | None = None,
                      keys: list[int] | None = None) -> None:
         """Record that a request of CATEGORY (trace time TIME_S, if known) releases BLOCKS, given in
-        request order (position = offset); KEYS: the blocks' identities for the guard, by position (what
-        `kvtrace replay` sends as kv_block_keys; default and past its end: the vLLM block hash)."""
+        request order (position = offset); KEYS: the blocks' identities, by position (what `kvtrace
+        replay` sends as kv_block_keys: the simulator's block ids): WA's last tie-break and what the guard
+        samples (past its end: UNKEYED + the block id, and the vLLM block hash for the guard)."""
         cat = self.category_index(category)
         req_s = math.nan if time_s is None else float(time_s)
         if time_s is not None:
@@ -177,6 +182,7 @@ class PolicyFreeQueue:
             self._cat[bid] = cat
             self._offset[bid] = pos
             self._req_s[bid] = req_s
+            self._key[bid] = keys[pos] if keys is not None and pos < len(keys) else UNKEYED + bid
             if b.block_hash is None:
                 prev = -1
                 continue
@@ -283,7 +289,9 @@ class PolicyFreeQueue:
             self._where[bid] = cat
             self._queues[cat][bid] = b
             req_s = self._req_s[bid]
-            self._last_s[bid] = req_s if trace_clock and req_s == req_s else now_s
+            # on trace time, whole microseconds as the simulator keeps it (sim/kernel.py), so that equal
+            # priorities (categories sharing a model) compare equal on both sides
+            self._last_s[bid] = int(req_s * 1e6) * 1e-6 if trace_clock and req_s == req_s else now_s
             self._seq[bid] = seq = self._next_seq
             self._next_seq += 1
             if self._first_seq[bid] < 0:
@@ -430,7 +438,7 @@ class PolicyFreeQueue:
             last = self._last_s[bid]
             prio = log_reuse_prob(self._model, self._p[i], self._rate[i], self._table[i], now_s - last,
                                   self._life[i], pol.use_life, pol.conditional)
-            key = (prio, self._offset[bid], last, bid)
+            key = (prio, self._offset[bid], last, self._key[bid])
             if best < 0 or evicts_before(*key, *best_key, pol.use_offset):
                 best, best_key = i, key
         return best
@@ -443,6 +451,7 @@ class PolicyFreeQueue:
             self._offset += [0] * grow
             self._last_s += [0.0] * grow
             self._seq += [0] * grow
+            self._key += [UNKEYED + i for i in range(len(self._key), len(self._key) + grow)]
             self._first_seq += [-1] * grow
             self._req_s += [math.nan] * grow
             self._parent += [-1] * grow

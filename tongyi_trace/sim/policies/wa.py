@@ -1,6 +1,6 @@
 """WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
 to evict, compare only the W queue heads in the total order of tongyi_trace.wa_priority
-(log ReuseProb_w(t, life), -offset, last access, block id) and drop the first.
+(log ReuseProb_w(t, life), -offset, last access, block key = the block id) and drop the first.
 
     release(x) by a request of category w at time now: cat[x] = w; offset[x] = pos; append x to queue w
                 (the kernel stamped last[x] = now; deepest first, so on equal time the deeper block is
