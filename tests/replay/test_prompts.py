@@ -38,6 +38,22 @@ def test_prompt_is_blocks_then_filler_cut_to_input_length() -> None:
     assert len(synth.prompt(0, np.array([5, 9]), np.array([16, 16]), 20)) == 20
 
 
+def test_tokens_past_the_engines_full_blocks_are_request_unique() -> None:
+    """With unique_from (the tokens the engine's full prompt blocks cover) two identical requests share
+    those blocks' tokens and nothing after: the engine's partial block, and so the blocks of generated
+    tokens that fill it, hash apart, as the simulator's engine model gives every output block an id of
+    its own."""
+    synth = PromptSynth(7, 1000, 16)
+    ids, ntok = np.array([5, 9, 11]), np.array([16, 16, 10])  # 42 tokens; 32-token engine blocks: one full
+    a, b = (synth.prompt(r, ids, ntok, 42, unique_from=32) for r in (1, 2))
+    plain = synth.prompt(1, ids, ntok, 42)
+    assert len(a) == len(b) == 42
+    np.testing.assert_array_equal(a[:32], plain[:32])
+    np.testing.assert_array_equal(a[:32], b[:32])
+    assert not np.array_equal(a[32:], b[32:]) and not np.array_equal(a[32:], plain[32:])
+    np.testing.assert_array_equal(synth.prompt(1, ids, ntok, 42, unique_from=48), plain)  # past the end: as is
+
+
 def test_seed_changes_tokens_and_bad_vocab_is_refused() -> None:
     a = PromptSynth(0, 32000, 16).block_tokens(np.array([1]))
     b = PromptSynth(1, 32000, 16).block_tokens(np.array([1]))

@@ -5,7 +5,11 @@ Definition. Token j (0 <= j < trace block size) of block id b is
 with seed_key = splitmix64(seed) (a different salt for filler tokens). A request's prompt is, in block
 order, the first `num_tokens` tokens of each of its blocks (blocks.parquet: block size, or fewer for the
 last partial block), followed by request-unique filler tokens when input_length exceeds what its blocks
-cover, and is cut to input_length. Token ids are sent as `"prompt": [ids]`, never text, so no
+cover, and is cut to input_length. With `unique_from` (the replay passes the tokens the engine's full prompt
+blocks cover, sim/engine_model.py) the tokens from there on are filler too: they fill the engine's partial
+last block, which never hits, and then the blocks of generated tokens, which would otherwise hash alike
+for two identical requests (greedy decoding) where the simulator gives every output block an id of its
+own. Token ids are sent as `"prompt": [ids]`, never text, so no
 re-tokenization can drift (the AIPerf / vLLM-bench text pain point, ../shared/reference/peers.md).
 
 Token ids lie in [low, vocab_size): low (default 100) keeps clear of BOS/EOS/pad ids at the bottom; set
@@ -60,8 +64,9 @@ class PromptSynth:
         return (mixed % self._span).astype(np.int64) + self.min_token_id
 
     def prompt(self, req_idx: int, block_ids: np.ndarray, block_num_tokens: np.ndarray,
-               input_length: int) -> np.ndarray:
-        """The prompt of one request: its blocks' tokens (num_tokens each), filler, cut to input_length."""
+               input_length: int, unique_from: int | None = None) -> np.ndarray:
+        """The prompt of one request: its blocks' tokens (num_tokens each), filler, cut to input_length;
+        UNIQUE_FROM: filler from that token on (module doc)."""
         if len(block_ids):
             toks = self.block_tokens(block_ids)
             n = np.clip(np.asarray(block_num_tokens, dtype=np.int64), 0, self.trace_block_size)
@@ -69,6 +74,8 @@ class PromptSynth:
             body = toks[mask]
         else:
             body = np.empty(0, dtype=np.int64)
+        if unique_from is not None:
+            body = body[:max(int(unique_from), 0)]
         if len(body) < input_length:
             body = np.concatenate([body, self.filler_tokens(req_idx, input_length - len(body))])
         return body[:input_length]

@@ -248,7 +248,8 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
 
     def prompt_of(sr: ScheduledRequest) -> tuple[np.ndarray, np.ndarray | None]:
         ids, ntok = index.blocks_of(sr.req_idx)
-        return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens), keys.get(sr.req_idx)
+        sent, unique_from = keys.get(sr.req_idx, (None, None))
+        return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens, unique_from), sent
 
     if replacing:
         shutil.rmtree(out_dir)
@@ -305,17 +306,18 @@ def _engine_figures(info: ServerInfo, opts: ReplayOptions) -> dict[str, Any]:
             "cache_config": info.metrics.cache_info if info.metrics else {}}
 
 
-def _block_keys(run: RunDir, sched: Schedule, block_sizes: set[int | None]) -> dict[int, np.ndarray]:
-    """Each scheduled request's kv_block_keys (sim.engine_model.engine_block_ids), when every server has
-    one known block size; else none (the plugin's guard then samples vLLM's block hashes)."""
+def _block_keys(run: RunDir, sched: Schedule, block_sizes: set[int | None]) -> dict[int, tuple[np.ndarray, int]]:
+    """Each scheduled request's kv_block_keys and the prompt tokens its full engine blocks cover
+    (sim.engine_model.engine_block_ids), when every server has one known block size; else none (the
+    plugin's guard then samples vLLM's block hashes, and prompts are the trace's tokens throughout)."""
     from tongyi_trace.sim.engine_model import engine_block_ids
 
     bs = next(iter(block_sizes)) if len(block_sizes) == 1 else None
     if bs is None:
         return {}
     req_idx = np.array([r.req_idx for r in sched.requests], np.int64)
-    ids = engine_block_ids(run, req_idx, bs, np.array([r.max_tokens for r in sched.requests], np.int64))
-    return dict(zip(req_idx.tolist(), ids, strict=True))
+    ids, unique_from = engine_block_ids(run, req_idx, bs, np.array([r.max_tokens for r in sched.requests], np.int64))
+    return {int(r): (k, int(u)) for r, k, u in zip(req_idx.tolist(), ids, unique_from, strict=True)}
 
 
 def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo],

@@ -10,6 +10,9 @@ single_type_kv_cache_manager.py, kv_cache_utils.py), one request at a time in th
 - Generated tokens fill blocks too: the engine caches floor((P + O - 1) / E) full blocks of a request
   with O output tokens (the last sampled token's KV is never computed); the blocks past the prompt's full
   blocks hold output tokens, never hit (the next prompt continues differently) but take cache space.
+  Each has an id of its own: two identical requests generate the same tokens, which vLLM would hash alike,
+  so `kvtrace replay` makes a prompt's tokens past its last full block request-unique (the partial block
+  never hits either way), and every output block's hash is then unique, as here.
 - A request's blocks stay pinned (ref_cnt > 0) until it finishes; `free` releases them in reverse order
   (tail first), cached blocks appended to the free queue (LRU order), uncached ones (the partial last
   block) prepended, i.e. reused first: modelled as one slot held while running and free afterwards.
@@ -98,9 +101,10 @@ def engine_case(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_en
 
 
 def engine_block_ids(run: RunDir, req_idx: np.ndarray, engine_block_size: int,
-                     output_tokens: np.ndarray | None = None) -> list[np.ndarray]:
+                     output_tokens: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Per request of REQ_IDX (replayed in that order), the ids of the blocks the engine caches for it in
     the simulator's engine stream (engine_case): what `kvtrace replay` sends as kv_block_keys, so that the
-    plugin's guard samples the same blocks as the simulator's."""
-    full, _, _ = engine_case(run, req_idx, engine_block_size, None, None, output_tokens)
-    return np.split(full.blk, full.req_off[1:-1])
+    plugin's guard samples the same blocks as the simulator's; and the prompt tokens those blocks' prompt
+    part covers (the replay makes the tokens past it request-unique: see the module doc)."""
+    full, shape, _ = engine_case(run, req_idx, engine_block_size, None, None, output_tokens)
+    return np.split(full.blk, full.req_off[1:-1]), shape.req_nstat * int(engine_block_size)
