@@ -8,7 +8,7 @@ import random
 import subprocess
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import httpx
@@ -205,8 +205,6 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
     (255 blocks of 32 tokens = 510 trace blocks) and both context classes in its categories: (run folder,
     policy file)."""
-    from dataclasses import replace
-
     from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy
     from tongyi_trace.trace.ingest import ingest_trace
@@ -282,3 +280,64 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     rec = json.loads((run / "replay" / "fitted" / "summary.json").read_text())["reconciliation"]
     assert rec["predicted_policy"] == "fitted" and "predicted_policy_note" not in rec
     assert (rec["exact_share"], rec["predicted_hit_tokens"]) == (1.0, int(np.asarray(predicted).sum()))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known defect, open: with 40 output tokens the plugin's S3-FIFO and the "
+                   "simulator's differ on 2 of 151 requests (a vLLM-like driver of the plugin's queue agrees with "
+                   "the engine, so the two S3-FIFO implementations differ in the engine model; first seen after "
+                   "a request whose prompt and output fill whole blocks)")
+def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Path) -> None:
+    """The plugin running S3-FIFO (a policy file whose choice is s3fifo), one request at a time, on a trace
+    where many requests repeat an earlier one exactly: the engine's cached tokens should equal the
+    simulator's prediction for every request. S3-FIFO's ghost remembers vLLM's block hashes; identical
+    requests generate identical tokens, so without the replay's request-unique tail (replay/prompts.py)
+    their output blocks share a hash in vLLM while the simulator gives each an id of its own (that part is
+    fixed: the demo's replay agrees on all 1,600 requests)."""
+    require_engine()
+    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
+    from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.replay.reconcile import predict_hits
+    from tongyi_trace.replay.records import read_records
+    from tongyi_trace.replay.runner import ReplayOptions, run_replay
+    from tongyi_trace.replay.schedule import ScheduleOptions
+    from tongyi_trace.run import open_run
+    from tongyi_trace.trace.ingest import ingest_trace
+    from tongyi_trace.trace.synth import synth_to_file
+
+    synth_to_file("to-c", 5, tmp_path / "base.jsonl", num_requests=120, duration_s=300.0)
+    rows = [json.loads(line) for line in (tmp_path / "base.jsonl").read_text().splitlines()]
+    rng = random.Random(5)
+    repeats = []
+    for i, r in enumerate(rng.sample([r for r in rows if r["input_length"] < 2000], 50)):
+        repeats.append({**r, "chat_id": 10_000 + i, "parent_chat_id": -1, "turn": 1,
+                        "timestamp": round(r["timestamp"] + rng.uniform(20.0, 120.0), 3)})
+    trace = sorted(rows + repeats, key=lambda r: r["timestamp"])
+    (tmp_path / "toc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+    ingest_trace(tmp_path / "toc.jsonl", tmp_path / "run")
+    policy = tmp_path / "policy.json"
+    fit_policy(tmp_path / "run", policy, capacities="510")
+    pol = load_policy(policy)
+    save_policy(replace(pol, choices=[PolicyChoice(capacity="510", capacity_blocks=510, policy="s3fifo",
+                                                   params={})]), policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, policy=policy,
+                          name="test-plugin-s3fifo", time_scale=SIM_SPEEDUP)
+    try:
+        # 40 output tokens: every request fills an output block (with 4, only prompts ending 29-31 tokens
+        # into a block do)
+        opts = ReplayOptions(name="s3fifo", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=40),
+                             max_in_flight=1, overwrite=True, policy_file=policy)
+        run_replay(tmp_path / "run", st.url, opts)
+        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
+    finally:
+        engine.stop("test-plugin-s3fifo")
+    stats = read_stats(Path(st.stats_dir or ""))
+    assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
+    rec = json.loads((tmp_path / "run" / "replay" / "s3fifo" / "summary.json").read_text())["reconciliation"]
+    assert rec["predicted_policy"] == "fitted" and rec["num_requests"] > 120
+    assert rec["exact_share"] == 1.0, rec["worst"]
+    recs = read_records(tmp_path / "run" / "replay" / "s3fifo" / "records.jsonl").filter(pl.col("status") == "ok")
+    lru = predict_hits(open_run(tmp_path / "run"), recs.sort("sent_s"), 32, 256)
+    assert int(lru.sum()) != rec["predicted_hit_tokens"], "S3-FIFO must hit differently from LRU here"
