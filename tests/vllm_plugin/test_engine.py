@@ -282,18 +282,14 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     assert (rec["exact_share"], rec["predicted_hit_tokens"]) == (1.0, int(np.asarray(predicted).sum()))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known defect, open: with 40 output tokens the plugin's S3-FIFO and the "
-                   "simulator's differ on 2 of 151 requests (a vLLM-like driver of the plugin's queue agrees with "
-                   "the engine, so the two S3-FIFO implementations differ in the engine model; first seen after "
-                   "a request whose prompt and output fill whole blocks)")
 def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Path) -> None:
     """The plugin running S3-FIFO (a policy file whose choice is s3fifo), one request at a time, on a trace
-    where many requests repeat an earlier one exactly: the engine's cached tokens should equal the
-    simulator's prediction for every request. S3-FIFO's ghost remembers vLLM's block hashes; identical
-    requests generate identical tokens, so without the replay's request-unique tail (replay/prompts.py)
-    their output blocks share a hash in vLLM while the simulator gives each an id of its own (that part is
-    fixed: the demo's replay agrees on all 1,600 requests)."""
+    where many requests repeat an earlier one exactly: the engine's cached tokens equal the simulator's
+    prediction for every request. S3-FIFO's ghost remembers vLLM's block hashes and the block counter at
+    each block's allocation, so two engine details show here: identical requests generate identical tokens,
+    and without the replay's request-unique tail (replay/prompts.py) their output blocks would share a hash
+    in vLLM while the simulator gives each an id of its own; and vLLM takes a request's partial block after
+    its other blocks, which the simulator's kernel follows (both fail this test when undone)."""
     require_engine()
     from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy

@@ -10,7 +10,8 @@ Semantics (vLLM's, vllm/v1/core/kv_cache_manager.py and block_pool.py), per requ
 3. the request is served: its blocks are released deepest first (vLLM frees tail-first), so the
    prefix head is the most recent; the kernel stamps each block's last access (LAST) first.
 Only the first nstat[r] blocks count in the statistics (the engine model appends never-hit output
-blocks after them); extra[r] slots are held by r while it runs and free afterwards (a partial block).
+blocks after them); extra[r] slots are held by r while it runs and free afterwards (a partial block),
+made room for after r's other blocks are in, as vLLM allocates them.
 
 Prefix closure (`leaf_only`): the parent of a block is the previous block of its request (parent[x],
 from the stream). The kernel counts each cached block's cached children (structs.nchild, in the block's
@@ -165,25 +166,33 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         for k in range(hits):
             hit_tok += ntok[s + k]
         missed = h < lim and present[blk[s + h]] == 0  # the prefix ended at a block that is not cached
-        # 2. the rest: touch what is cached, insert what is not (TIERED: from the first block)
-        cap = capacity - req_extra[r]
+        # 2. the rest: touch what is cached, insert what is not (TIERED: from the first block); then room
+        # for the request's extra slots, which vLLM takes after its other blocks (the prompt's partial block
+        # ends its prefill, the decode's comes last), even when the request inserts nothing
+        cap = capacity
         full = False
-        for k in range(0 if TIERED else h, n):
-            x = blk[s + k]
-            if present[x] == 1:
-                if pinned[x] == 0:
-                    pinned[x] = 1
-                    if held and bk[x, PARK] != 0:
-                        _unpark(bk, rnext, rprev, x)
-                    access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
-                    if k < nstat:
-                        stats[S_TOUCHED] += 1
-                        if missed:
-                            stats[S_ORPHANED] += 1
-                continue
-            if full:
-                stats[S_BYPASS] += 1
-                continue
+        for k in range(0 if TIERED else h, n + 1):
+            if k == n:
+                if req_extra[r] == 0 or full:
+                    break
+                cap = capacity - req_extra[r] + 1  # evict until size + extra <= capacity
+                x = -1
+            else:
+                x = blk[s + k]
+                if present[x] == 1:
+                    if pinned[x] == 0:
+                        pinned[x] = 1
+                        if held and bk[x, PARK] != 0:
+                            _unpark(bk, rnext, rprev, x)
+                        access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
+                        if k < nstat:
+                            stats[S_TOUCHED] += 1
+                            if missed:
+                                stats[S_ORPHANED] += 1
+                    continue
+                if full:
+                    stats[S_BYPASS] += 1
+                    continue
             if size >= cap:
                 timed = timing and num_evict_runs % TIMED_EVERY == 0
                 num_evict_runs += 1
@@ -230,8 +239,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     stats[S_TIMED_EVICTIONS] += num_evictions - ev0
                 if size >= cap:
                     full = True
-                    stats[S_BYPASS] += 1
+                    stats[S_BYPASS] += x >= 0
                     continue
+            if x < 0:
+                break
             present[x] = 1
             pinned[x] = 1
             if forest:
