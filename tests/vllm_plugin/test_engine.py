@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -200,6 +201,31 @@ def test_unsupported_vllm_version_leaves_vllm_untouched_and_logs_once(tmp_path: 
 SIM_SPEEDUP = 20.0
 
 
+def replay_with_plugin(run: Path, policy: Path, engine_name: str, replay_name: str,
+                       max_output_tokens: int) -> tuple[engine.EngineState, dict[str, Any]]:
+    """Replay RUN one request at a time on trace time into a 256-block engine running the plugin with
+    POLICY; the engine's state and its plugin stats (checked: it evicted, never fell back)."""
+    from tongyi_trace.replay.runner import ReplayOptions, run_replay
+    from tongyi_trace.replay.schedule import ScheduleOptions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, policy=policy,
+                          name=engine_name, time_scale=SIM_SPEEDUP)
+    try:
+        opts = ReplayOptions(name=replay_name, schedule=ScheduleOptions(speedup=SIM_SPEEDUP,
+                                                                        max_output_tokens=max_output_tokens),
+                             max_in_flight=1, overwrite=True, policy_file=policy)
+        run_replay(run, st.url, opts)
+        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
+    finally:
+        engine.stop(engine_name)
+    assert st.stats_dir is not None
+    stats = read_stats(Path(st.stats_dir))
+    assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
+    return st, stats
+
+
 @pytest.fixture(scope="module")
 def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
@@ -237,8 +263,7 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     from tongyi_trace.guard.simulate import predict_guarded
     from tongyi_trace.replay.dispatch import request_body
     from tongyi_trace.replay.records import read_records
-    from tongyi_trace.replay.runner import ReplayOptions, run_replay
-    from tongyi_trace.replay.schedule import ScheduledRequest, ScheduleOptions
+    from tongyi_trace.replay.schedule import ScheduledRequest
     from tongyi_trace.run import open_run
     from tongyi_trace.sim.engine_model import predict_request_hits
 
@@ -246,20 +271,8 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     assert json.loads(probe)["vllm_xargs"] == {"kv_category": "text-1", "kv_time_s": 12.5}
 
     run, policy = toc_slice
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, policy=policy,
-                          name="test-plugin-sim", time_scale=SIM_SPEEDUP)
-    try:
-        opts = ReplayOptions(name="fitted", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
-                             max_in_flight=1, overwrite=True, policy_file=policy)
-        run_replay(run, st.url, opts)
-        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
-    finally:
-        engine.stop("test-plugin-sim")
-    assert st.stats_dir is not None and st.eviction == "fitted"
-    stats = read_stats(Path(st.stats_dir))
-    assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
+    st, stats = replay_with_plugin(run, policy, "test-plugin-sim", "fitted", max_output_tokens=2)
+    assert st.eviction == "fitted"
     recs = read_records(run / "replay" / "fitted" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     assert recs.height > 100
     assert recs["category"].str.contains(r"\|g\d").any() and recs["category"].str.contains(r"\|p[fs]").any()
@@ -295,8 +308,6 @@ def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Pa
     from tongyi_trace.fit.policy_fit import fit_policy
     from tongyi_trace.replay.reconcile import predict_hits
     from tongyi_trace.replay.records import read_records
-    from tongyi_trace.replay.runner import ReplayOptions, run_replay
-    from tongyi_trace.replay.schedule import ScheduleOptions
     from tongyi_trace.run import open_run
     from tongyi_trace.trace.ingest import ingest_trace
     from tongyi_trace.trace.synth import synth_to_file
@@ -316,21 +327,9 @@ def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Pa
     pol = load_policy(policy)
     save_policy(replace(pol, choices=[PolicyChoice(capacity="510", capacity_blocks=510, policy="s3fifo",
                                                    params={})]), policy)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        st = engine.start(num_blocks=256, block_size=32, max_model_len=4096, policy=policy,
-                          name="test-plugin-s3fifo", time_scale=SIM_SPEEDUP)
-    try:
-        # 40 output tokens: every request fills an output block (with 4, only prompts ending 29-31 tokens
-        # into a block do)
-        opts = ReplayOptions(name="s3fifo", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=40),
-                             max_in_flight=1, overwrite=True, policy_file=policy)
-        run_replay(tmp_path / "run", st.url, opts)
-        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
-    finally:
-        engine.stop("test-plugin-s3fifo")
-    stats = read_stats(Path(st.stats_dir or ""))
-    assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
+    # 40 output tokens: every request fills an output block (with 4, only prompts ending 29-31 tokens into a
+    # block do)
+    replay_with_plugin(tmp_path / "run", policy, "test-plugin-s3fifo", "s3fifo", max_output_tokens=40)
     rec = json.loads((tmp_path / "run" / "replay" / "s3fifo" / "summary.json").read_text())["reconciliation"]
     assert rec["predicted_policy"] == "fitted" and rec["num_requests"] > 120
     assert rec["exact_share"] == 1.0, rec["worst"]
