@@ -49,6 +49,10 @@ def test_request_mix(tiny_report: AnalysisReport) -> None:
     assert m["multi_turn_share_by_type"] == pytest.approx({"text": 3 / 5, "search": 0.0})
     # turns over requests 1,1,2,1,3,4: nearest rank P50 = 3rd of 6 = 1, P90 = 6th = 4
     assert (m["turn_p50"], m["turn_p90"], m["turn_max"]) == (1, 4, 4)
+    # conversations {r0 r2 r4 r5} (deepest turn 4), {r1} (1), {r3} (1): P50 = 2nd of 1,1,4 = 1, P90 = 3rd = 4
+    assert (m["num_conversations"], m["conversation_turns_p50"], m["conversation_turns_p90"]) == (3, 1, 4)
+    convs = tiny_report.results["request_mix"].tables["conversation_turns"]
+    assert dict(convs.iter_rows()) == {1: 2, 4: 1}
     # requests per user: u1 4, u2 1, u3 1; the top 10% (0.3 user) send 4 each vs a mean of 2
     assert m["key_kind"] == "user" and m["num_keys"] == 3
     assert m["top10_turn_ratio"] == pytest.approx(2.0)

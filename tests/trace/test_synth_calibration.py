@@ -41,3 +41,13 @@ def test_judge_scales_counts_and_skips_full_size_bands() -> None:
     assert rows["turn_max"].ok is None  # the maximum needs the full size
     assert rows["ideal_hit"].ok is False
     assert rows["lifespan_p90_s"].value is None and rows["lifespan_p90_s"].ok is None
+
+
+def test_turn_band_is_over_conversations() -> None:
+    """Fig 9's p50 1 / p90 5 are read over conversations (their deepest turn): over requests they exclude
+    Fig 11's 0.8 within multi-turn (analysis/request_mix.py), so a request-level P90 of 9 misses nothing."""
+    rows = {r.key: r for r in judge("to-c", {"turn_p50": 2, "turn_p90": 9, "conversation_turns_p50": 1,
+                                             "conversation_turns_p90": 5})}
+    assert "turn_p90" not in rows and "turn_p50" not in rows
+    assert rows["conversation_turns_p50"].ok and rows["conversation_turns_p90"].ok
+    assert {r.key: r for r in judge("to-c", {"conversation_turns_p90": 7})}["conversation_turns_p90"].ok is False

@@ -2,11 +2,16 @@
 
 - Mix: requests per type and their share; per type the share of follow-up turns (turn >= 2, called
   multi-turn requests; turn 1 opens a conversation and is called single-turn).
-- Turn distribution: requests per turn number, nearest-rank P50/P90 and the maximum; also the
-  number of requests per session (conversation length).
+- Turn distribution: requests per turn number, nearest-rank P50/P90 and the maximum (over requests);
+  and the turn count of each conversation (its deepest turn: the paper's "turn-count distribution",
+  p50 1, p90 5, max 232 in trace A), nearest-rank P50/P90 and the maximum over conversations. The two
+  differ: with a share q of conversations going on to a 2nd turn and a next-turn probability P within
+  multi-turn requests, P(turn >= 2) over requests exceeds one half as soon as P > 1 - q, so the paper's
+  P50 of 1 with Fig 11's 0.5 / 0.8 is a P50 over conversations.
 - Turn skew per user (per session when the trace has no user ids): requests per key; the top 10% of
   keys by requests send top10_turn_ratio times the average (paper: 8.9x in trace A).
-Queries: request_mix_types.sql, request_mix_turns.sql, request_mix_keys.sql.
+Queries: request_mix_types.sql, request_mix_turns.sql, request_mix_conversations.sql,
+request_mix_keys.sql.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def request_mix(ctx: AnalysisContext) -> AnalysisResult:
     res = AnalysisResult(
         NAME, "Request mix and turns", "Fig 5, 9, 10",
         "Share of requests per type; multi-turn = turn >= 2; turn percentiles are nearest-rank over "
-        "requests; turn skew = mean requests of the top 10% users (or sessions) / mean over all.")
+        "requests (turn_*) and over conversations' deepest turn (conversation_turns_*); turn skew = mean "
+        "requests of the top 10% users (or sessions) / mean over all.")
     has_types, has_turns = ctx.flag("has_types"), ctx.flag("has_turns")
     if not has_types and not has_turns:
         return absent(res, "the trace has no request types or turns (e.g. Mooncake format)")
@@ -58,6 +64,11 @@ def request_mix(ctx: AnalysisContext) -> AnalysisResult:
         tv, tc = turns["turn"].to_list(), turns["num_requests"].to_list()
         res.headline.update(turn_p50=hist_quantile(tv, tc, 0.5), turn_p90=hist_quantile(tv, tc, 0.9),
                             turn_max=max(tv) if tv else None)
+        convs = ctx.query("request_mix_conversations")
+        res.tables["conversation_turns"] = convs
+        cv, cc = convs["turns"].to_list(), convs["num_conversations"].to_list()
+        res.headline.update(num_conversations=int(sum(cc)), conversation_turns_p50=hist_quantile(cv, cc, 0.5),
+                            conversation_turns_p90=hist_quantile(cv, cc, 0.9))
     else:
         res.absent_parts["turns"] = "the trace has no turn numbers"
     kind = ctx.key_kind()

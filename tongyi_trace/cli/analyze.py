@@ -108,7 +108,8 @@ def _headlines(name: str, h: dict[str, Any]) -> list[tuple[str, Any]]:
     """The few figures of each analysis worth a line in the terminal summary."""
     picks: dict[str, list[str]] = {
         "hit_ratio": ["hit_ratio", "token_hit_ratio", "content_hit_ratio"],
-        "request_mix": ["multi_turn_share", "turn_p50", "turn_p90", "turn_max", "top10_turn_ratio"],
+        "request_mix": ["multi_turn_share", "conversation_turns_p50", "conversation_turns_p90", "turn_max",
+                        "top10_turn_ratio"],
         "turn_hits": ["single_turn_hit_share", "multi_turn_hit_share"],
         "user_heatmap": ["key_kind", "diagonal_share"],
         "skew": ["top10_block_reuse_share", "key_share_for_90pct_hits"],

@@ -5,6 +5,8 @@ analyses) and replayed through the exact LRU curve of the simulator (tongyi_trac
 figure is read from those results, nothing is recomputed here. Bands: issue "Synthetic traces that
 tell the truth" (to-C: the paper's Trace A figures and third-party figures on the public file; to-B,
 thinking, coder: the published figures +-10%, ideal hit +-0.03). docs/synth.md lists them per profile.
+The turn band is over conversations (their deepest turn: the paper's turn-count distribution); over
+requests it cannot hold together with Fig 11's next-turn probabilities (analysis/request_mix.py).
 
 At a reduced --scale only the scale-free bands are checked (shares, probabilities, quantiles); counts
 are checked scaled; the turn maximum and the oracle's live set x HBM need the full size.
@@ -54,8 +56,8 @@ BANDS: dict[str, tuple[Band, ...]] = {
         *(Band(f"lru_{p}", f"LRU hit at {p} of distinct blocks", v - 0.03, v + 0.03)
           for p, v in zip(LRU_POINTS, (0.176, 0.410, 0.500, 0.562, 0.578), strict=True)),
         Band("top10_block_reuse_share", "top-10% blocks' share of reuses", 0.70, 0.84),
-        Band("turn_p50", "turn p50", 1, 1),
-        Band("turn_p90", "turn p90", 4, 6),
+        Band("conversation_turns_p50", "turns per conversation p50", 1, 1),
+        Band("conversation_turns_p90", "turns per conversation p90", 4, 6),
         Band("turn_max", "turn max", 150, float("inf"), "full"),
         Band("single_turn_next_prob", "next-turn prob after single-turn", 0.4, 0.6),
         Band("multi_turn_next_prob", "next-turn prob within multi-turn", 0.7, 0.9),
@@ -130,6 +132,8 @@ def measure(run: RunDir) -> dict[str, float]:
         "users_for_90pct_hits": h["skew"].get("key_share_for_90pct_hits"),
         "turn_p50": h["request_mix"].get("turn_p50"),
         "turn_p90": h["request_mix"].get("turn_p90"),
+        "conversation_turns_p50": h["request_mix"].get("conversation_turns_p50"),
+        "conversation_turns_p90": h["request_mix"].get("conversation_turns_p90"),
         "turn_max": h["request_mix"].get("turn_max"),
         "multi_turn_share": h["request_mix"].get("multi_turn_share"),
         "top10_turn_ratio": h["request_mix"].get("top10_turn_ratio"),

@@ -25,9 +25,13 @@ def fill(a: Analysis, s: Section) -> None:
                   for r in types.iter_rows(named=True)])
     if a.has_table("turns"):
         turns = a.table("turns")
-        fig = new_figure(x_title="turn number", y_title="requests")
+        fig = new_figure(x_title="turn number", y_title="requests at that turn / conversations ending there")
         fig.update_yaxes(type="log")
         fig.add_bar(x=turns["turn"].to_numpy(), y=turns["num_requests"].to_numpy(), name="requests")
+        if a.has_table("conversation_turns"):
+            convs = a.table("conversation_turns")
+            fig.add_bar(x=convs["turns"].to_numpy(), y=convs["num_conversations"].to_numpy(),
+                        name="conversations (deepest turn)")
         s.figures["turns"] = fig
     if a.has_table("key_turns"):
         kt = a.table("key_turns")
@@ -40,12 +44,15 @@ def fill(a: Analysis, s: Section) -> None:
     s.values = {"key_label": key_label, "multi_turn_share": fmt.pct(h.get("multi_turn_share")),
                 "turn_p50": fmt.num(h.get("turn_p50")), "turn_p90": fmt.num(h.get("turn_p90")),
                 "turn_max": fmt.count(h.get("turn_max")), "top10_turn_ratio": fmt.num(h.get("top10_turn_ratio")),
+                "conversation_turns_p50": fmt.num(h.get("conversation_turns_p50")),
+                "conversation_turns_p90": fmt.num(h.get("conversation_turns_p90")),
                 "num_keys": fmt.count(h.get("num_keys"))}
     s.headline = [
         Headline("multi-turn share of requests", fmt.pct(h.get("multi_turn_share")),
                  "~50% of non-image (A), <0.1% (B)"),
-        Headline("turn P50 / P90 / max", f"{s.values['turn_p50']} / {s.values['turn_p90']} / "
-                 f"{s.values['turn_max']}", "1 / 5 / 232 (A)"),
+        Headline("turns per conversation P50 / P90 / max", f"{s.values['conversation_turns_p50']} / "
+                 f"{s.values['conversation_turns_p90']} / {s.values['turn_max']}", "1 / 5 / 232 (A)"),
+        Headline("turn number of requests P50 / P90", f"{s.values['turn_p50']} / {s.values['turn_p90']}", ""),
         Headline(f"top-10% {key_label}: requests vs average", f"{s.values['top10_turn_ratio']}x", "8.9x (A, users)"),
     ]
 
