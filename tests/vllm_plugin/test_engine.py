@@ -20,7 +20,7 @@ import pytest
 from tongyi_trace import engine
 from tongyi_trace.engine import process
 from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.vllm_plugin.stats import read_stats
+from tongyi_trace.vllm_plugin.stats import read_settled_stats, read_stats
 
 pytestmark = pytest.mark.engine
 
@@ -217,11 +217,10 @@ def replay_with_plugin(run: Path, policy: Path, engine_name: str, replay_name: s
                                                                         max_output_tokens=max_output_tokens),
                              max_in_flight=1, overwrite=True, policy_file=policy)
         run_replay(run, st.url, opts)
-        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
+        assert st.stats_dir is not None
+        stats = read_settled_stats(Path(st.stats_dir))  # once the engine wrote its last counts
     finally:
         engine.stop(engine_name)
-    assert st.stats_dir is not None
-    stats = read_stats(Path(st.stats_dir))
     assert stats is not None and stats["evictions"] > 0 and stats["fallbacks"] == 0
     return st, stats
 

@@ -16,7 +16,7 @@ import pytest
 from tests.vllm_plugin.test_engine import SIM_SPEEDUP, require_engine, toc_slice  # noqa: F401 (fixture)
 from tongyi_trace import engine
 from tongyi_trace.engine.process import _healthy, _kill_group
-from tongyi_trace.vllm_plugin.stats import read_stats
+from tongyi_trace.vllm_plugin.stats import read_settled_stats
 
 pytestmark = pytest.mark.engine
 
@@ -98,11 +98,10 @@ def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[
         opts = ReplayOptions(name="guard", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
                              max_in_flight=1, overwrite=True, policy_file=policy)
         run_replay(run, url, opts)
-        subprocess.run(["sleep", "2"], check=True)  # the engine's last stats write
+        stats = read_settled_stats(tmp_path / "stats")  # once the engine wrote its last counts
     finally:
         _kill_group(proc.pid)
         proc.wait(timeout=120)
-    stats = read_stats(tmp_path / "stats")
     assert stats is not None and stats["mode"] == "fitted" and stats["fallbacks"] == 0
     recs = read_records(run / "replay" / "guard" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     assert recs.height > 100

@@ -45,7 +45,7 @@ from tongyi_trace.replay.schedule import (
 from tongyi_trace.run import RunDir, open_run, write_parquet_atomic
 from tongyi_trace.schemas import REPLAY_SCHEMA
 from tongyi_trace.stops import stop_signals_interrupt
-from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_stats, stats_delta
+from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_settled_stats, read_stats, stats_delta
 
 if TYPE_CHECKING:
     from tongyi_trace.fleet.replay import FleetRouting
@@ -383,11 +383,10 @@ def _plugin_stats_path(url: str, given: Path | None) -> Path | None:
 
 
 def _plugin_window(path: Path | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The plugin's counters over the replay (it rewrites its stats file at most once a second)."""
+    """The plugin's counters over the replay (read once the plugin has written its last changes)."""
     if path is None:
         return None
-    time.sleep(1.5)
-    after = read_stats(path)
+    after = read_settled_stats(path)
     return stats_delta(before, after) if after is not None else None
 
 

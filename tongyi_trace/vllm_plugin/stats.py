@@ -38,11 +38,14 @@ HIST_EDGES_NS: list[float] = [100.0 * 10 ** (i / 20) for i in range(141)]
 _MAX_REASONS = 5
 
 
+FLUSH_EVERY_S = 1.0  # how often the plugin rewrites its stats file when a counter changed
+
+
 class PluginStats:
     """Mutable counters, written to a stats file by a background thread when a folder is given."""
 
     def __init__(self, mode: str, stats_dir: str | Path | None = None, info: dict[str, Any] | None = None,
-                 flush_every_s: float = 1.0) -> None:
+                 flush_every_s: float = FLUSH_EVERY_S) -> None:
         self.mode = mode
         self.info = dict(info or {})
         self.evictions = 0                       # blocks whose cached content the policy evicted
@@ -125,6 +128,9 @@ class PluginStats:
         if self._path is None:
             return
         with self._lock:
+            # cleared before the copy: a counter the scheduler thread changes meanwhile marks it again, so
+            # the next flush writes it (cleared after, that change waited for some later one)
+            self._dirty = False
             for _ in range(3):  # the scheduler thread may resize a dict while we copy it
                 try:
                     doc = self.snapshot()
@@ -132,13 +138,17 @@ class PluginStats:
                 except RuntimeError:
                     continue
             else:
+                self._dirty = True
                 return
-            for path, text in ((self._path, json.dumps(doc, indent=1) + "\n"),
-                               (self._path.with_name(PROM_FILE), prometheus_text(doc))):
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                tmp.write_text(text)
-                os.replace(tmp, path)
-            self._dirty = False
+            try:
+                for path, text in ((self._path, json.dumps(doc, indent=1) + "\n"),
+                                   (self._path.with_name(PROM_FILE), prometheus_text(doc))):
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                    tmp.write_text(text)
+                    os.replace(tmp, path)
+            except OSError:
+                self._dirty = True
+                raise
 
     def _flusher(self) -> None:
         while True:
@@ -234,6 +244,22 @@ def read_stats(path: str | Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return doc if isinstance(doc, dict) and doc.get("schema") == PLUGIN_STATS_SCHEMA else None
+
+
+def read_settled_stats(path: str | Path, timeout_s: float = 20.0) -> dict[str, Any] | None:
+    """The stats document in PATH once the plugin has nothing left to write: two reads more than twice its
+    flush interval apart with the same update time (any change since its last write would have been written
+    in between); the last read after TIMEOUT_S. For a reader that has just seen the engine answer its last
+    request, whose counters the engine may still be writing."""
+    deadline = time.monotonic() + timeout_s
+    last = read_stats(path)
+    while True:
+        time.sleep(2 * FLUSH_EVERY_S)
+        doc = read_stats(path)
+        settled = doc is None or (last is not None and doc.get("updated_unix_s") == last.get("updated_unix_s"))
+        if settled or time.monotonic() >= deadline:
+            return doc
+        last = doc
 
 
 def stats_delta(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
