@@ -1,7 +1,8 @@
 """Benchmark of `kvtrace analyze` on the default to-C synthetic trace (issue 3, Performance).
 
 Prints the total wall time, each analysis's time and the peak RSS of the analyze process, against
-the targets (<= 20 s and <= 4 GB on 2 cores at scale 1). The trace (synth) and the run folder
+the targets on 2 cores at scale 1 (Trace A's size): <= 6 s (the core clean-up's target; issue 3 asked
+<= 20 s) and <= 4 GB. The trace (synth) and the run folder
 (ingest) are built once and cached by bench/_common.py in .bench/; their time is not counted.
 `analyze` runs in a child process so its peak RSS is its own.
 
@@ -26,7 +27,7 @@ from _common import ingested_run
 from tongyi_trace.run import is_run_dir
 from tongyi_trace.trace.ingest import ingest_trace
 
-TARGET_S = 20.0
+TARGET_S = 6.0
 TARGET_RSS_GB = 4.0
 
 
