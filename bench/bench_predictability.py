@@ -2,14 +2,14 @@
 
 The policy issue's 0.5L and 1L gap to the oracle is almost all "whether" (bench_policy.py: oracle-dead).
 A policy can only close it as far as a next turn is predictable while the request is served. This measures
-that ceiling on the default to-C traces, independently of WA: per request, the target is "a later request
+that ceiling on the default to-C traces without running any policy: per request, the target is "a later request
 names it as parent"; the predictors are cell rates (each cell's share of requests with a next turn,
 shrunk to the overall share with weight 5) fitted on seed 1 and scored on seeds 2 and 3 by AUC (0.5 = chance),
 for nested sets of features every gateway or engine has:
 
-- type and turn (capped at 6): WA's categories;
-- the gap since the conversation's previous turn (< 30 s, 2 min, 10 min, more) and the conversation's
-  mean log gap so far (its pace);
+- the run's category (type and turn bucket): WA's categories;
+- the same with WA's context classes (the gap to the previous turn, the user's pace so far), as `kvtrace
+  fit --context auto` fits them on seed 1 (tongyi_trace.trace.categories): what the fitted policy keys on;
 - the new input (input minus the previous turn's input and output), the input and the output length;
 - the user's history so far: requests sent, and the share of them already answered by a next turn
   (online: only next turns that arrived before this request);
@@ -30,25 +30,28 @@ from _common import ingested_run
 from scipy.optimize import minimize
 from scipy.stats import rankdata
 
+from tongyi_trace.fit.events import Window
+from tongyi_trace.fit.params import RequestContext
+from tongyi_trace.fit.policy_fit import fit_context
+from tongyi_trace.trace.categories import context_categories
+
 SHRINK = 5.0  # prior weight of the overall share in a cell's rate
 Codes = dict[str, npt.NDArray[np.int64]]  # feature name -> each request's bin
 
 
-def request_features(run_requests: pl.DataFrame) -> pl.DataFrame:
-    """Requests with the target `has_next` and every feature above, in arrival order."""
-    r = run_requests.sort("arrival_s", "req_idx")
+def request_features(run_requests: pl.DataFrame, context: RequestContext | None) -> pl.DataFrame:
+    """Requests with the target `has_next` and every feature above (CONTEXT: the classes of `context`), in
+    arrival order."""
+    r = run_requests.with_columns(context=context_categories(run_requests, context)).sort("arrival_s", "req_idx")
     nxt = (r.filter(pl.col("parent_chat_id") >= 0).group_by("parent_chat_id")
            .agg(pl.col("arrival_s").min().alias("next_s")))
-    parent = r.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("arrival_s").alias("parent_s"),
-                      pl.col("input_tokens").alias("parent_in"), pl.col("output_tokens").alias("parent_out"))
+    parent = r.select(pl.col("chat_id").alias("parent_chat_id"), pl.col("input_tokens").alias("parent_in"),
+                      pl.col("output_tokens").alias("parent_out"))
     r = (r.join(nxt, left_on="chat_id", right_on="parent_chat_id", how="left")
          .join(parent, on="parent_chat_id", how="left")
          .with_columns(has_next=pl.col("next_s").is_not_null(),
-                       gap_s=pl.col("arrival_s") - pl.col("parent_s"),
                        new_in_tokens=pl.col("input_tokens") - pl.col("parent_in") - pl.col("parent_out"))
          .sort("arrival_s", "req_idx"))
-    log_gap = pl.col("gap_s").clip(1e-3).log()
-    r = r.with_columns(pace_log_s=log_gap.cum_sum().over("session_id") / log_gap.cum_count().over("session_id"))
     # The user's history at each arrival: earlier requests, and those whose next turn has arrived by now
     # (kind -1 sorts a next turn that arrives with this request before it: known by then).
     sent = r.select("user_id", pl.col("arrival_s").alias("t"), pl.lit(0, pl.Int32).alias("kind"), "req_idx",
@@ -71,28 +74,23 @@ def _bins(x: npt.NDArray[np.float64], edges: list[float]) -> npt.NDArray[np.int6
 
 
 FEATURE_SETS: dict[str, list[str]] = {
-    "type, turn (WA's categories)": ["type", "turn"],
-    "+ gap since the previous turn": ["type", "turn", "gap"],
-    "+ the conversation's pace": ["type", "turn", "gap", "pace"],
-    "+ new input, input, output length": ["type", "turn", "gap", "pace", "new_in", "input", "output"],
-    "+ the user's history (online)": ["type", "turn", "gap", "pace", "new_in", "input", "output", "user_sent",
-                                      "user_share"],
-    "type, turn, user's history (online)": ["type", "turn", "user_sent", "user_share"],
-    "type, turn, user's share (hindsight)": ["type", "turn", "user_hindsight"],
+    "WA's categories (type, turn bucket)": ["category"],
+    "+ context classes (gap, user's pace)": ["context"],
+    "+ new input, input, output length": ["context", "new_in", "input", "output"],
+    "+ the user's history (online)": ["context", "new_in", "input", "output", "user_sent", "user_share"],
+    "categories, user's history (online)": ["category", "user_sent", "user_share"],
+    "categories, user's share (hindsight)": ["category", "user_hindsight"],
 }
 
 
-def cell_columns(r: pl.DataFrame) -> Codes:
-    """Each feature of FEATURE_SETS as a small integer code."""
+def cell_columns(r: pl.DataFrame, vocab: dict[str, list[str]]) -> Codes:
+    """Each feature of FEATURE_SETS as a small integer code (the labels of VOCAB's columns by their index)."""
     num = {c: r[c].cast(pl.Float64).to_numpy() for c in
-           ("gap_s", "pace_log_s", "new_in_tokens", "input_tokens", "output_tokens", "user_sent",
-            "user_share_online", "user_share_hindsight")}
-    types = r["type"].fill_null("").to_numpy()
+           ("new_in_tokens", "input_tokens", "output_tokens", "user_sent", "user_share_online",
+            "user_share_hindsight")}
+    labels = {c: np.searchsorted(vocab[c], r[c].to_numpy()).astype(np.int64) for c in vocab}
     return {
-        "type": np.unique(types, return_inverse=True)[1].astype(np.int64),
-        "turn": np.minimum(r["turn"].fill_null(1).to_numpy(), 6).astype(np.int64),
-        "gap": _bins(num["gap_s"], [30, 120, 600]),
-        "pace": _bins(num["pace_log_s"], list(np.log([20.0, 60.0, 200.0]))),
+        **labels,
         "new_in": _bins(num["new_in_tokens"], [20, 100, 500]),
         "input": _bins(num["input_tokens"], [500, 2000, 8000]),
         "output": _bins(num["output_tokens"], [100, 400, 1000]),
@@ -116,7 +114,7 @@ def cell_rates(train: Codes, y: npt.NDArray[np.bool_], test: Codes,
     def keys(cols: Codes) -> npt.NDArray[np.int64]:
         k = np.zeros(len(cols[features[0]]), dtype=np.int64)
         for f in features:
-            k = k * 64 + cols[f]
+            k = k * (int(max(train[f].max(), test[f].max())) + 1) + cols[f]
         return k
     ktr, kte = keys(train), keys(test)
     cells, inv = np.unique(ktr, return_inverse=True)
@@ -151,12 +149,17 @@ def logistic_scores(train: Codes, y: npt.NDArray[np.bool_], test: Codes,
 
 
 def main() -> None:
-    train = request_features(pl.read_parquet(ingested_run("to-c", 1.0, seed=1) / "requests.parquet"))
-    ctr, ytr = cell_columns(train), train["has_next"].to_numpy()
+    requests = {seed: pl.read_parquet(ingested_run("to-c", 1.0, seed=seed) / "requests.parquet") for seed in (1, 2, 3)}
+    context = fit_context(requests[1], Window(-np.inf, np.inf, include_end=True), "auto")
+    by_seed = {seed: request_features(reqs, context) for seed, reqs in requests.items()}
+    vocab = {c: sorted(set().union(*(f[c].to_list() for f in by_seed.values()))) for c in ("category", "context")}
+    train = by_seed[1]
+    ctr, ytr = cell_columns(train, vocab), train["has_next"].to_numpy()
     online = FEATURE_SETS["+ the user's history (online)"]
+    print(f"context classes (fitted on seed 1): {context}")
     for seed in (2, 3):
-        test = request_features(pl.read_parquet(ingested_run("to-c", 1.0, seed=seed) / "requests.parquet"))
-        cte, yte = cell_columns(test), test["has_next"].to_numpy()
+        test = by_seed[seed]
+        cte, yte = cell_columns(test, vocab), test["has_next"].to_numpy()
         later = test["turn"].fill_null(1).to_numpy() >= 2
         print(f"next turn after a request: seed 1 {ytr.mean():.3f}, seed {seed} {yte.mean():.3f} (later turns "
               f"{yte[later].mean():.3f}); fitted on seed 1, AUC on seed {seed} (0.5 = chance)")
