@@ -28,7 +28,7 @@ from tongyi_trace.sim.stream import load_stream
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import synth_to_file
 
-ANALYSES = ["hit_ratio", "request_mix", "turn_hits", "user_heatmap", "skew", "next_turn", "reuse_time",
+ANALYSES = ["hit_ratio", "request_mix", "turn_hits", "skew", "next_turn", "reuse_time",
             "lifespan", "live_set"]
 LRU_POINTS = ("1%", "5%", "10%", "25%", "50%")
 
@@ -130,8 +130,6 @@ def measure(run: RunDir) -> dict[str, float]:
         "lru_2x_hbm_gap_qwen2-7b": ideal - curve.hit_ratio(qwen.num_blocks),
         "top10_block_reuse_share": h["skew"].get("top10_block_reuse_share"),
         "users_for_90pct_hits": h["skew"].get("key_share_for_90pct_hits"),
-        "turn_p50": h["request_mix"].get("turn_p50"),
-        "turn_p90": h["request_mix"].get("turn_p90"),
         "conversation_turns_p50": h["request_mix"].get("conversation_turns_p50"),
         "conversation_turns_p90": h["request_mix"].get("conversation_turns_p90"),
         "turn_max": h["request_mix"].get("turn_max"),
@@ -140,7 +138,6 @@ def measure(run: RunDir) -> dict[str, float]:
         "single_turn_next_prob": h["next_turn"].get("single_turn_next_prob"),
         "multi_turn_next_prob": h["next_turn"].get("multi_turn_next_prob"),
         "single_turn_hit_share": h["turn_hits"].get("single_turn_hit_share"),
-        "user_diagonal_share": h["user_heatmap"].get("diagonal_share"),
         "lifespan_p90_s": h["lifespan"].get("p90_s"),
         "lifespan_p99_s": h["lifespan"].get("p99_s"),
         "live_x_hbm_llama3-70b": h["live_set"].get("models", {}).get("llama3-70b", {}).get("peak_x_hbm"),
