@@ -118,6 +118,12 @@ def test_reuse_time(tiny_report: AnalysisReport) -> None:
     assert (r["num_accesses"], r["num_reuses"]) == (23, 13)
     assert r["share_within_10s"] == pytest.approx(9 / 13)
     assert r["share_within_600s"] == pytest.approx(1.0)
+    # the same gaps summed: 2 x 30 + 2 x 25 + 10 = 120 block-seconds, the lifespans' sum (A, B, D, E, I)
+    assert r["sum_reuse_time_s"] == pytest.approx(120.0)
+    assert r["mean_reuse_time_s"] == pytest.approx(120.0 / 13)
+    assert (r["sum_reuse_time_after_600s_s"], r["mean_reuse_time_after_600s_s"]) == (0.0, None)
+    life = h(tiny_report, "lifespan")
+    assert life["num_blocks"] * life["mean_lifespan_s"] == pytest.approx(r["sum_reuse_time_s"])
     cats = r["by_category"]
     assert cats["text-1"]["reuse_prob"] == pytest.approx(4 / 5)  # r0's C is never reused
     assert cats["text-2"]["share_within_10s"] == pytest.approx(0.0)  # r2's blocks come back after 15 s

@@ -18,7 +18,8 @@ from tongyi_trace.trace.ingest import ingest_trace
 WINDOWS = [(0, 1), (0, 5), (0, 7), (0, 10), (1, 10), (3, 5), (5, 10)]  # (offset, offset + stride), tenths
 request = st.tuples(
     st.lists(st.integers(0, 4), min_size=1, max_size=6),  # hash ids from a small alphabet: much sharing
-    st.integers(0, 200).map(lambda q: q / 4),  # gap to the previous request, s (exact binary fractions)
+    # gap to the previous request, s (exact binary fractions; sometimes past 10 min)
+    st.one_of(st.integers(0, 200).map(lambda q: q / 4), st.integers(2401, 2800).map(lambda q: q / 4)),
     st.sampled_from(["text", "file"]),
 )
 
@@ -88,9 +89,12 @@ def test_analyses_match_brute_force(tmp_path: Path, reqs: list[tuple[list[int], 
     assert 0.0 <= hr["token_hit_ratio"] <= 1.0
     rt = rep.results["reuse_time"].headline
     assert rt["num_reuses"] == ref["hits"] == rep.results["skew"].headline["num_reuses"]
+    assert rt["sum_reuse_time_s"] == pytest.approx(sum(ref["gaps"]))
+    assert rt["sum_reuse_time_after_600s_s"] == pytest.approx(sum(g for g in ref["gaps"] if g > 600.0))
     if ref["gaps"]:
         within = sum(g <= 10.0 for g in ref["gaps"]) / len(ref["gaps"])
         assert rt["share_within_10s"] == pytest.approx(within)
+        assert rt["mean_reuse_time_s"] == pytest.approx(sum(ref["gaps"]) / len(ref["gaps"]))
     sp = rep.results["spatial"]
     assert sp.headline["full_window_hit_ratio"] == pytest.approx(hr["hit_ratio"])
     cells = {(o, s): n for o, s, n in sp.tables["heatmap"].filter(sp.tables["heatmap"]["type"].is_null())
@@ -101,5 +105,7 @@ def test_analyses_match_brute_force(tmp_path: Path, reqs: list[tuple[list[int], 
     assert head == sorted(head)  # a longer head window caches a superset
     assert rep.results["live_set"].headline["peak_live_blocks"] == ref["peak"]
     life = rep.results["lifespan"].headline
+    # a block waits through each of its reuse times: they sum to its lifespan (last - first access)
+    assert life["num_blocks"] * life["mean_lifespan_s"] == pytest.approx(rt["sum_reuse_time_s"])
     assert life["num_blocks"] == len({tuple(ids[: p + 1]) for ids, _, _ in reqs for p in range(len(ids))})
     assert 0.0 <= life["p50_s"] <= life["p90_s"] <= life["p99_s"]

@@ -114,7 +114,7 @@ def _headlines(name: str, h: dict[str, Any]) -> list[tuple[str, Any]]:
         "user_heatmap": ["key_kind", "diagonal_share"],
         "skew": ["top10_block_reuse_share", "key_share_for_90pct_hits"],
         "next_turn": ["single_turn_next_prob", "multi_turn_next_prob", "next_turn_prob"],
-        "reuse_time": ["share_within_10s", "share_within_600s", "reuse_prob"],
+        "reuse_time": ["share_within_10s", "share_within_600s", "mean_reuse_time_after_600s_s", "reuse_prob"],
         "spatial": ["head_50pct_hit_ratio", "tail_50pct_hit_ratio"],
         "lifespan": ["p50_s", "p90_s", "p99_s"],
         "live_set": ["peak_live_blocks"],
