@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo-run
 
-.PHONY: install demo test lint bench browser vllm-engine docs clean
+.PHONY: install demo test test-all lint bench browser vllm-engine docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ install: $(STAMP)
 # Debian's Chromium and ChromeDriver, for the browser test of the HTML report and the demo's screenshot.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver fonts-liberation; \
 	  else echo "chromium missing: run 'sudo apt-get install chromium chromium-driver'"; fi; }
 
 # The real CPU vLLM engine (its own virtual environment in the kvtrace cache folder).
@@ -28,8 +28,13 @@ vllm-engine: $(STAMP)
 demo: $(STAMP) browser vllm-engine
 	bash scripts/demo.sh $(DEMO)
 
+# The fast lane: every test but those marked `full` (the slowest real-engine cases), fewer property examples.
 test: $(STAMP) browser vllm-engine
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not full" --hypothesis-profile kvtrace-fast $(PYTEST_ARGS)
+
+# Every test, every example: what CI runs (.ci/run).
+test-all: $(STAMP) browser vllm-engine
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tongyi_trace tests bench

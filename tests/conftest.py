@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from tests.lanes import timeout_s
+
 # Property tests draw the same examples on every run (a failure reproduces; CI is not a lottery), with no
-# per-example deadline (the machine is shared: time is not what they check).
-settings.register_profile("kvtrace", derandomize=True, deadline=None)
+# per-example deadline (the machine is shared: time is not what they check). tests/lanes.py registers the
+# profiles: `kvtrace` (every example, the default) and `kvtrace-fast` (make test's lane).
 settings.load_profile("kvtrace")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test without its own timeout the one of its markers (tests/lanes.py)."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(timeout_s({m.name for m in item.iter_markers()})))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -46,6 +55,21 @@ def mooncake_conversation_run(mooncake_conversation_path: Path, tmp_path_factory
     out = tmp_path_factory.mktemp("mooncake_conversation_run")
     ingest_trace(mooncake_conversation_path, out)
     return out
+
+
+@pytest.fixture
+def private_run(tmp_path: Path) -> Callable[[Path], Path]:
+    """A private copy of a shared run folder's ingested tables (no results), for a test that writes results:
+    session fixtures stay as their first test saw them, so tests run in any order and in parallel."""
+    import shutil
+
+    def copy(run: Path) -> Path:
+        out = tmp_path / f"private-{run.name}"
+        out.mkdir()
+        for name in ("provenance.json", "requests.parquet", "blocks.parquet"):
+            shutil.copy2(run / name, out / name)
+        return out
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.analysis.chains import chains_table
 from tongyi_trace.analysis.common import AnalysisOptions, open_context
 from tongyi_trace.resources import read_query
@@ -42,7 +43,7 @@ def test_mooncake_conversation(mooncake_conversation_run: Path) -> None:
     assert got.equals(ref)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(0, 2**32 - 1), st.booleans())
 def test_random_traces(tmp_path_factory: object, seed: int, shuffled: bool) -> None:
     rng = np.random.default_rng(seed)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.analysis import run_analyses
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.ingest import ingest_trace
@@ -65,7 +66,7 @@ def _brute_force(reqs: list[tuple[list[int], float, str]]) -> dict[str, Any]:
             "refs": sum(len(ids) for ids, _, _ in reqs)}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(reqs=st.lists(request, min_size=1, max_size=10))
 def test_analyses_match_brute_force(tmp_path: Path, reqs: list[tuple[list[int], float, str]]) -> None:
     t = 0.0

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.analysis.spatial import STEPS, UNSEEN, _first_unsorted, _head_window_hits
 
 
@@ -31,7 +32,7 @@ def _by_loop(req: np.ndarray, pos: np.ndarray, chain: np.ndarray, req_blocks: np
     return hits
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_passes_equal_the_loop(seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.analysis.common import AnalysisOptions, open_context
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.events import Window, block_lifespans, load_accesses, parse_window, window_samples
@@ -110,7 +111,7 @@ trace_strategy = st.lists(
     min_size=1, max_size=25)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trace_strategy)
 def test_numpy_linking_matches_the_sql(make_run: Callable[..., Path], reqs: list) -> None:
     run = make_run([(t, ty, turn if ty else None, ids) for t, ty, turn, ids in reqs], name="prop")

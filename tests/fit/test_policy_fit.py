@@ -37,15 +37,17 @@ def check_recovery(rows: list[dict]) -> None:
     assert checked == len(KNOWN)  # every category is well sampled: nothing was skipped
 
 
-def test_recovers_known_parameters_over_the_whole_trace(known_run: Path, tmp_path: Path) -> None:
-    out = fit_policy(known_run, tmp_path / "policy.json")
+def test_recovers_known_parameters_over_the_whole_trace(known_run: Path, tmp_path: Path,
+                                                        private_run: Callable[[Path], Path]) -> None:
+    out = fit_policy(private_run(known_run), tmp_path / "policy.json", capacities=None)  # parameters only
     check_recovery(out.rows)
     assert out.train.to_json()["start_s"] == 0.0 and out.train.include_end
     assert out.train.start_s == out.train.origin_s > 0  # the first request's arrival
 
 
-def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path, tmp_path: Path) -> None:
-    out = fit_policy(known_run, tmp_path / "policy.json", train="0:4800")
+def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path, tmp_path: Path,
+                                                                private_run: Callable[[Path], Path]) -> None:
+    out = fit_policy(private_run(known_run), tmp_path / "policy.json", train="0:4800", capacities=None)
     check_recovery(out.rows)
     file1 = next(r for r in out.rows if r["category"] == "file-1")
     assert file1["train_num_samples"] >= 2000
@@ -58,8 +60,10 @@ def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path,
     assert KNOWN["file-1"][0] - s.num_observed / s.num_samples > 0.05
 
 
-def test_test_window_reports_both_fits(known_run: Path, tmp_path: Path) -> None:
-    out = fit_policy(known_run, tmp_path / "p.json", train="0:3600", test="3600:")
+def test_test_window_reports_both_fits(known_run: Path, tmp_path: Path,
+                                       private_run: Callable[[Path], Path]) -> None:
+    run = private_run(known_run)
+    out = fit_policy(run, tmp_path / "p.json", train="0:3600", test="3600:", capacities=None)
     rows = {r["category"]: r for r in out.rows}
     assert list(rows)[-1] == "default"
     for name in KNOWN:
@@ -68,10 +72,10 @@ def test_test_window_reports_both_fits(known_run: Path, tmp_path: Path) -> None:
         assert abs(r["test_reuse_prob"] - KNOWN[name][0]) < 0.1
         # the same process in both halves: the train fit predicts the test data almost as well as its own
         assert r["test_ks_policy"] < 0.06 and r["test_ks_own"] < 0.06
-    table = json.loads((known_run / "fit" / "train_test.json").read_text())
+    table = json.loads((run / "fit" / "train_test.json").read_text())
     assert table["schema"] == "kvtrace.fit-table/1"
     assert table["test"]["start_s"] == 3600.0 and table["rows"] == json.loads(json.dumps(out.rows))
-    cdf = pl.read_parquet(known_run / "fit" / "cdf.parquet")
+    cdf = pl.read_parquet(run / "fit" / "cdf.parquet")
     assert cdf.columns == ["category", "window", "d_s", "empirical_cdf", "fitted_cdf", "policy_cdf"]
     assert set(cdf["window"]) == {"train", "test"}
     assert set(cdf["category"]) == {*KNOWN, "default"}
@@ -81,7 +85,9 @@ def test_test_window_reports_both_fits(known_run: Path, tmp_path: Path) -> None:
     assert (one["empirical_cdf"] - one["fitted_cdf"]).abs().max() <= rows["text-1"]["train_ks"] + 1e-12
 
 
-def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path) -> None:
+def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path,
+                                         private_run: Callable[[Path], Path]) -> None:
+    known_run = private_run(known_run)  # the fit writes its artifacts into the run
     out = fit_policy(known_run, tmp_path / "sub" / "policy.json", min_samples=10)
     pol = load_policy(tmp_path / "sub" / "policy.json")
     assert pol == out.policy
@@ -273,11 +279,12 @@ def test_policy_file_not_json(tmp_path: Path) -> None:
         load_policy(bad)
 
 
-def test_mooncake_conversation_counts_match_the_readme(mooncake_conversation_run: Path, tmp_path: Path) -> None:
+def test_mooncake_conversation_counts_match_the_readme(mooncake_conversation_run: Path, tmp_path: Path,
+                                                       private_run: Callable[[Path], Path]) -> None:
     # ../shared/traces/README.md: 288,500 block references, 182,790 distinct blocks (prefix-chained ids).
     # Over the whole trace every reference is a sample, and exactly the references whose block comes
     # back later are observed reuses: 288,500 - 182,790 (ideal hit ratio 0.3664 x 288,500).
-    out = fit_policy(mooncake_conversation_run, tmp_path / "p.json")
+    out = fit_policy(private_run(mooncake_conversation_run), tmp_path / "p.json", capacities=None)
     default = next(r for r in out.rows if r["category"] == "default")
     assert list(out.policy.categories) == ["all"]  # Mooncake has no types or turns
     assert default["train_num_samples"] == 288_500

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.fit.reuse_model import Samples, fit_reuse, kaplan_meier_cdf, km_curve, ks_distance, model_cdf
 
 
@@ -78,7 +79,7 @@ def test_kaplan_meier_without_censoring_is_the_empirical_cdf() -> None:
     assert cdf == pytest.approx([(d <= t).mean() for t in times])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.floats(0.01, 1000.0), st.booleans(), st.integers(1, 20)), min_size=1, max_size=60))
 def test_fit_is_a_likelihood_maximum(rows: list[tuple[float, bool, int]]) -> None:
     s = Samples(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
@@ -95,7 +96,7 @@ def test_fit_is_a_likelihood_maximum(rows: list[tuple[float, bool, int]]) -> Non
         assert loglik(s, p2, fit.rate_per_s * (dr or 1.0)) <= best + 1e-6 * max(1.0, abs(best))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.floats(0.05, 1.0), st.floats(1e-3, 10.0), st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40))
 def test_ks_against_the_definition(p: float, rate: float, d: list[float]) -> None:
     s = samples(d)

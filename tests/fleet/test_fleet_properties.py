@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.fleet.routers import ROUTERS
 from tongyi_trace.fleet.simulate import Tiers, simulate_fleet
 from tongyi_trace.sim.cost_model import CostModel
@@ -37,7 +38,7 @@ def multi_turn(draw: st.DrawFn, shared_prompts: bool) -> tuple[Stream, np.ndarra
     return stream_from_lists(reqs, times_s=times), np.array(turns, np.int64)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(multi_turn(shared_prompts=False), st.integers(1, 4))
 def test_sticky_and_prefix_routing_hit_at_least_round_robin(case: tuple[Stream, np.ndarray], n: int) -> None:
     stream, session = case
@@ -48,7 +49,7 @@ def test_sticky_and_prefix_routing_hit_at_least_round_robin(case: tuple[Stream, 
     assert sticky == prefix == stream.ideal_hits() >= rr
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(multi_turn(shared_prompts=True), st.integers(1, 4), st.sampled_from(["lru", "fifo", "s3fifo"]))
 def test_oracle_affinity_bounds_every_router(case: tuple[Stream, np.ndarray], n: int, policy: str) -> None:
     stream, session = case
@@ -59,7 +60,7 @@ def test_oracle_affinity_bounds_every_router(case: tuple[Stream, np.ndarray], n:
         assert simulate_fleet(stream, name, n, policy, cap, cost=COST, session=session).num_hits <= oracle.num_hits
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(multi_turn(shared_prompts=True), st.integers(1, 3), st.integers(1, 30),
        st.sampled_from(["rr", "session", "prefix", "kv-aware"]))
 def test_one_tier_changes_nothing(case: tuple[Stream, np.ndarray], n: int, cap: int, router: str) -> None:
@@ -71,7 +72,7 @@ def test_one_tier_changes_nothing(case: tuple[Stream, np.ndarray], n: int, cap: 
         assert np.array_equal(tiered.req_instance, plain.req_instance)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(multi_turn(shared_prompts=True), st.integers(1, 3), st.integers(0, 10), st.integers(1, 30))
 def test_two_tiers_split_the_hits(case: tuple[Stream, np.ndarray], n: int, spare: int, dram: int) -> None:
     """LRU over LRU (the exact two-tier cache): HBM + DRAM hit what one cache of their sum hits, HBM alone

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tests.lanes import examples
 from tongyi_trace.analysis import run_analyses
 from tongyi_trace.cli import app
 from tongyi_trace.run import RunDir
@@ -47,14 +48,14 @@ def _check(base: dict[str, Any], first: dict[str, Any], field: str, value: Any) 
         assert not (Path(d) / "run").exists()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field=st.sampled_from(sorted(BAILIAN)), value=VALUES)
 def test_bailian_field_values(field: str, value: Any) -> None:
     first = {**BAILIAN, "chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "turn": 1}
     _check(BAILIAN, first, field, value)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field=st.sampled_from(sorted(MOONCAKE)), value=VALUES)
 def test_mooncake_field_values(field: str, value: Any) -> None:
     _check(MOONCAKE, {**MOONCAKE, "timestamp": 0}, field, value)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tests.lanes import examples
 from tongyi_trace.cli import app
 from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.prompts import PromptSynth
@@ -31,7 +32,7 @@ def run_dir(tiny_bailian_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(option=st.sampled_from(FLOAT_OPTIONS + INT_OPTIONS), value=NUMBERS)
 @example(option="--gpu-mem-gib", value=4e298).via("a huge GPU memory overflowed polars' integers")
 @example(option="--layers", value=2**40).via("a huge model shape")
@@ -46,7 +47,7 @@ def test_analyze_numeric_options(run_dir: Path, option: str, value: float) -> No
         assert "--" in r.output or "model option" in r.output, r.output  # names what to change
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(speedup=NUMBERS, start=NUMBERS, duration=st.none() | NUMBERS, sample=st.none() | NUMBERS,
        min_token_id=st.integers(min_value=-10, max_value=40000))
 def test_schedule_and_prompt_options(speedup: float, start: float, duration: float | None,

@@ -54,6 +54,7 @@ def test_every_runtime_import_is_declared() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_fresh_venv_without_extras_runs_the_pipeline(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +56,15 @@ def test_not_reached() -> None:
     assert "LRU never reaches it; no simulated capacity reaches it." in describe(rec)[1]
 
 
-def test_report_opens_with_recommendation(mooncake_conversation_run: Path) -> None:
+def test_report_opens_with_recommendation(mooncake_conversation_run: Path,
+                                          private_run: Callable[[Path], Path]) -> None:
     from tongyi_trace.report.render import build_sections
     from tongyi_trace.run import open_run
     from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
 
-    simulate_run(mooncake_conversation_run, SimulateOptions(policies="lru,s3fifo", capacities="2000,5%", jobs=1))
-    sections = build_sections(open_run(mooncake_conversation_run))
+    run = private_run(mooncake_conversation_run)
+    simulate_run(run, SimulateOptions(policies="lru,s3fifo", capacities="2000,5%", jobs=1))
+    sections = build_sections(open_run(run))
     first = sections[0]
     assert first.key == "recommendation"
     assert first.values["saturated_at"] == "2000, 5%"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,11 @@ def test_utilization_golden() -> None:
     assert instances_needed(math.inf) is None and instances_needed(0.99) == 1 and instances_needed(1.0) == 2
 
 
-def test_mooncake_conversation_saturates(mooncake_conversation_run: Path) -> None:
+def test_mooncake_conversation_saturates(mooncake_conversation_run: Path,
+                                        private_run: Callable[[Path], Path]) -> None:
     """LRU at 2,000 blocks: one instance cannot keep up; the rows say so and how many would."""
-    res = simulate_run(mooncake_conversation_run, SimulateOptions(policies="lru", capacities="2000,inf", jobs=1))
+    run = private_run(mooncake_conversation_run)
+    res = simulate_run(run, SimulateOptions(policies="lru", capacities="2000,inf", jobs=1))
     assert res.summary["num_saturated"] == 2
     for row in res.rows:
         rho = row["utilization"]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.replay.conftest import KVTRACE, kvtrace_cli
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make test-all only (tests/lanes.py)
 
 NUM_REQUESTS = 160
 

@@ -7,11 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.prompts import PromptSynth
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(ids=st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=12),
        seed=st.integers(0, 2**32), bs=st.sampled_from([16, 32, 512]))
 def test_same_block_id_same_tokens_anywhere(ids: list[int], seed: int, bs: int) -> None:

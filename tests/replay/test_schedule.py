@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.errors import UsageError
 from tongyi_trace.replay.schedule import ScheduleOptions, build_schedule
 from tongyi_trace.run import open_run
@@ -49,7 +50,7 @@ def test_window_caps_and_too_long_are_counted(tiny_run: Path) -> None:
     assert [r.req_idx for r in s.requests] == [0, 1] and s.num_over_max_requests == 4
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(frac=st.floats(0.05, 1.0), seed=st.integers(0, 1000))
 def test_session_sampling_keeps_whole_sessions(tiny_run: Path, frac: float, seed: int) -> None:
     reqs = open_run(tiny_run).requests()

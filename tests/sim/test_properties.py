@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
 from tongyi_trace.sim.kernel import S_EVICT_CYCLES
@@ -43,7 +44,7 @@ def streams(draw: st.DrawFn) -> Stream:
 ALL = [p.value for p in Policy]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_counts_add_up(s: Stream, capacity: int) -> None:
     for pol in ALL:
@@ -56,7 +57,7 @@ def test_counts_add_up(s: Stream, capacity: int) -> None:
         assert 0.0 <= r.hit_ratio <= 1.0 and 0.0 <= r.token_hit_ratio <= 1.0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams())
 def test_lru_and_oracle_never_fall_and_oracle_bounds_all(s: Stream) -> None:
     prev = {"lru": -1, "oracle": -1}
@@ -68,14 +69,14 @@ def test_lru_and_oracle_never_fall_and_oracle_bounds_all(s: Stream) -> None:
         assert hits["oracle"] == max(hits.values()), (cap, hits)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams())
 def test_unlimited_capacity_is_the_ideal(s: Stream) -> None:
     for pol in ALL:
         assert simulate_policy(s, pol, s.num_ids, fit=FIT).num_hits == s.ideal_hits()
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(streams())
 def test_one_pass_curve_equals_lru_at_every_capacity(s: Stream) -> None:
     curve = lru_curve(s)
@@ -85,7 +86,7 @@ def test_one_pass_curve_equals_lru_at_every_capacity(s: Stream) -> None:
         assert curve.token_hit_ratio(cap) == r.token_hit_ratio
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 8), min_size=1, max_size=6, unique=True), min_size=1, max_size=20))
 def test_one_pass_curve_equals_lru_without_prefix_chaining(reqs: list[list[int]]) -> None:
     # Arbitrary ids (a block may follow different parents, or be cached without its parent): the curve
@@ -96,7 +97,7 @@ def test_one_pass_curve_equals_lru_without_prefix_chaining(reqs: list[list[int]]
         assert curve.hits(cap) == simulate_policy(s, "lru", cap).num_hits, cap
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_leaf_only_never_evicts_a_block_with_cached_children(s: Stream, capacity: int) -> None:
     # Prefix closure, for every policy that can take it: no eviction orphans a cached child, so no
@@ -108,7 +109,7 @@ def test_leaf_only_never_evicts_a_block_with_cached_children(s: Stream, capacity
     assert simulate_policy(s, "wa", capacity, fit=FIT).params["leaf_only"] is True  # WA's default
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_prefix_closed_policies_never_choose_a_block_with_cached_children(s: Stream, capacity: int) -> None:
     # The policies that declare PREFIX_CLOSED (the kernel then keeps no count of cached children without
@@ -135,7 +136,7 @@ def _widened(c: Cache) -> Cache:
     return c
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_a_narrow_state_gives_the_same_results(s: Stream, capacity: int) -> None:
     # A policy without a heap or columns of its own keeps one cache line per block (structs.NARROW_ROWS),
@@ -169,7 +170,7 @@ def test_orphans_are_counted_without_leaf_only() -> None:
     assert r.req_hit_blocks.tolist() == [0, 1, 0, 0, 1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(streams(), st.integers(1, 12), st.integers(1, 5))
 def test_serving_in_slices_equals_one_pass(s: Stream, capacity: int, slices: int) -> None:
     # The Cache keeps its state between calls: serving the requests in any slicing gives the same hits.
@@ -196,7 +197,7 @@ def test_cached_prefix_is_what_a_router_sees() -> None:
     assert (cache.cached_prefix(1), cache.cached_prefix(2), cache.num_cached) == (2, 0, 3)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_wa_in_lru_order_is_lru(s: Stream, capacity: int) -> None:
     # The switch a guard flips (wa.IP_LRU_ORDER): WA's queues then evict exactly as LRU does.

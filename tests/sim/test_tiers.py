@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tests.sim.test_properties import FIT, streams
 from tongyi_trace.errors import UsageError
 from tongyi_trace.sim.kernel import promote
@@ -82,7 +83,7 @@ def _max_len(s: Stream) -> int:
     return int(np.diff(s.req_off).max())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams(), st.integers(1, 12), st.integers(1, 12))
 def test_lru_over_a_recency_tier_is_one_lru(s: Stream, hbm: int, dram: int) -> None:
     """LRU over LRU (or FIFO, or LFU: in DRAM a hit always promotes, so they all keep DRAM in demotion
@@ -99,7 +100,7 @@ def test_lru_over_a_recency_tier_is_one_lru(s: Stream, hbm: int, dram: int) -> N
         assert np.array_equal(r.hbm.req_hit_tokens, whole.req_hit_tokens), lower
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(streams(), st.integers(1, 8), st.integers(0, 8), st.sampled_from(ALL), st.sampled_from(ALL))
 def test_every_pair_of_policies_adds_up_and_stays_exclusive(s: Stream, hbm: int, dram: int, upper: str,
                                                             lower: str) -> None:
@@ -117,7 +118,7 @@ def test_every_pair_of_policies_adds_up_and_stays_exclusive(s: Stream, hbm: int,
     assert 0 <= res.num_dram_hit_tokens <= res.hbm.num_hit_tokens
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(streams(), st.integers(1, 8), st.integers(1, 8))
 def test_wa_in_dram_sees_the_blocks_promoted_behind_its_hooks(s: Stream, hbm: int, dram: int) -> None:
     """WA keeps its queue heads' priorities while the time stands still; promote takes blocks out of its
@@ -144,7 +145,7 @@ def _serve_checking_each_request(cache: TieredCache, hbm: int, dram: int) -> Non
         assert cache.cached_prefix(r) >= 0
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(streams(), st.integers(1, 8), st.integers(1, 8), st.sampled_from(ALL))
 def test_with_lru_in_hbm_the_dram_tier_only_adds(s: Stream, hbm: int, dram: int, lower: str) -> None:
     """With vLLM's LRU on HBM, HBM hits are exactly an LRU of H blocks' whatever DRAM runs (HBM stays

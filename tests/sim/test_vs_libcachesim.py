@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import stream_from_lists
 
@@ -35,7 +36,7 @@ def _oracle_general(ids: np.ndarray, path: Path) -> None:
     rec.tofile(path)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(ids=st.lists(st.integers(0, 40), min_size=1, max_size=300), capacity=st.integers(2, 30),
        policy=st.sampled_from([("lru", "LRU"), ("fifo", "FIFO"), ("lfu", "LFU")]))
 def test_single_block_streams_agree_with_libcachesim(tmp_path_factory: pytest.TempPathFactory, ids: list[int],

@@ -119,6 +119,7 @@ def _slow(task: int, shared: Any) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_lost_cluster_stops_with_one_line(make_ray_head: Callable[..., Any]) -> None:
     # a cluster of its own, killed after the second result: the command says so in one line (Ray takes
     # about a minute to give up on its head node) and every result reported before is kept

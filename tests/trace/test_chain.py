@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.trace.chain import chain_ids
 
 requests_st = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=6), min_size=1, max_size=25)
@@ -18,7 +19,7 @@ def _flatten(reqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, offsets
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(requests_st)
 def test_chain_ids_equal_iff_prefixes_equal(reqs: list[list[int]]) -> None:
     flat, offsets = _flatten(reqs)
@@ -29,7 +30,7 @@ def test_chain_ids_equal_iff_prefixes_equal(reqs: list[list[int]]) -> None:
             assert (chains[i] == chains[j]) == (prefixes[i] == prefixes[j])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(requests_st)
 def test_chained_ids_keep_their_partition(reqs: list[list[int]]) -> None:
     """Ids that are already prefix-chained (Mooncake) give the same partition as the ids themselves."""

@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.run import open_run
 from tongyi_trace.trace.chain import chain_ids
 from tongyi_trace.trace.dense import ChainNumbers, DenseIds
@@ -53,7 +54,7 @@ def _tree_requests(rng: np.random.Generator, num_requests: int, num_nodes: int) 
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), cuts=st.lists(st.integers(0, 12), max_size=4))
 def test_tree_traces_number_by_block_id(seed: int, cuts: list[int]) -> None:
     requests = _tree_requests(np.random.default_rng(seed), 40, 30)
@@ -63,7 +64,7 @@ def test_tree_traces_number_by_block_id(seed: int, cuts: list[int]) -> None:
     assert numbers.num_distinct == len({b for r in requests for b in r})
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(requests=st.lists(st.lists(st.integers(0, 6), max_size=6), min_size=1, max_size=30),
        cuts=st.lists(st.integers(0, 12), max_size=4))
 def test_any_trace_numbers_as_the_reference(requests: list[list[int]], cuts: list[int]) -> None:

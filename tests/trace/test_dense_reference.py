@@ -14,6 +14,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import open_run
@@ -91,7 +92,7 @@ def _chains(blocks: list[int]) -> list[int]:
 requests_st = st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=6), min_size=1, max_size=30)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(requests=requests_st, seed=st.integers(0, 2**32 - 1), cuts=st.lists(st.integers(0, 20), max_size=4))
 def test_random_streams(requests: list[list[int]], seed: int, cuts: list[int]) -> None:
     chain = np.array([c for r in requests for c in _chains(r)], np.int64)

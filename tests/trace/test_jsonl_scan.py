@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.errors import InputError
 from tongyi_trace.trace import jsonl_scan, reader
 from tongyi_trace.trace.reader import ReadStats, read_chunks
@@ -212,7 +213,7 @@ def _scan_number(text: str) -> tuple[int, float]:
 _finite = st.floats(allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(st.one_of(
     _finite.map(repr),
     st.tuples(_finite.filter(lambda x: abs(x) < 1e15), st.integers(0, 12)).map(lambda t: f"{t[0]:.{t[1]}f}"),
@@ -228,7 +229,7 @@ def test_an_exact_number_is_the_correctly_rounded_double(text: str) -> None:
         assert value == want and math.copysign(1, value) == math.copysign(1, want)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(-(1 << 65), 1 << 65))
 def test_integer_literals_within_int64_only(v: int) -> None:
     buf = np.frombuffer(f"{v}]".encode(), dtype=np.uint8)

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.splitmix import GOLDEN, mix64, splitmix64
 from tongyi_trace.trace import chain
 from tongyi_trace.trace.chain import chain_ids
@@ -20,7 +21,7 @@ def test_matches_the_reference_generator() -> None:
     assert [hex(int(v)) for v in out] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(U64)
 def test_python_int_form_equals_the_definition(x: int) -> None:
     want = int(splitmix64(np.array([x], dtype=np.uint64))[0])
@@ -28,7 +29,7 @@ def test_python_int_form_equals_the_definition(x: int) -> None:
     assert mix64(x - 2**64) == want  # python ints are taken modulo 2^64
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.lists(U64, max_size=5), min_size=1, max_size=6))
 def test_chain_ids_follow_the_recurrence(reqs: list[list[int]]) -> None:
     """chain_k = mix64(chain_{k-1} ^ mix64(block_k)) from the seed, per request, in python integers: the

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tests.lanes import examples
 from tongyi_trace.cli import app
 from tongyi_trace.errors import UsageError
 from tongyi_trace.trace.ingest import ingest_trace
@@ -307,7 +308,7 @@ def _blocks(tr: SynthTrace, i: int) -> list[int]:
     return [int(x) for x in tr.hash_ids[tr.offsets[i]:tr.offsets[i + 1]]]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_sessions())
 def test_assemble_properties(sr: SessionRequests) -> None:
     tr = assemble(sr)

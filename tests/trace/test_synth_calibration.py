@@ -26,6 +26,7 @@ HOLDING = {
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("profile", sorted(HOLDING))
 def test_profile_lands_in_its_bands(profile: str, tmp_path: Path) -> None:
     rows = {r.key: r for r in check_profile(profile, 1, scale=0.25, work_dir=tmp_path)}

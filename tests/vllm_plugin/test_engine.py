@@ -22,7 +22,7 @@ from tongyi_trace.engine import process
 from tongyi_trace.guard.decide import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_settled_stats, read_stats
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make test-all only (tests/lanes.py)
 
 # text-2 blocks are almost surely reused for a long time; text-1 blocks almost never; others between.
 HAND_POLICY = {

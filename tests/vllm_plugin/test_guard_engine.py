@@ -18,7 +18,7 @@ from tongyi_trace import engine
 from tongyi_trace.engine.process import _healthy, _kill_group
 from tongyi_trace.vllm_plugin.stats import read_settled_stats
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make test-all only (tests/lanes.py)
 
 # At 639 usable blocks the slice's own fit (prefix-closed WA, exp model) and LRU trade the lead: with a
 # 10-s window and no margin (any significant lead switches) the guard goes to LRU and back (predicted with

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
 from tongyi_trace.wa_priority import (
     MODEL_EXP,
@@ -203,7 +204,7 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "hit", "tick"]), st.i
                          st.sampled_from(["hot", "cold", "x", None])), max_size=80)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(ops=ops, mode=st.sampled_from(["wa", "lru", "fifo", "s3fifo"]))
 def test_queue_accounting_property(ops: list[tuple[str, int, str | None]], mode: str) -> None:
     """Whatever happens, free + busy = all blocks, nothing is handed out twice, LRU = vLLM order."""

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.fit.params import CategoryParams, PolicyParams
 from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
 from tongyi_trace.wa_priority import km_grid_s
@@ -159,7 +160,7 @@ def _prefix_closed(policy: str, variant: dict[str, object]) -> bool:
 POOLED = {**PARAMS, "other": PARAMS["hot"]}
 
 
-@settings(max_examples=240, deadline=None)
+@settings(max_examples=examples(240), deadline=None)
 @given(seed=st.integers(0, 10_000), capacity=st.integers(12, 60), ties=st.booleans(), shared=st.booleans(),
        pooled=st.booleans(), case=st.sampled_from(CASES))
 def test_plugin_queue_gives_the_simulators_hits(seed: int, capacity: int, ties: bool, shared: bool, pooled: bool,
@@ -190,7 +191,7 @@ def test_pooled_ties_break_by_the_simulators_block_id() -> None:
     assert [unkeyed.serve(r, c, t) for r, t, c in zip(requests, times, cats, strict=True)] != sim
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=st.integers(0, 10_000), capacity=st.integers(12, 60), ties=st.booleans(),
        variant=st.sampled_from(VARIANTS[:5]))
 def test_wa_over_many_categories_gives_the_simulators_hits(seed: int, capacity: int, ties: bool,

@@ -1,0 +1,35 @@
+"""The test lanes: what `make test` (the fast lane) and `make test-all` (every test) run, and how hard.
+
+- `full`-marked tests run only in `make test-all` (and so in CI): the slowest real-engine cases and long runs
+  whose behaviour the fast lane also covers on a smaller input. `make test` runs `-m "not full"`.
+- Hypothesis example counts come from the loaded profile: a test asks for `examples(N)`, N being its count
+  under the full profile (`kvtrace`, 100 examples by default); the fast lane's profile (`kvtrace-fast`,
+  `--hypothesis-profile kvtrace-fast`) scales every count down by the same factor.
+- Per-marker timeouts (tests/conftest.py): a hang fails in minutes, not after the 15-minute global limit.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+
+FULL_PROFILE_EXAMPLES = 100  # the `kvtrace` profile's max_examples: the counts tests give are relative to it
+FAST_PROFILE_EXAMPLES = 30
+MIN_EXAMPLES = 5
+
+# Timeout of a test by its markers (the largest that applies), seconds; fixture set-up included.
+TIMEOUT_S_BY_MARKER = {"engine": 600, "browser": 300, "slow": 300, "full": 600}
+DEFAULT_TIMEOUT_S = 180
+
+settings.register_profile("kvtrace", derandomize=True, deadline=None, max_examples=FULL_PROFILE_EXAMPLES)
+settings.register_profile("kvtrace-fast", derandomize=True, deadline=None, max_examples=FAST_PROFILE_EXAMPLES)
+
+
+def examples(num_full: int) -> int:
+    """A property test's example count under the loaded profile: num_full under the full profile, scaled."""
+    scale = settings.default.max_examples / FULL_PROFILE_EXAMPLES
+    return max(MIN_EXAMPLES, round(num_full * scale))
+
+
+def timeout_s(markers: set[str]) -> int:
+    """The timeout of a test carrying these markers."""
+    return max([TIMEOUT_S_BY_MARKER[m] for m in markers if m in TIMEOUT_S_BY_MARKER], default=DEFAULT_TIMEOUT_S)
