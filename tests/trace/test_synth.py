@@ -158,8 +158,14 @@ def test_trace_ingests_without_findings(toc_small: Path, tmp_path: Path) -> None
     assert prov["has_users"] and prov["has_types"] and prov["has_turns"]
 
 
-def test_to_b_programs_send_their_own_templates_single_turn() -> None:
-    tr = generate("to-b", 3, num_requests=20_000)
+@pytest.fixture(scope="module")
+def to_b_20k() -> SynthTrace:
+    """One to-B trace of 20,000 requests (seed 3), drawn once for the module's tests (they only read it)."""
+    return generate("to-b", 3, num_requests=20_000)
+
+
+def test_to_b_programs_send_their_own_templates_single_turn(to_b_20k: SynthTrace) -> None:
+    tr = to_b_20k
     assert set(tr.type_names) == {"api"}
     assert 0 < np.mean(tr.turn >= 2) < 0.001
     # every request opens with one of its program's prompt templates: a first block is one program's
@@ -175,8 +181,8 @@ def test_to_b_programs_send_their_own_templates_single_turn() -> None:
     assert all(np.unique(first[tr.user == u]).size == 1 for u in light.tolist())
 
 
-def test_to_b_repeats_retries_and_batch_jobs() -> None:
-    tr = generate("to-b", 3, num_requests=20_000)
+def test_to_b_repeats_retries_and_batch_jobs(to_b_20k: SynthTrace) -> None:
+    tr = to_b_20k
     last_ms: dict[tuple[int, ...], int] = {}
     gaps_ms = []
     for i in range(tr.num_requests):
