@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -237,11 +239,17 @@ def run_lock(path: Path) -> Iterator[None]:
         finally:
             _held[key] = (fd, _held[key][1] - 1)
         return
-    try:
-        fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a symlink: a planted RUN/.kvtrace.lock -> FILE must not truncate FILE
+        fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}/{LOCK_NAME} is a symbolic link, not kvtrace's lock file: remove it and "
+                             "run again") from None
         raise InputError(f"{path}: cannot lock the run folder ({e.strerror}); check the path and "
                          "permissions") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}/{LOCK_NAME} is not a regular file: remove it and run again")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

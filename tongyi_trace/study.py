@@ -15,15 +15,18 @@ name. Artifacts in OUT/ (written as tasks finish, tables at the end):
 from __future__ import annotations
 
 import glob
+import html
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 
+from tongyi_trace.atomic import atomic_write_text
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
 from tongyi_trace.models import DEFAULT_MODEL
@@ -257,8 +260,6 @@ def _transfer_row(name: str, index: int, r: dict[str, Any], policy: str, fitted_
 
 def write_page(res: StudyResult, path: Path) -> None:
     """The study's HTML page: drift of the fits and the ideal hit ratio, and the next-window check."""
-    import html
-
     import plotly.graph_objects as go
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
@@ -299,7 +300,7 @@ def write_page(res: StudyResult, path: Path) -> None:
             f"td,th{{padding:2px 10px;text-align:left}}</style></head><body><h1>kvtrace study: "
             f"{len(res.windows)} windows</h1><ul>{gain}</ul><table><tr><th>window</th><th>requests</th>"
             f"<th>ideal hit ratio</th><th>error</th><th>report</th></tr>{rows}</table>{''.join(parts)}</body></html>")
-    path.write_text(page)
+    atomic_write_text(path, page)
 
 
 def _fmt(x: float | None) -> str:
@@ -310,4 +311,4 @@ def _link(report: str | None, base: Path) -> str:
     if not report:
         return ""
     rel = Path(report).relative_to(base) if Path(report).is_relative_to(base) else Path(report)
-    return f'<a href="{rel.as_posix()}">report</a>'
+    return f'<a href="{html.escape(quote(rel.as_posix()), quote=True)}">report</a>'

@@ -49,6 +49,22 @@ def test_the_lock_is_reentrant_within_one_process(tmp_path: Path) -> None:
         pass
 
 
+def test_a_planted_lock_symlink_is_refused_and_its_target_kept(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ingest_trace(tiny_bailian_path, run)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    (run / ".kvtrace.lock").unlink()
+    (run / ".kvtrace.lock").symlink_to(precious)
+    res = runner.invoke(app, ["analyze", str(run), "--only", "hit_ratio", "-q"])
+    assert res.exit_code == 2 and "is a symbolic link, not kvtrace's lock file" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert precious.read_text() == "keep me\n"  # before: truncated to 0 bytes
+    with pytest.raises(InputError, match="symbolic link"):
+        with run_lock(run):
+            pass
+
+
 def test_temporary_names_are_unique_and_nothing_is_left_behind(tmp_path: Path) -> None:
     target = tmp_path / "a.json"
     assert len({temp_path(target) for _ in range(100)}) == 100

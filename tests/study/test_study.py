@@ -106,3 +106,21 @@ def test_failed_tasks_are_one_plain_line(tmp_path: Path, make_trace: Callable[..
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "[bold" not in proc.stderr, \
         proc.stderr
     assert "task(s) failed after a retry" in proc.stderr
+
+
+def test_the_index_page_escapes_hostile_window_names(tmp_path: Path) -> None:
+    """A trace named like markup shows as text on index.html: in the table, the report link and the figures."""
+    from tongyi_trace.study import StudyResult, write_page
+
+    evil = 'x"><img src=x onerror=alert(document.domain)>'
+    report = tmp_path / "runs" / evil / "report.html"
+    res = StudyResult(windows=[{"window": evil, "num_requests": 3, "ideal_hit_ratio": 0.5, "report": str(report)}],
+                      fits=[{"window": evil, "category": "<b>c</b>", "reuse_prob": 0.5, "mean_reuse_s": 1.0,
+                             "life_s": 2.0}],
+                      transfer=[], summary={"transfer_gain": {}}, out_dir=tmp_path)
+    write_page(res, tmp_path / "index.html")
+    page = (tmp_path / "index.html").read_text()
+    assert "<img src=x" not in page and "<b>c</b>" not in page  # before: the report link's href broke out
+    assert 'href="runs/x%22%3E%3Cimg%20src%3Dx%20onerror%3Dalert%28document.domain%29%3E/report.html"' in page
+    assert "x&quot;&gt;&lt;img src=x onerror=alert(document.domain)&gt;" in page
+    assert not list(tmp_path.glob(".*.tmp*"))  # written atomically

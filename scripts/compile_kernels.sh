@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make install`'s last step: compile the simulator's numba kernels once and leave them in numba's cache
+# (beside the package's sources), so the first real run and the tests do not stall on compilation.
+# It runs a small pipeline through every compiled path: ingest, the analyses, the fit's tuning, every
+# policy with the engine model, the guard, and the fleet with HBM + DRAM tiers and a remote pool.
+set -euo pipefail
+K=${KVTRACE:-.venv/bin/kvtrace}
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+start=$(date +%s)
+echo "compiling the simulator's kernels (once per install; a few minutes on 2 cores; later runs read the cache)"
+$K synth --profile to-c --seed 1 --requests 3000 --duration 1800 -o "$D/t.jsonl" -q
+$K ingest "$D/t.jsonl" -o "$D/run" -q
+$K ingest "$D/t.jsonl" -o "$D/fleet" -q  # a run folder has one writer at a time
+# two processes, one per core: the single-cache paths and the fleet's tiered paths compile apart
+( $K analyze "$D/run" -q
+  $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q
+  $K simulate "$D/run" -p all,fitted,oracle-dead --policy-file "$D/policy.json" -c 0.5L --ablation -q --name warm
+  $K simulate "$D/run" -p lru,wa -c 0.5L --engine-block-size 32 -q --name warm-engine ) &
+a=$!
+( $K fit "$D/fleet" --capacity none -o "$D/fleet-policy.json" -q
+  $K simulate "$D/fleet" -p all -c 5% --policy-file "$D/fleet-policy.json" --hbm-capacity 1% --remote-capacity 20% \
+      --instances 2 --router all -q --name warm-fleet ) &
+b=$!
+wait $a
+wait $b
+echo "kernels compiled and cached in $(( $(date +%s) - start )) s"
