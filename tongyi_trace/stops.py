@@ -12,9 +12,23 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop like Ctrl-C (which raises KeyboardInterrupt itself)
 
 
+_REASON_PREFIX = "stopped by "
+
+
 def stop_interrupt(signum: int) -> KeyboardInterrupt:
     """The KeyboardInterrupt a stop by signal SIGNUM ends in ('stopped by SIGTERM')."""
-    return KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    return KeyboardInterrupt(f"{_REASON_PREFIX}{signal.Signals(signum).name}")
+
+
+def stop_exit_code(reason: BaseException | str | None) -> int:
+    """The shell's exit code for a stop: 128 + the signal's number (SIGTERM 143, SIGHUP 129), 130 for Ctrl-C
+    or any other interruption. REASON is the KeyboardInterrupt (or its text) that stop_interrupt made."""
+    text = str(reason or "")
+    if text.startswith(_REASON_PREFIX):
+        name = text[len(_REASON_PREFIX):].split()[0] if text[len(_REASON_PREFIX):] else ""
+        if name in signal.Signals.__members__:
+            return 128 + int(signal.Signals[name])
+    return 128 + int(signal.SIGINT)
 
 
 @contextmanager

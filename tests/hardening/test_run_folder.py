@@ -60,9 +60,8 @@ def test_a_planted_lock_symlink_is_refused_and_its_target_kept(tiny_bailian_path
     assert res.exit_code == 2 and "is a symbolic link, not kvtrace's lock file" in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert precious.read_text() == "keep me\n"  # before: truncated to 0 bytes
-    with pytest.raises(InputError, match="symbolic link"):
-        with run_lock(run):
-            pass
+    with pytest.raises(InputError, match="symbolic link"), run_lock(run):
+        pass
 
 
 def test_temporary_names_are_unique_and_nothing_is_left_behind(tmp_path: Path) -> None:

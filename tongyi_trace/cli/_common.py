@@ -81,7 +81,7 @@ def say(*parts: Part, err: bool = False) -> None:
 def run_cli(fn: Callable[[], T]) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
     SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
-    from tongyi_trace.stops import stop_signals_interrupt
+    from tongyi_trace.stops import stop_exit_code, stop_signals_interrupt
 
     try:
         with stop_signals_interrupt():
@@ -89,9 +89,9 @@ def run_cli(fn: Callable[[], T]) -> T:
     except KvtraceError as e:
         say(("error:", "bold red"), " ", " ".join(str(e).split()), err=True)
         raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        say(("interrupted", "yellow"), ": results written so far are kept", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        say(("interrupted", "yellow"), f"{f' ({e})' if str(e) else ''}: results written so far are kept", err=True)
+        raise typer.Exit(stop_exit_code(e)) from None
 
 
 GENERIC_SCHEMA = "kvtrace.output/1"  # only for callers that do not name their document's schema yet

@@ -12,6 +12,7 @@ from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, err_console, live_console, print_json, run_cli, say
 from tongyi_trace.errors import UsageError
 from tongyi_trace.schemas import REPLAY_SCHEMA
+from tongyi_trace.stops import stop_exit_code
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -191,4 +192,4 @@ def replay(
     if res.summary["status"] == "interrupted":
         say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; finished requests are in "
             "records.jsonl", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(stop_exit_code(res.summary.get("error")))
