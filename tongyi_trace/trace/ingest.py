@@ -419,7 +419,8 @@ def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **in
 
 def summarize(prov: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of an ingest (what --json prints)."""
-    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s")
+    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s",
+            "sessions")
     out = {k: prov[k] for k in keys}
     out["findings"] = prov["findings"]
     return out

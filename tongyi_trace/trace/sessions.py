@@ -81,7 +81,7 @@ def chain_prefix(hash_ids: Sequence[int]) -> list[int]:
     out = []
     h = _CHAIN_SEED
     for b in hash_ids:
-        h = mix64(h ^ mix64(b))
+        h = mix64(h ^ mix64(int(b)))  # int(): numpy integers would overflow in mix64's arithmetic
         out.append(h)
     return out
 
@@ -158,20 +158,19 @@ def link_sessions(chain_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int6
         keys, first = np.unique(offer_key, return_index=True)  # first offer of each key (offers in arrival order)
         first_offer = offer_req[first]
         req_of = np.repeat(np.arange(n, dtype=np.int64), num_blocks)
+        pos, hit = _find(keys, chain)  # the blocks whose chained id is some request's whole-prompt key
         # the first request that had a block after each key ("went past" it); n when none did
-        inner = np.ones(chain.shape[0], dtype=bool)
+        inner = hit.copy()
         inner[offsets[1:][num_blocks > 0] - 1] = False
-        pos, hit = _find(keys, chain[inner])
         first_inner = np.full(keys.shape[0], n, dtype=np.int64)
-        hit_pos, hit_first = np.unique(pos[hit], return_index=True)  # requests ascend along the flat array
-        first_inner[hit_pos] = req_of[inner][hit][hit_first]
+        hit_pos, hit_first = np.unique(pos[inner], return_index=True)  # requests ascend along the flat array
+        first_inner[hit_pos] = req_of[inner][hit_first]
         registrable = first_inner >= first_offer  # else: a bare shared prefix, never registered
         # registered offers, as (key number, request) packed in one sortable int64
         offer_d = np.searchsorted(keys, offer_key)
         ok = registrable[offer_d]
         packed = np.sort(offer_d[ok] * n + offer_req[ok])
-        # every block of every request whose chained id is a registered key: its latest owner before it
-        pos, hit = _find(keys, chain)
+        # every block whose chained id is a registered key: the key's latest owner before the block's request
         hit &= registrable[np.minimum(pos, keys.shape[0] - 1)]
         hq, hd = req_of[hit], pos[hit]
         k = np.searchsorted(packed, hd * n + hq, side="left") - 1  # the last offer strictly before hq
