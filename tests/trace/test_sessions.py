@@ -198,6 +198,25 @@ def test_bailian_sessions_are_given_unless_asked(tmp_path: Path, tiny_bailian_pa
     assert inf["turn"].min() == 1 and (inf.filter(pl.col("parent_chat_id") == -1)["turn"] == 1).all()
 
 
+def test_inferring_ignores_the_trace_s_own_broken_links(tmp_path: Path) -> None:
+    """A Bailian trace whose links loop (2 <-> 3) and name a missing parent (99) is refused as it is, but
+    with --infer-sessions its links are replaced, not checked: no error, no orphan finding."""
+    from tongyi_trace.errors import InputError
+
+    rows = [(1, 99, [1, 2, 3], 40), (2, 3, [1, 2, 4, 5], 60), (3, 2, [7], 16)]
+    trace = tmp_path / "loop.jsonl"
+    trace.write_text("".join(json.dumps({"chat_id": c, "parent_chat_id": p, "timestamp": float(i),
+                                         "input_length": n, "output_length": 4, "type": "text", "turn": 2,
+                                         "hash_ids": h}) + "\n" for i, (c, p, h, n) in enumerate(rows)))
+    with pytest.raises(InputError, match="cycle"):
+        ingest_trace(trace, tmp_path / "as_is")
+    prov = ingest_trace(trace, tmp_path / "inferred", infer_sessions=True)
+    assert prov["findings"] == {} and prov["sessions"] == "inferred"
+    req = RunDir(tmp_path / "inferred").requests().sort("req_idx")
+    assert req["parent_chat_id"].to_list() == [-1, 1, -1]  # [1, 2] of 40 tokens leads [1, 2, 4, 5]
+    assert req["turn"].to_list() == [1, 2, 1] and req["category"].to_list() == ["text-1", "text-2", "text-1"]
+
+
 def test_mooncake_conversation_sessions(mooncake_conversation_run: Path) -> None:
     """The real Mooncake conversation trace, ingested as it comes: every inferred parent is earlier,
     shorter and its full blocks lead its child's (checked on the raw block ids, not the linker's chains);
