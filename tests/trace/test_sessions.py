@@ -72,6 +72,15 @@ def test_golden_links_batch() -> None:
     assert len(links) == len(GOLDEN) and links[9] == SessionLink(8, 2, 8)
 
 
+def test_batch_lookups_in_slices_give_the_same_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big traces are looked up a slice of blocks at a time: slices of 3 blocks cut requests anywhere."""
+    from tongyi_trace.trace import sessions
+
+    monkeypatch.setattr(sessions, "_LOOKUP_SLICE", 3)
+    ids, offsets, inp = _flat(GOLDEN)
+    assert link_sessions(chain_ids(ids, offsets), offsets, inp, 16).parent.tolist() == GOLDEN_PARENT
+
+
 def test_online_chain_equals_the_compiled_chain() -> None:
     ids, offsets, _ = _flat([*GOLDEN, ([-1, 2**63 - 1, -(2**63)], 48)])
     want = chain_ids(ids, offsets).view(np.uint64).tolist()
