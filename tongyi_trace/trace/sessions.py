@@ -21,10 +21,15 @@ that is then continued), and only earlier requests are candidates (a parent that
 taken). Each request costs one dictionary look-up per block: linear in the trace's block references.
 
 Measured (bench/bench_sessions.py): on `kvtrace synth --profile to-c --seed 1` with chat_id,
-parent_chat_id and turn stripped, 99.90% of requests get their true parent (roots included); without the
-bare-prefix rule 99.72%, without the length rule 97.86%. On ../shared/traces/mooncake_conversation.jsonl
-(every prompt starts with the same 512-token block) it finds 3,889 follow-up turns in 12,031 requests,
-almost every parent continued once.
+parent_chat_id and turn ignored, 99.90% of requests get their true parent (roots included). Each rule
+earns its place: without the length rule 97.86% (roots that merely start with an earlier short prompt get
+it as a parent); without the bare-prefix rule 99.61% on to-C, and on ../shared/traces/
+mooncake_conversation.jsonl, where every prompt starts with the same 512-token block, all but 733 of its
+12,031 requests would hang off a few short prompts that are that block alone (hundreds of children each).
+With both: 3,889 follow-up turns in 8,142 sessions there, almost every parent continued once. Requiring
+the child to hold the parent's answer too (input >= parent's input + output) gains 0.02 points on to-C
+but drops 245 Mooncake follow-ups whose prompts hold less than the recorded output, and needs every
+earlier request's output, which the shared API (`SessionLinker.link(hash_ids, input_tokens)`) does not take.
 
 `SessionLinker` is the online form (one request at a time, in arrival order: `kvtrace capture`);
 `link_sessions` the batch form over a whole trace's chained ids (`kvtrace ingest`), numpy-vectorised and
