@@ -55,6 +55,7 @@ from tongyi_trace.trace.reader import (
     detect_format,
     read_chunks,
 )
+from tongyi_trace.trace.sessions import link_sessions
 
 # blocks.parquet's encoding: delta-packed integers (runs and counters shrink to a few bits), the chain ids
 # (uniform 64-bit hashes, incompressible) stored plain: 3x faster to write and 2x faster to read than
@@ -130,8 +131,12 @@ KNOWN_RUN_FILES = (*RUN_TABLES, *DOWNSTREAM)
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
                  block_size: int | None = None, turn_buckets: list[int] | None = None,
                  on_error: str = "fail", progress: ProgressFn | None = None,
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, infer_sessions: bool | None = None) -> dict[str, Any]:
     """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance.
+
+    INFER_SESSIONS (default: for a Mooncake trace, which has no chat ids) links each request to the earlier
+    one it continues (trace/sessions.py) and writes parent_chat_id, turn, session_id and the categories
+    from those links instead of the trace's own; provenance "sessions" says "given", "inferred" or "none".
 
     OUT_DIR is held exclusively meanwhile. Re-ingesting other content (or other options) into a used run
     folder is refused unless OVERWRITE, which then deletes every downstream artifact of the old run. The
@@ -149,13 +154,14 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
     if buckets != sorted(set(buckets)) or buckets[0] < 1:
         raise UsageError(f"turn buckets must be strictly ascending integers >= 1, got {buckets}")
     sha256 = file_sha256(path)
-    run_id = run_identity(sha256, fmt, block_size, buckets, on_error)
+    infer = fmt == "mooncake" if infer_sessions is None else bool(infer_sessions)
+    run_id = run_identity(sha256, fmt, block_size, buckets, on_error, infer)
     out = Path(out_dir)
     created = _prepare_out(out)
     try:
         with run_lock(out):
             return _ingest_locked(path, RunDir(out), fmt, block_size, buckets, on_error, (sha256, run_id),
-                                  progress, overwrite)
+                                  progress, overwrite, infer)
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -178,7 +184,8 @@ def _prepare_out(out: Path) -> bool:
 
 
 def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: list[int], on_error: str,
-                   identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool) -> dict[str, Any]:
+                   identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool,
+                   infer: bool = False) -> dict[str, Any]:
     run_id = identity[1]
     old_id = _existing_run_id(run)
     if old_id is not None and old_id != run_id and not overwrite:
@@ -220,7 +227,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
         if num_req == 0:
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
-        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples)
+        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
         if int(requests["num_blocks"].sum()) == 0:
             raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
                              "block ids to analyze")
@@ -228,9 +235,11 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
             _rekey_blocks(run, file_order_path, blocks_tmp, requests)
         else:
             file_order_path.replace(blocks_tmp)  # file order is arrival order
+        if infer:
+            requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
         requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
         prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                           numbers.num_distinct)
+                           numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
         # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
         if old_id != run_id:
             clear_downstream(run)
@@ -268,7 +277,7 @@ def _existing_run_id(run: RunDir) -> str | None:
 def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], identity: tuple[str, str],
                 stats: ReadStats,
                 findings: Counter[str], examples: dict[str, list[str]], requests: pl.DataFrame,
-                num_distinct: int) -> dict[str, Any]:
+                num_distinct: int, sessions: str) -> dict[str, Any]:
     if stats.skipped:
         findings.update(stats.skipped)
         examples.update(stats.examples)
@@ -292,6 +301,7 @@ def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], ident
         "has_turns": bool(requests["turn"].is_not_null().any()),
         "has_users": bool(requests["user_id"].is_not_null().any()),
         "has_sessions": bool((requests["session_id"] != requests["chat_id"]).any()),
+        "sessions": sessions,
         "turn_buckets": buckets,
         "findings": {k: int(v) for k, v in sorted(findings.items()) if v},
         "finding_examples": {k: v for k, v in sorted(examples.items()) if findings.get(k)},
@@ -300,8 +310,9 @@ def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], ident
 
 
 def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], buckets: list[int],
-                        findings: Counter[str], examples: dict[str, list[str]]) -> pl.DataFrame:
-    """The requests table in arrival order (req_idx), with sessions and categories resolved."""
+                        findings: Counter[str], examples: dict[str, list[str]], infer: bool = False) -> pl.DataFrame:
+    """The requests table in arrival order (req_idx), with sessions and categories resolved (INFER: the
+    trace's own parent links are neither checked nor used)."""
     flat = {k: (np.concatenate(v) if k not in ("type", "turn", "user_id") else [x for c in v for x in c])
             for k, v in cols.items()}
     df = pl.DataFrame({
@@ -329,19 +340,39 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
         if dup.height:
             raise InputError(f"{path}:{dup['line_no'][1]}: field 'chat_id' {dup['chat_id'][1]} appears "
                              f"twice (also line {dup['line_no'][0]}); chat ids must be unique")
-        known = df["parent_chat_id"].is_in(df["chat_id"].implode()) | (df["parent_chat_id"] == -1)
-        orphans = df.filter(~known)
-        if orphans.height:
-            findings["orphan_parent"] = orphans.height
-            examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
-                                         for ln, p in orphans.select("line_no", "parent_chat_id").head(5).iter_rows()]
-            df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
-        sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
-                             df["parent_chat_id"].to_numpy())
+        if infer:  # the trace's own links give way to inferred ones (_inferred_sessions): nothing to check
+            sessions = df["chat_id"].to_numpy()
+        else:
+            known = df["parent_chat_id"].is_in(df["chat_id"].implode()) | (df["parent_chat_id"] == -1)
+            orphans = df.filter(~known)
+            if orphans.height:
+                findings["orphan_parent"] = orphans.height
+                first = orphans.select("line_no", "parent_chat_id").head(5).iter_rows()
+                examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
+                                             for ln, p in first]
+                df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
+            sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
+                                 df["parent_chat_id"].to_numpy())
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
     return df.select("raw_idx", "line_no", *REQUEST_COLUMNS)
+
+
+def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: int,
+                       buckets: list[int]) -> pl.DataFrame:
+    """REQUESTS (arrival order) with parent_chat_id, turn, session_id and category from the prefix links of
+    trace/sessions.py over the chained ids of BLOCKS_PATH (arrival order)."""
+    chain = pq.read_table(blocks_path, columns=["chain_id"]).column("chain_id").to_numpy()
+    offsets = np.zeros(requests.height + 1, dtype=np.int64)
+    np.cumsum(requests["num_blocks"].to_numpy(), out=offsets[1:])
+    links = link_sessions(chain, offsets, requests["input_tokens"].to_numpy(), block_size)
+    chat = requests["chat_id"].to_numpy()
+    turn = pl.Series("turn", links.turn, dtype=pl.Int64)
+    return requests.with_columns(
+        parent_chat_id=pl.Series(np.where(links.parent >= 0, chat[np.maximum(links.parent, 0)], -1)),
+        turn=turn, session_id=pl.Series(chat[links.session]),
+        category=categories(requests["type"], turn, buckets))
 
 
 def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
@@ -393,7 +424,8 @@ def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **in
 
 def summarize(prov: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of an ingest (what --json prints)."""
-    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s")
+    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s",
+            "sessions")
     out = {k: prov[k] for k in keys}
     out["findings"] = prov["findings"]
     return out
