@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,ray]'
+	KVTRACE=$(VENV)/bin/kvtrace bash scripts/compile_kernels.sh
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.lanes import examples
 from tongyi_trace.cli import app
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.chain import chain_ids
@@ -92,7 +93,7 @@ def test_online_chain_equals_the_compiled_chain() -> None:
 REQUEST = st.tuples(st.lists(st.integers(0, 3), max_size=6), st.integers(0, 7 * 4))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(REQUEST, min_size=1, max_size=25))
 def test_batch_form_equals_online_form(reqs: list[tuple[list[int], int]]) -> None:
     """Block size 4: input lengths cover no full block, partial last blocks, exact multiples and more
