@@ -253,7 +253,9 @@ def test_an_upstream_without_tokenize_is_one_clear_line_and_asked_once() -> None
     async def use(url: str, session: aiohttp.ClientSession) -> list[str]:
         src = make_token_source(url, session)
         out = []
-        for path, body in [(COMPLETIONS_PATH, {"prompt": "hi"}), (CHAT_PATH, {"messages": []})]:
+        requests: list[tuple[str, dict[str, Any]]] = [(COMPLETIONS_PATH, {"prompt": "hi"}),
+                                                      (CHAT_PATH, {"messages": []})]
+        for path, body in requests:
             with pytest.raises(TokenizeError) as e:
                 await src.prompt_token_ids(path, body)
             out.append(str(e.value))
