@@ -20,7 +20,8 @@ from aiohttp import web
 
 KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 # The upstream's fake tokenizer: a text's token ids are its characters' code points (shared with the tests).
-MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize")
+MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize", "slow")
+SLOW_S = 1.5  # how long the "slow" upstream thinks before it answers
 
 
 def fake_token_ids(text: str) -> list[int]:
@@ -67,6 +68,8 @@ def _app(state: FakeUpstream) -> web.Application:
         if mode == "500":
             return web.Response(status=500, body=b'{"error": {"message": "engine fell over", "code": 500}}',
                                 content_type="application/json", headers={"X-Upstream": "500"})
+        if mode == "slow":
+            await asyncio.sleep(SLOW_S)
         if mode == "garbage":
             return web.Response(status=200, body=b"this is {not json", content_type="application/json")
         body = json.loads(raw)
