@@ -88,6 +88,9 @@ def _app(state: FakeUpstream) -> web.Application:
             return web.json_response(doc)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Upstream": "stream"})
         await resp.prepare(request)
+        if chat:  # a chat stream opens with the role (no token)
+            role = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
         for k in range(n_out):
             for i in range(len(prompts)):
                 choice = ({"index": i, "delta": {"content": f"w{k}"}} if chat else {"index": i, "text": f"w{k}"})

@@ -7,17 +7,17 @@ An upstream that cannot be reached gets a 502 with a JSON body saying so; a stre
 is cut short to the client too.
 
 Recording. POST /v1/completions and /v1/chat/completions are recorded, one line per finished request (a
-completions `prompt` holding several prompts gives one line per prompt), when the upstream answered 200 with
-a reply it could count: `timestamp` (s from the capture's start, at the request's arrival), `input_length`
-and `output_length` (the reply's `usage`; a stream without usage: one output token per streamed chunk that
-carries text, as vLLM and SGLang stream), `type` (capture/content.py), `hash_ids` (capture/blocks.py: keyed
-chained hashes of the prompt's token ids, which capture/tokenize.py gets while the request runs), and
-`chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's SessionLinker, fed the
-requests in the order their lines are written. Lines are written as requests finish, so the file is in
-finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written: no prompt
-or output text, no token id, no header, no user identifier. Every request that is not recorded is counted
-by reason: an error (the upstream unreachable, a non-200 status, a reply or stream that is not what the
-API says, a stream cut short, the client gone) or skipped (no token ids, no counts in the reply, stopped).
+completions `prompt` holding several prompts gives one line per prompt), when the upstream answered 200 with a
+reply it could count: `timestamp` (s from the capture's start, at the request's arrival), `input_length` and
+`output_length` (the reply's `usage`; a stream without usage: one output token per streamed chunk of a choice,
+as vLLM and SGLang stream, less a chat stream's opening role chunk), `type` (capture/content.py), `hash_ids`
+(capture/blocks.py: keyed chained hashes of the prompt's token ids, which capture/tokenize.py gets while the
+request runs), and `chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's
+SessionLinker, fed the requests in the order their lines are written. Lines are written as requests finish, so
+the file is in finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written:
+no prompt or output text, no token id, no header, no user identifier. Every request that is not recorded is
+counted by reason: an error (the upstream unreachable, a non-200 status, a reply or stream that is not what
+the API says, a stream cut short, the client gone) or skipped (no token ids, no counts in the reply, stopped).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ API_PATHS = ("/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
 DEFAULT_DRAIN_S = 5.0
-_MAX_REASON = 120
+_MAX_REASON = 300  # a reason (an upstream error message) kept up to this many characters
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,14 @@ class ReplyCounts:
     error: str | None = None
 
 
-def _has_output(choice: dict[str, Any]) -> bool:
-    if choice.get("text"):
-        return True
+def _is_token_chunk(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice carries a generated token: vLLM and SGLang stream one chunk per token (its
+    text may be empty: a partial character, or an engine without detokenizer); a chat stream opens with a
+    chunk that only says the role."""
     delta = choice.get("delta")
-    return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content")
-                                            or delta.get("tool_calls"))
+    if isinstance(delta, dict):
+        return "role" not in delta
+    return "text" in choice
 
 
 def parse_stream(raw: bytes) -> ReplyCounts:
@@ -149,7 +151,7 @@ def parse_stream(raw: bytes) -> ReplyCounts:
         choices = obj.get("choices")
         if isinstance(choices, list):
             for c in choices:
-                if isinstance(c, dict) and _has_output(c):
+                if isinstance(c, dict) and _is_token_chunk(c):
                     idx = c.get("index", 0)
                     out.counted[idx if isinstance(idx, int) else 0] += 1
     return out
