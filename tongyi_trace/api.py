@@ -129,9 +129,10 @@ def open_run(path: str | Path) -> Run:
 
 
 def ingest(trace: str | Path, out: str | Path, *, overwrite: bool = False, block_size: int | None = None,
-           fmt: str | None = None) -> Run:
-    """Read TRACE (Bailian or Mooncake JSONL, .gz/.zst, or kvtrace Parquet) into the run folder OUT."""
+           fmt: str | None = None, infer_sessions: bool | None = None) -> Run:
+    """Read TRACE (Bailian or Mooncake JSONL, .gz/.zst, or kvtrace Parquet) into the run folder OUT
+    (INFER_SESSIONS: link sessions by prompt prefix; default on for Mooncake traces only)."""
     from tongyi_trace.trace.ingest import ingest_trace
 
-    ingest_trace(trace, out, fmt=fmt, block_size=block_size, overwrite=overwrite)
+    ingest_trace(trace, out, fmt=fmt, block_size=block_size, overwrite=overwrite, infer_sessions=infer_sessions)
     return open_run(out)

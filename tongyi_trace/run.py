@@ -141,9 +141,12 @@ def load_provenance(run: RunDir) -> dict[str, Any]:
     return prov
 
 
-def run_identity(sha256: str, fmt: str, block_size: int, turn_buckets: list[int], on_error: str) -> str:
+def run_identity(sha256: str, fmt: str, block_size: int, turn_buckets: list[int], on_error: str,
+                 infer_sessions: bool = False) -> str:
     """The run's identity: a hash of the trace's content and of every ingest option that shapes the tables."""
     key = f"{sha256}|{fmt}|{block_size}|{','.join(map(str, turn_buckets))}|{on_error}"
+    if infer_sessions:  # only then: the identity of every run without inferred sessions stays as it was
+        key += "|inferred-sessions"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

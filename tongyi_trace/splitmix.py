@@ -17,6 +17,7 @@ import numpy.typing as npt
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: the generator's increment
 M1 = np.uint64(0xBF58476D1CE4E5B9)
 M2 = np.uint64(0x94D049BB133111EB)
+CHAIN_SEED = np.uint64(0x6B76747261636521)  # "kvtrace!": chain_{-1} of prefix-chained block ids (trace/chain.py)
 _MASK = (1 << 64) - 1
 _GOLDEN_INT, _M1_INT, _M2_INT = int(GOLDEN), int(M1), int(M2)
 

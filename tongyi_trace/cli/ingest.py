@@ -24,6 +24,10 @@ def ingest(
     on_error: str = typer.Option("fail", "--on-error", help="'fail' on a bad line, or 'skip' it and count it."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run folder that holds another trace "
                                    "(deletes its analysis/, fit/, sim/, replay/ results and report)."),
+    infer_sessions: bool = typer.Option(None, "--infer-sessions/--no-infer-sessions", show_default=False,
+                                        help="Link each request to the earlier one whose whole prompt it "
+                                        "continues, for parent_chat_id, turn and session_id (default: on for "
+                                        "Mooncake traces, which have no chat ids; off when the trace has them)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
 ) -> None:
@@ -39,7 +43,7 @@ def ingest(
             task = bar.add_task(f"reading {trace.name}", total=trace.stat().st_size if trace.is_file() else None)
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
                                 turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
-                                overwrite=overwrite,
+                                overwrite=overwrite, infer_sessions=infer_sessions,
                                 progress=lambda done, size: bar.update(task, completed=done, total=size))
         return summarize(prov)
 

@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from tongyi_trace.splitmix import GOLDEN, M1, M2
+from tongyi_trace.splitmix import CHAIN_SEED, GOLDEN, M1, M2
 
-_SEED = np.uint64(0x6B76747261636521)  # "kvtrace!"
+_SEED = CHAIN_SEED
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 

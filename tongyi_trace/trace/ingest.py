@@ -55,6 +55,7 @@ from tongyi_trace.trace.reader import (
     detect_format,
     read_chunks,
 )
+from tongyi_trace.trace.sessions import link_sessions
 
 # blocks.parquet's encoding: delta-packed integers (runs and counters shrink to a few bits), the chain ids
 # (uniform 64-bit hashes, incompressible) stored plain: 3x faster to write and 2x faster to read than
@@ -130,8 +131,12 @@ KNOWN_RUN_FILES = (*RUN_TABLES, *DOWNSTREAM)
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
                  block_size: int | None = None, turn_buckets: list[int] | None = None,
                  on_error: str = "fail", progress: ProgressFn | None = None,
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, infer_sessions: bool | None = None) -> dict[str, Any]:
     """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance.
+
+    INFER_SESSIONS (default: for a Mooncake trace, which has no chat ids) links each request to the earlier
+    one it continues (trace/sessions.py) and writes parent_chat_id, turn, session_id and the categories
+    from those links instead of the trace's own; provenance "sessions" says "given", "inferred" or "none".
 
     OUT_DIR is held exclusively meanwhile. Re-ingesting other content (or other options) into a used run
     folder is refused unless OVERWRITE, which then deletes every downstream artifact of the old run. The
@@ -149,13 +154,14 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
     if buckets != sorted(set(buckets)) or buckets[0] < 1:
         raise UsageError(f"turn buckets must be strictly ascending integers >= 1, got {buckets}")
     sha256 = file_sha256(path)
-    run_id = run_identity(sha256, fmt, block_size, buckets, on_error)
+    infer = fmt == "mooncake" if infer_sessions is None else bool(infer_sessions)
+    run_id = run_identity(sha256, fmt, block_size, buckets, on_error, infer)
     out = Path(out_dir)
     created = _prepare_out(out)
     try:
         with run_lock(out):
             return _ingest_locked(path, RunDir(out), fmt, block_size, buckets, on_error, (sha256, run_id),
-                                  progress, overwrite)
+                                  progress, overwrite, infer)
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -178,7 +184,8 @@ def _prepare_out(out: Path) -> bool:
 
 
 def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: list[int], on_error: str,
-                   identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool) -> dict[str, Any]:
+                   identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool,
+                   infer: bool = False) -> dict[str, Any]:
     run_id = identity[1]
     old_id = _existing_run_id(run)
     if old_id is not None and old_id != run_id and not overwrite:
@@ -228,9 +235,11 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
             _rekey_blocks(run, file_order_path, blocks_tmp, requests)
         else:
             file_order_path.replace(blocks_tmp)  # file order is arrival order
+        if infer:
+            requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
         requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
         prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                           numbers.num_distinct)
+                           numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
         # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
         if old_id != run_id:
             clear_downstream(run)
@@ -268,7 +277,7 @@ def _existing_run_id(run: RunDir) -> str | None:
 def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], identity: tuple[str, str],
                 stats: ReadStats,
                 findings: Counter[str], examples: dict[str, list[str]], requests: pl.DataFrame,
-                num_distinct: int) -> dict[str, Any]:
+                num_distinct: int, sessions: str) -> dict[str, Any]:
     if stats.skipped:
         findings.update(stats.skipped)
         examples.update(stats.examples)
@@ -292,6 +301,7 @@ def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], ident
         "has_turns": bool(requests["turn"].is_not_null().any()),
         "has_users": bool(requests["user_id"].is_not_null().any()),
         "has_sessions": bool((requests["session_id"] != requests["chat_id"]).any()),
+        "sessions": sessions,
         "turn_buckets": buckets,
         "findings": {k: int(v) for k, v in sorted(findings.items()) if v},
         "finding_examples": {k: v for k, v in sorted(examples.items()) if findings.get(k)},
@@ -342,6 +352,22 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
     return df.select("raw_idx", "line_no", *REQUEST_COLUMNS)
+
+
+def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: int,
+                       buckets: list[int]) -> pl.DataFrame:
+    """REQUESTS (arrival order) with parent_chat_id, turn, session_id and category from the prefix links of
+    trace/sessions.py over the chained ids of BLOCKS_PATH (arrival order)."""
+    chain = pq.read_table(blocks_path, columns=["chain_id"]).column("chain_id").to_numpy()
+    offsets = np.zeros(requests.height + 1, dtype=np.int64)
+    np.cumsum(requests["num_blocks"].to_numpy(), out=offsets[1:])
+    links = link_sessions(chain, offsets, requests["input_tokens"].to_numpy(), block_size)
+    chat = requests["chat_id"].to_numpy()
+    turn = pl.Series("turn", links.turn, dtype=pl.Int64)
+    return requests.with_columns(
+        parent_chat_id=pl.Series(np.where(links.parent >= 0, chat[np.maximum(links.parent, 0)], -1)),
+        turn=turn, session_id=pl.Series(chat[links.session]),
+        category=categories(requests["type"], turn, buckets))
 
 
 def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
