@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.capture.conftest import read_lines
 from tongyi_trace.capture.tokenize import CHAT_PATH, COMPLETIONS_PATH, TokenizeError, make_token_source
 
 pytestmark = pytest.mark.engine
@@ -159,3 +160,41 @@ def test_the_default_engine_has_no_tokenizer_and_says_so(cpu_engine: dict[str, A
     assert msg.startswith("the upstream cannot tokenize (POST ")
     assert "Tokenizer not available when `skip_tokenizer_init=True`); start the capture with --tokenizer" in msg
     assert given == prompt and usage["prompt_tokens"] == len(prompt)
+
+
+@pytest.mark.parametrize("local_tokenizer", [False, True], ids=["upstream-tokenize", "local-tokenizer"])
+def test_chat_and_text_captured_in_front_of_the_tokenizer_engine(tok_engine: dict[str, Any], start_capture: Any,
+                                                                 tmp_path: Path, local_tokenizer: bool) -> None:
+    """`kvtrace capture` in front of the engine, its token ids from the engine's /tokenize or from the engine's
+    tokenizer.json: every request recorded with input_length = the engine's prompt_tokens = the ids' count
+    (no mismatch), 16-token blocks, and the second chat turn continues the first (its full blocks, parent)."""
+    tokenizer_file = Path(tok_engine["tokenizer_file"])
+    out = tmp_path / "captured.jsonl"
+    cap = start_capture(tok_engine["url"], out, *(["--tokenizer", str(tokenizer_file)] if local_tokenizer else []))
+    model = tok_engine["served_model_name"]
+    system = {"role": "system", "content": f"Capture {local_tokenizer} {os.getpid()}: " + LONG_TEXT[:500]}
+    turn1: dict[str, Any] = {"model": model, "messages": [system, {"role": "user", "content": "Hi, 1 + 1?"}]}
+    turn2 = {"model": model, "messages": [*turn1["messages"], {"role": "assistant", "content": "Two."},
+                                          {"role": "user", "content": "And 2 + 2?"}]}
+    text = {"model": model, "prompt": LONG_TEXT[:700]}
+
+    async def main() -> tuple[list[list[int]], list[int]]:
+        async with aiohttp.ClientSession() as session:
+            local = make_token_source(tok_engine["url"], session, tokenizer_file)
+            sent = [(CHAT_PATH, turn1, False), (CHAT_PATH, turn2, True), (COMPLETIONS_PATH, text, True)]
+            expected = [await local.prompt_token_ids(path, body) for path, body, _ in sent]
+            counts = [(await _send(session, cap.url, path, body, stream))["prompt_tokens"]
+                      for path, body, stream in sent]
+            return expected, counts
+
+    expected, counts = asyncio.run(main())
+    summary = cap.stop()
+    assert (summary["num_recorded"], summary["num_errors"], summary["num_skipped"]) == (3, 0, 0)
+    assert summary["num_input_length_mismatch"] == 0
+    lines = read_lines(out)
+    assert [r["input_length"] for r in lines] == counts == [len(ids) for ids in expected]
+    assert [len(r["hash_ids"]) for r in lines] == [-(-len(ids) // 16) for ids in expected]
+    full1 = len(expected[0]) // 16
+    assert lines[1]["hash_ids"][:full1] == lines[0]["hash_ids"][:full1]
+    assert (lines[1]["parent_chat_id"], lines[1]["turn"]) == (lines[0]["chat_id"], 2)
+    assert (lines[2]["parent_chat_id"], lines[2]["turn"]) == (-1, 1)
