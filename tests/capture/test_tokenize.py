@@ -353,3 +353,13 @@ def test_a_vllm_without_tokenizer_is_told_apart_from_other_errors() -> None:
                         "capture with --tokenizer tokenizer.json (the served model's, with its tokenizer_config.json "
                         "beside), or send token-id prompts")
     assert given == [3, 4]
+
+
+def test_a_long_text_is_encoded_off_the_event_loop_to_the_same_ids(local: LocalTokenSource) -> None:
+    from tongyi_trace.engine.tokenizer import corpus_text
+
+    text = corpus_text()[:50_000]  # past the inline limit: encoded in a worker thread by encode_batch
+    want = local.encode(text, add_special_tokens=True)
+    assert ids(local, COMPLETIONS_PATH, {"prompt": text}) == want and len(want) > 5_000
+    chat = {"messages": [{"role": "user", "content": text}]}
+    assert ids(local, CHAT_PATH, chat) == local.encode(local.render_chat(chat), add_special_tokens=False)
