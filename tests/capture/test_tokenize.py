@@ -363,3 +363,19 @@ def test_a_long_text_is_encoded_off_the_event_loop_to_the_same_ids(local: LocalT
     assert ids(local, COMPLETIONS_PATH, {"prompt": text}) == want and len(want) > 5_000
     chat = {"messages": [{"role": "user", "content": text}]}
     assert ids(local, CHAT_PATH, chat) == local.encode(local.render_chat(chat), add_special_tokens=False)
+
+
+def test_the_engine_model_folder_with_a_tokenizer_is_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`engine start --tokenizer` serves another folder; the default engine's folder keeps no tokenizer (it
+    runs with --skip-tokenizer-init, token-id prompts only)."""
+    from tongyi_trace.engine.model import write_model_dir
+
+    monkeypatch.setenv("KVTRACE_CACHE_DIR", str(tmp_path))
+    plain, with_tok = write_model_dir(2048), write_model_dir(2048, tokenizer=True)
+    assert plain != with_tok and plain.parent == with_tok.parent
+    assert sorted(p.name for p in plain.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in with_tok.iterdir()) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (plain / "config.json").read_text() == (with_tok / "config.json").read_text()
+    assert json.loads((with_tok / "config.json").read_text())["vocab_size"] == VOCAB_SIZE
+    assert LocalTokenSource(with_tok / "tokenizer.json").render_chat(
+        {"messages": [{"role": "user", "content": "x"}]}) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
