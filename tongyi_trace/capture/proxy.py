@@ -401,27 +401,23 @@ class CaptureProxy:
         rec = self._recorder
         assert rec is not None
         body = await request.read()
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        prompts = self._prompts(request.path, parsed) if isinstance(parsed, dict) else None
-        token_tasks = ([asyncio.create_task(self._token_source.prompt_token_ids(request.path, p))
-                        for p in prompts] if prompts else [])
-        num = max(len(token_tasks), 1)
+        # the request goes upstream first; reading it (JSON, then the token ids) runs while the upstream works
+        prep = asyncio.create_task(self._read_request(request.path, body))
+        token_tasks: list[asyncio.Task[list[int]]] = []
         errors: list[str] = []
         try:
             resp, (status, kind, raw) = await self._forward(request, body, errors.append)
+            parsed, prompts, token_tasks = await prep
+            num = max(len(token_tasks), 1)
             if errors:
                 rec.error(errors[0], num)
             elif status != 200:
                 rec.error(f"upstream HTTP {status}", num)
-            elif parsed is None or not isinstance(parsed, dict):
+            elif parsed is None:
                 rec.skip("request body is not a JSON object", num)
             elif not prompts:
                 rec.skip("request has no prompt (or messages) to record", num)
             else:
-                assert isinstance(parsed, dict)
                 counts = (parse_stream(raw) if kind == "stream"
                           else parse_reply(raw, resp.headers.get("Content-Encoding")))
                 if counts.error is not None:
@@ -430,11 +426,28 @@ class CaptureProxy:
                     await self._record(request.path, parsed, arrival_s, token_tasks, counts, kind == "stream")
             return resp
         except asyncio.CancelledError:
-            rec.skip("stopped before it finished", num)
+            if prep.done() and not prep.cancelled() and prep.exception() is None:
+                token_tasks = prep.result()[2]
+            rec.skip("stopped before it finished", max(len(token_tasks), 1))
             raise
         finally:
+            prep.cancel()
             for t in token_tasks:
                 t.cancel()
+
+    async def _read_request(self, path: str, body: bytes) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None,
+                                                                    list[asyncio.Task[list[int]]]]:
+        """The request's JSON object (None: not one), its prompts' bodies, and a task getting each one's
+        token ids."""
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return None, None, []
+        prompts = self._prompts(path, parsed)
+        return parsed, prompts, [asyncio.create_task(self._token_source.prompt_token_ids(path, p))
+                                 for p in prompts or []]
 
     @staticmethod
     def _prompts(path: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
