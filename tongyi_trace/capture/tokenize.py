@@ -157,6 +157,11 @@ class UpstreamTokenSource:
         if status in (404, 405) and (doc is None or message in ("Not Found", "Method Not Allowed")):
             self._no_endpoint = f"the upstream has no {TOKENIZE_PATH} (POST {self.url}: HTTP {status}); {_FIX}"
             raise TokenizeError(self._no_endpoint)
+        if status in (400, 500, 501) and ("skip_tokenizer_init" in message
+                                          or "tokenizer not available" in message.lower()):  # vLLM without one
+            self._no_endpoint = (f"the upstream cannot tokenize (POST {self.url}: HTTP {status}: "
+                                 f"{_one_line(message)}); {_FIX}, or send token-id prompts")
+            raise TokenizeError(self._no_endpoint)
         if chat and status in (400, 422) and "prompt" in message and "messages" not in message:
             self._no_chat = (f"the upstream's {TOKENIZE_PATH} takes text only, no chat messages (SGLang's does; "
                              f"HTTP {status}: {_one_line(message)}); {_FIX}")
