@@ -4,10 +4,11 @@ proxy's own cost from the engine's noise, against an instant upstream (NOT vLLM:
 process of this script that streams 4 chunks and the usage at once). Target: the proxy adds <= 2 ms to TTFT
 P99 at 50 requests/s.
 
-Open loop: request i is sent at i / rate whatever happened before; short prompts (64 token ids, each request
-its own, so nothing is cached), 4 output tokens, streamed with usage. Direct and proxied phases alternate
-(direct, proxy, proxy, direct, ...) so that both see the same machine; each phase lasts --seconds.
-TTFT = the first streamed chunk with a choice - the send time, as replay measures it (replay/dispatch.py).
+Open loop: request i is sent at i / rate whatever happened before; short prompts (64 random token ids of the
+engine's vocabulary, each request its own, so nothing is cached), 4 output tokens, streamed with usage. Direct
+and proxied phases alternate (direct, proxy, proxy, direct, ...) so that both see the same machine; each phase
+lasts --seconds. TTFT = the first streamed chunk with a choice - the send time, as replay measures it
+(replay/dispatch.py).
 
 Run: .venv/bin/python bench/bench_capture.py [--seconds 10] [--rounds 2] [--server URL] [--skip-engine]
 (--serve-instant: run the instant upstream and print its URL; the script starts it so itself.)
@@ -32,6 +33,7 @@ import numpy as np
 import psutil
 
 from tongyi_trace import engine as eng
+from tongyi_trace.engine.model import VOCAB_SIZE
 
 RATE_PER_S = 50.0
 PROMPT_TOKENS = 64
@@ -74,13 +76,13 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Pha
         phase.ttft_s.append(ttft)
 
 
-async def drive(base: str, model: str, rate: float, seconds: float, first_token: int) -> Phase:
+async def drive(base: str, model: str, rate: float, seconds: float, seed: int) -> Phase:
     """Send rate x seconds streamed completions to BASE at a constant rate (open loop); their figures."""
     phase = Phase()
     n = int(rate * seconds)
     url = base.rstrip("/") + "/v1/completions"
-    bodies = [json.dumps({"model": model, "prompt": list(range(first_token + i * PROMPT_TOKENS,
-                                                                first_token + (i + 1) * PROMPT_TOKENS)),
+    rng = np.random.default_rng(seed)  # each request its own prompt, within the engine's vocabulary
+    bodies = [json.dumps({"model": model, "prompt": rng.integers(100, VOCAB_SIZE, PROMPT_TOKENS).tolist(),
                           "max_tokens": OUTPUT_TOKENS, "min_tokens": OUTPUT_TOKENS, "ignore_eos": True,
                           "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}).encode()
               for i in range(n)]
@@ -125,7 +127,7 @@ def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -
     model = _model(upstream)
     phases: dict[str, list[Phase]] = {"direct": [], "proxy": []}
     proxy_cpu_s = 0.0
-    token = 1000
+    seed = 1
     try:
         asyncio.run(drive(upstream, model, RATE_PER_S, 1.0, 500))  # warm-up: the engine's first requests
         asyncio.run(drive(proxy_url, model, RATE_PER_S, 1.0, 500))
@@ -133,10 +135,10 @@ def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -
             for mode in (("direct", "proxy") if r % 2 == 0 else ("proxy", "direct")):
                 cpu0 = sum(proc.cpu_times()[:2])
                 phase = asyncio.run(drive(proxy_url if mode == "proxy" else upstream, model, RATE_PER_S, seconds,
-                                          token))
+                                          seed))
                 if mode == "proxy":
                     proxy_cpu_s += sum(proc.cpu_times()[:2]) - cpu0
-                token += phase.num_sent * PROMPT_TOKENS
+                seed += 1
                 phases[mode].append(phase)
     finally:
         proxy.send_signal(signal.SIGTERM)

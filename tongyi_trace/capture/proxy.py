@@ -245,6 +245,8 @@ class CaptureProxy:
     def __init__(self, opts: CaptureOptions) -> None:
         if opts.block_size_tokens <= 0:
             raise UsageError(f"--block-size {opts.block_size_tokens} must be a positive number of tokens")
+        if not opts.drain_s >= 0:
+            raise UsageError(f"--drain-s {opts.drain_s}: give a number of seconds >= 0")
         if opts.tokenizer_file is not None and not opts.tokenizer_file.is_file():
             raise UsageError(f"--tokenizer {opts.tokenizer_file}: no such file; give a tokenizer.json")
         self.opts = opts
