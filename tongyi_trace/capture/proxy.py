@@ -259,7 +259,6 @@ class CaptureProxy:
         self._runner: web.AppRunner | None = None
         self._token_source: Any = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._stopping = False
         self._t0 = 0.0
         self.summary = CaptureSummary(url="", out_path=str(opts.out_path), upstream_url=self.upstream,
                                       block_size=opts.block_size_tokens)
@@ -308,7 +307,6 @@ class CaptureProxy:
     async def close(self) -> CaptureSummary:
         """Stop listening, let requests in flight finish for up to drain_s (then cut them: counted as
         skipped), close the file complete; the summary."""
-        self._stopping = True
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
@@ -368,8 +366,10 @@ class CaptureProxy:
                 if k.lower() not in HOP_BY_HOP:
                     resp.headers.add(k, v)
             streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
-            if not streaming and up.headers.get("Content-Length") is not None:
-                resp.content_length = int(up.headers["Content-Length"])
+            length = up.headers.get("Content-Length", "")
+            if not streaming and length.isdigit():
+                resp.content_length = int(length)
+            keep = on_error is not None  # the reply's bytes are read for the record (API paths only)
             chunks: list[bytes] = []
             try:
                 await resp.prepare(request)
@@ -386,7 +386,8 @@ class CaptureProxy:
                     return resp, (up.status, "error", b"")
                 if not chunk:
                     break
-                chunks.append(chunk)
+                if keep:
+                    chunks.append(chunk)
                 try:
                     await resp.write(chunk)
                 except (ConnectionResetError, aiohttp.ClientConnectionResetError):
