@@ -258,7 +258,8 @@ class CaptureProxy:
         self._tok_session: aiohttp.ClientSession | None = None  # the token source's own calls (/tokenize)
         self._runner: web.AppRunner | None = None
         self._token_source: Any = None
-        self._inflight: set[asyncio.Task[Any]] = set()
+        self._inflight: set[asyncio.Task[Any]] = set()  # handlers running
+        self._recording: set[asyncio.Task[None]] = set()  # finished requests being turned into lines
         self._t0 = 0.0
         self.summary = CaptureSummary(url="", out_path=str(opts.out_path), upstream_url=self.upstream,
                                       block_size=opts.block_size_tokens)
@@ -310,12 +311,14 @@ class CaptureProxy:
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
-        if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=self.opts.drain_s)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        deadline = time.perf_counter() + self.opts.drain_s
+        for tasks in (self._inflight, self._recording):  # the handlers first: they start recordings
+            if tasks:
+                _, pending = await asyncio.wait(set(tasks), timeout=max(deadline - time.perf_counter(), 0.0))
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
         if self._runner is not None:
             await self._runner.cleanup()
         for session in (self._session, self._tok_session):
@@ -401,17 +404,45 @@ class CaptureProxy:
 
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
         arrival_s = time.perf_counter() - self._t0
-        rec = self._recorder
-        assert rec is not None
         body = await request.read()
-        # the request goes upstream first; reading it (JSON, then the token ids) runs while the upstream works
-        prep = asyncio.create_task(self._read_request(request.path, body))
-        token_tasks: list[asyncio.Task[list[int]]] = []
         errors: list[str] = []
         try:
-            resp, (status, kind, raw) = await self._forward(request, body, errors.append)
-            parsed, prompts, token_tasks = await prep
-            num = max(len(token_tasks), 1)
+            resp, reply = await self._forward(request, body, errors.append)
+        except asyncio.CancelledError:
+            assert self._recorder is not None
+            self._recorder.skip("stopped before it finished", self._num_prompts(request.path, body))
+            raise
+        # The reply is out: reading the request, its token ids and the line happen after the handler returns
+        # (a keep-alive connection's next request does not wait for them).
+        task = asyncio.create_task(self._after(request.path, body, arrival_s, errors, reply,
+                                               resp.headers.get("Content-Encoding")))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+        return resp
+
+    def _num_prompts(self, path: str, body: bytes) -> int:
+        """How many lines the request would give (for the counts of one not recorded)."""
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return 1
+        prompts = self._prompts(path, parsed) if isinstance(parsed, dict) else None
+        return max(len(prompts or ()), 1)
+
+    async def _after(self, path: str, body: bytes, arrival_s: float, errors: list[str],
+                     reply: tuple[int, str, bytes], content_encoding: str | None) -> None:
+        """Count or record one forwarded request (never raises: a failure here is counted, with its reason)."""
+        rec = self._recorder
+        assert rec is not None
+        status, kind, raw = reply
+        num = self._num_prompts(path, body)
+        try:
+            parsed = json.loads(body)
+            parsed = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            parsed = None
+        prompts = self._prompts(path, parsed) if parsed is not None else None
+        try:
             if errors:
                 rec.error(errors[0], num)
             elif status != 200:
@@ -421,36 +452,16 @@ class CaptureProxy:
             elif not prompts:
                 rec.skip("request has no prompt (or messages) to record", num)
             else:
-                counts = (parse_stream(raw) if kind == "stream"
-                          else parse_reply(raw, resp.headers.get("Content-Encoding")))
+                counts = parse_stream(raw) if kind == "stream" else parse_reply(raw, content_encoding)
                 if counts.error is not None:
                     rec.error(counts.error, num)
                 else:
-                    await self._record(request.path, parsed, arrival_s, token_tasks, counts, kind == "stream")
-            return resp
+                    await self._record(path, parsed, prompts, arrival_s, counts, kind == "stream")
         except asyncio.CancelledError:
-            if prep.done() and not prep.cancelled() and prep.exception() is None:
-                token_tasks = prep.result()[2]
-            rec.skip("stopped before it finished", max(len(token_tasks), 1))
+            rec.skip("stopped before it finished", num)
             raise
-        finally:
-            prep.cancel()
-            for t in token_tasks:
-                t.cancel()
-
-    async def _read_request(self, path: str, body: bytes) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None,
-                                                                    list[asyncio.Task[list[int]]]]:
-        """The request's JSON object (None: not one), its prompts' bodies, and a task getting each one's
-        token ids."""
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            return None, None, []
-        prompts = self._prompts(path, parsed)
-        return parsed, prompts, [asyncio.create_task(self._token_source.prompt_token_ids(path, p))
-                                 for p in prompts or []]
+        except Exception as e:  # the proxy never stops for one request: counted, with what went wrong
+            rec.skip(f"internal error ({type(e).__name__}: {e})", num)
 
     @staticmethod
     def _prompts(path: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -464,17 +475,17 @@ class CaptureProxy:
             return [body]
         return None
 
-    async def _record(self, path: str, body: dict[str, Any], arrival_s: float,
-                      token_tasks: list[asyncio.Task[list[int]]], counts: ReplyCounts, streamed: bool) -> None:
+    async def _record(self, path: str, body: dict[str, Any], prompts: list[dict[str, Any]], arrival_s: float,
+                      counts: ReplyCounts, streamed: bool) -> None:
         rec = self._recorder
         assert rec is not None
-        num = len(token_tasks)
+        num = len(prompts)
         n = body.get("n", 1) if type(body.get("n", 1)) is int else 1
         usage = counts.usage or {}
         ids_list: list[list[int]] = []
-        for t in token_tasks:
+        for p in prompts:
             try:
-                ids_list.append(await t)
+                ids_list.append(await self._token_source.prompt_token_ids(path, p))
             except KvtraceError as e:
                 rec.skip(f"no token ids: {e}", num)
                 return
