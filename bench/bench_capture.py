@@ -7,8 +7,9 @@ P99 at 50 requests/s.
 Open loop: request i is sent at i / rate whatever happened before; short prompts (64 random token ids of the
 engine's vocabulary, each request its own, so nothing is cached), 4 output tokens, streamed with usage. Direct
 and proxied phases alternate (direct, proxy, proxy, direct, ...) so that both see the same machine; each phase
-lasts --seconds. TTFT = the first streamed chunk with a choice - the send time, as replay measures it
-(replay/dispatch.py).
+lasts --seconds. Then interleaved phases: request by request, both ways in the same phase at 50 requests/s in
+total, so that both see the same machine and engine state. TTFT = the first streamed chunk with a choice - the
+send time, as replay measures it (replay/dispatch.py).
 
 Run: .venv/bin/python bench/bench_capture.py [--seconds 10] [--rounds 2] [--server URL] [--skip-engine]
 (--serve-instant: run the instant upstream and print its URL; the script starts it so itself.)
@@ -76,11 +77,12 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Pha
         phase.ttft_s.append(ttft)
 
 
-async def drive(base: str, model: str, rate: float, seconds: float, seed: int) -> Phase:
-    """Send rate x seconds streamed completions to BASE at a constant rate (open loop); their figures."""
-    phase = Phase()
+async def drive(bases: list[str], model: str, rate: float, seconds: float, seed: int) -> list[Phase]:
+    """Send rate x seconds streamed completions at a constant total rate (open loop), request i to
+    BASES[i % len(BASES)]; the figures per base."""
+    phases = [Phase() for _ in bases]
     n = int(rate * seconds)
-    url = base.rstrip("/") + "/v1/completions"
+    urls = [b.rstrip("/") + "/v1/completions" for b in bases]
     rng = np.random.default_rng(seed)  # each request its own prompt, within the engine's vocabulary
     bodies = [json.dumps({"model": model, "prompt": rng.integers(100, VOCAB_SIZE, PROMPT_TOKENS).tolist(),
                           "max_tokens": OUTPUT_TOKENS, "min_tokens": OUTPUT_TOKENS, "ignore_eos": True,
@@ -88,19 +90,22 @@ async def drive(base: str, model: str, rate: float, seconds: float, seed: int) -
               for i in range(n)]
     timeout = aiohttp.ClientTimeout(total=300.0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        async with session.get(base.rstrip("/") + "/v1/models") as r:  # warm the connection pool
-            await r.read()
+        for base in bases:  # warm the connection pool
+            async with session.get(base.rstrip("/") + "/v1/models") as r:
+                await r.read()
         tasks = []
         t0 = time.perf_counter() + 0.05
-        phase.first_send = t0
+        for phase in phases:
+            phase.first_send = t0
         for i, body in enumerate(bodies):
             delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, url, body, phase)))
+            phase = phases[i % len(bases)]
+            tasks.append(asyncio.create_task(_one(session, urls[i % len(bases)], body, phase)))
             phase.num_sent += 1
         await asyncio.gather(*tasks)
-    return phase
+    return phases
 
 
 def _pct_ms(values: list[float], q: float) -> float:
@@ -116,37 +121,9 @@ def _model(base: str) -> str:
     return asyncio.run(get())
 
 
-def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -> None:
-    """Direct vs through a capture proxy in front of UPSTREAM: the table and the added TTFT."""
-    out = tmp / f"capture-{label}.jsonl.zst"
-    proxy = subprocess.Popen([*KVTRACE, "capture", "--upstream", upstream, "-o", str(out), "--overwrite", "--json"],
-                             stdout=subprocess.PIPE, text=True)
-    assert proxy.stdout is not None
-    proxy_url = proxy.stdout.readline().strip()
-    proc = psutil.Process(proxy.pid)
-    model = _model(upstream)
-    phases: dict[str, list[Phase]] = {"direct": [], "proxy": []}
-    proxy_cpu_s = 0.0
-    seed = 1
-    try:
-        asyncio.run(drive(upstream, model, RATE_PER_S, 1.0, 500))  # warm-up: the engine's first requests
-        asyncio.run(drive(proxy_url, model, RATE_PER_S, 1.0, 500))
-        for r in range(rounds):
-            for mode in (("direct", "proxy") if r % 2 == 0 else ("proxy", "direct")):
-                cpu0 = sum(proc.cpu_times()[:2])
-                phase = asyncio.run(drive(proxy_url if mode == "proxy" else upstream, model, RATE_PER_S, seconds,
-                                          seed))
-                if mode == "proxy":
-                    proxy_cpu_s += sum(proc.cpu_times()[:2]) - cpu0
-                seed += 1
-                phases[mode].append(phase)
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        summary_text, _ = proxy.communicate(timeout=60)
-    summary = json.loads(summary_text)
-    print(f"\n{label}: {upstream}, {RATE_PER_S:.0f} requests/s, {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} output "
-          f"tokens, {rounds} x {seconds:.0f} s per way; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-          f"on {os.cpu_count()} CPUs")
+def _table(title: str, phases: dict[str, list[Phase]]) -> dict[str, tuple[float, float]]:
+    """Print one comparison's rows; (TTFT p50, p99) in ms per way."""
+    print(title)
     print(f"{'way':>7} {'sent':>6} {'ok':>6} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'max ms':>8} {'req/s':>7} "
           f"{'out tok/s':>10}")
     figures = {}
@@ -158,10 +135,68 @@ def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -
         figures[mode] = (_pct_ms(ttft, 50), _pct_ms(ttft, 99))
         print(f"{mode:>7} {sent:>6} {ok:>6} {figures[mode][0]:>12.2f} {figures[mode][1]:>12.2f} "
               f"{max(ttft) * 1e3 if ttft else float('nan'):>8.1f} {ok / wall:>7.1f} {out_tok / wall:>10.1f}")
-    num_proxied = sum(p.num_sent for p in phases["proxy"])
     print(f"added by the proxy: TTFT p50 {figures['proxy'][0] - figures['direct'][0]:+.2f} ms, "
-          f"p99 {figures['proxy'][1] - figures['direct'][1]:+.2f} ms (target <= {TARGET_ADDED_P99_MS:.0f} ms); "
-          f"proxy CPU {proxy_cpu_s * 1e3 / max(num_proxied, 1):.2f} ms per request; recorded "
+          f"p99 {figures['proxy'][1] - figures['direct'][1]:+.2f} ms (target <= {TARGET_ADDED_P99_MS:.0f} ms)")
+    if "bare" in figures:
+        print(f"added by a bare aiohttp forwarder (no recording: the hop itself): TTFT p50 "
+              f"{figures['bare'][0] - figures['direct'][0]:+.2f} ms, "
+              f"p99 {figures['bare'][1] - figures['direct'][1]:+.2f} ms")
+    return figures
+
+
+def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -> None:
+    """Direct vs through a capture proxy in front of UPSTREAM: (1) alternating phases, each way at RATE_PER_S;
+    (2) interleaved: both ways in the same phases, request by request, RATE_PER_S in total (the same machine
+    and upstream state for both, at half the rate each)."""
+    out = tmp / f"capture-{label.split()[0]}.jsonl.zst"
+    proxy = subprocess.Popen([*KVTRACE, "capture", "--upstream", upstream, "-o", str(out), "--overwrite", "--json"],
+                             stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout is not None
+    proxy_url = proxy.stdout.readline().strip()
+    proc = psutil.Process(proxy.pid)
+    forwarder = subprocess.Popen([sys.executable, __file__, "--serve-forwarder", upstream], stdout=subprocess.PIPE,
+                                 text=True)
+    assert forwarder.stdout is not None
+    forwarder_url = forwarder.stdout.readline().strip()
+    model = _model(upstream)
+    alternating: dict[str, list[Phase]] = {"direct": [], "proxy": []}
+    interleaved: dict[str, list[Phase]] = {"direct": [], "proxy": [], "bare": []}
+    proxy_cpu_s = 0.0
+    num_proxied = 0
+    seed = 1
+    load_before = os.getloadavg()[0]
+    try:
+        asyncio.run(drive([upstream, proxy_url], model, RATE_PER_S, 1.0, 500))  # warm-up
+        for r in range(rounds):
+            for mode in (("direct", "proxy") if r % 2 == 0 else ("proxy", "direct")):
+                cpu0 = sum(proc.cpu_times()[:2])
+                (phase,) = asyncio.run(drive([proxy_url if mode == "proxy" else upstream], model, RATE_PER_S,
+                                             seconds, seed))
+                if mode == "proxy":
+                    proxy_cpu_s += sum(proc.cpu_times()[:2]) - cpu0
+                    num_proxied += phase.num_sent
+                seed += 1
+                alternating[mode].append(phase)
+        names = {upstream: "direct", proxy_url: "proxy", forwarder_url: "bare"}
+        for r in range(rounds):
+            ways = list(names)[r % 3:] + list(names)[:r % 3]
+            got = asyncio.run(drive(ways, model, RATE_PER_S, seconds, seed))
+            seed += 1
+            for way, phase in zip(ways, got, strict=True):
+                interleaved[names[way]].append(phase)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        summary_text, _ = proxy.communicate(timeout=60)
+        forwarder.terminate()
+        forwarder.wait()
+    summary = json.loads(summary_text)
+    load = f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    print(f"\n{label}: {upstream}; {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} output tokens; {load}")
+    _table(f"alternating phases, each way at {RATE_PER_S:.0f} requests/s, {rounds} x {seconds:.0f} s per way",
+           alternating)
+    _table(f"interleaved, request by request, with a bare forwarder as a third way, {RATE_PER_S:.0f} requests/s "
+           f"in total, {rounds} x {seconds:.0f} s", interleaved)
+    print(f"proxy CPU {proxy_cpu_s * 1e3 / max(num_proxied, 1):.2f} ms per request; recorded "
           f"{summary['num_recorded']} lines (errors {summary['num_errors']}, skipped {summary['num_skipped']})")
 
 
@@ -197,6 +232,36 @@ def serve_instant() -> None:
     asyncio.run(run())
 
 
+def serve_forwarder(upstream: str) -> None:
+    """A bare aiohttp forwarder (no recording, nothing parsed): the floor any proxy hop costs on this machine."""
+    from aiohttp import web
+
+    async def run() -> None:
+        session = aiohttp.ClientSession(auto_decompress=False)
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            async with session.request(request.method, upstream + request.raw_path, data=body or None,
+                                       headers={"Content-Type": "application/json"}) as up:
+                resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers["Content-Type"]})
+                await resp.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
 def main() -> None:
     """Parse the options and print both comparisons."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -205,9 +270,13 @@ def main() -> None:
     ap.add_argument("--server", help="A running vLLM server instead of starting the CPU engine.")
     ap.add_argument("--skip-engine", action="store_true", help="Only the instant-upstream comparison.")
     ap.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-forwarder", metavar="UPSTREAM", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_instant:
         serve_instant()
+        return
+    if args.serve_forwarder:
+        serve_forwarder(args.serve_forwarder)
         return
     with tempfile.TemporaryDirectory() as tmp:
         instant = subprocess.Popen([sys.executable, __file__, "--serve-instant"], stdout=subprocess.PIPE, text=True)
