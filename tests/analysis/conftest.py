@@ -27,11 +27,11 @@ def make_run(tmp_path: Path) -> RunFactory:
     """Build a run folder from trace rows (Bailian or Mooncake fields) through the real ingest."""
     counter = iter(range(1_000_000))
 
-    def make(rows: list[dict[str, Any]], name: str = "t") -> RunDir:
+    def make(rows: list[dict[str, Any]], name: str = "t", **ingest_options: Any) -> RunDir:
         i = next(counter)
         trace = write_jsonl(tmp_path / f"{name}{i}.jsonl", rows)
         out = tmp_path / f"{name}{i}.run"
-        ingest_trace(trace, out)
+        ingest_trace(trace, out, **ingest_options)
         return RunDir(out)
 
     return make

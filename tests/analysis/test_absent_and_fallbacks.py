@@ -21,7 +21,7 @@ MOONCAKE = [
 
 
 def test_mooncake_sections_are_absent_with_a_reason(make_run: RunFactory) -> None:
-    rep = run_analyses(make_run(MOONCAKE, "moon"))
+    rep = run_analyses(make_run(MOONCAKE, "moon", infer_sessions=False))
     for name in ("request_mix", "turn_hits", "user_heatmap", "next_turn"):
         res = rep.results[name]
         assert res.status == "absent" and res.reason and "Mooncake" in res.reason, name
@@ -42,6 +42,24 @@ def test_mooncake_sections_are_absent_with_a_reason(make_run: RunFactory) -> Non
     summary = rep.summary()
     assert summary["analyses"]["user_heatmap"]["status"] == "absent"
     assert summary["trace"]["format"] == "mooncake"
+
+
+def test_mooncake_sessions_are_inferred_by_default(make_run: RunFactory) -> None:
+    """The same rows ingested as they come: r1 [1, 2, 3] starts with r0's whole prompt [1, 2] and is longer,
+    so it is r0's second turn; r3 [1, 5] shares only block [1], which r0 had already gone past (a shared
+    head, not a prompt of its own): a root. Turns 1, 2, 1, 1."""
+    run = make_run(MOONCAKE, "moon")
+    assert run.provenance()["sessions"] == "inferred"
+    req = run.requests().sort("req_idx")
+    assert req["parent_chat_id"].to_list() == [-1, 0, -1, -1]
+    assert req["turn"].to_list() == [1, 2, 1, 1]
+    assert req["category"].to_list() == ["unknown-1", "unknown-2", "unknown-1", "unknown-1"]
+    rep = run_analyses(run, only="request_mix,turn_hits,next_turn")
+    assert all(rep.results[n].status == "ok" for n in ("request_mix", "turn_hits", "next_turn"))
+    # hits: r1 (turn 2) holds [1, 2] of r0, r3 (turn 1) holds [1]: 2 of 3 hits from a multi-turn request
+    assert rep.results["turn_hits"].headline["multi_turn_hit_share"] == pytest.approx(2 / 3)
+    assert rep.results["request_mix"].headline["multi_turn_share"] == pytest.approx(1 / 4)
+    assert rep.results["next_turn"].headline["next_turn_prob"] == pytest.approx(1 / 4)  # r0 of 4 requests
 
 
 def _bailian(rows: list[tuple[int, int, float, str, int, list[int]]], users: list[str] | None = None) -> list[dict]:

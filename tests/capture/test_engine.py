@@ -2,8 +2,9 @@
 completions streamed and not, and the round trip of issue 38 item 2: `kvtrace replay` through the proxy gives
 a captured trace whose chained-block partition is the replayed requests', with their send times.
 
-Chat completions need an engine that serves a tokenizer (the engine runs with --skip-tokenizer-init, so its
-/tokenize and /v1/chat/completions refuse): that test comes with the engine tokenizer of the tokenize work."""
+Chat completions need an engine that serves a tokenizer (the `cpu_engine` runs with --skip-tokenizer-init, so
+its /tokenize and /v1/chat/completions refuse): the capture of chat and text in front of the engine started
+with `--tokenizer` is tests/capture/test_tokenize_engine.py."""
 
 from __future__ import annotations
 

@@ -256,3 +256,28 @@ def test_ingest_reads_what_capture_writes(fake_upstream: FakeUpstream, start_cap
     # every prompt starts with the same 30 tokens: 3 full blocks of 8 shared, then each its own
     assert prov["num_block_refs"] == sum(len(r["hash_ids"]) for r in lines) == sum(-(-(30 + 7 * k) // 8)
                                                                                   for k in range(6))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--upstream", "ftp://example.com"], "error: --upstream 'ftp://example.com': expected the server's base URL"),
+    (["--listen", "8100"], "error: --listen '8100': expected HOST:PORT"),
+    (["--block-size", "0"], "error: --block-size 0 must be a positive number of tokens"),
+    (["--drain-s", "-1"], "error: --drain-s -1.0: give a number of seconds >= 0"),
+    (["-o", "EXISTING"], "error: -o EXISTING: exists; choose another name or pass --overwrite"),
+    (["-o", "trace.csv"], "must be named *.jsonl, *.jsonl.gz or *.jsonl.zst"),
+])
+def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    import subprocess
+
+    from tests.capture.conftest import KVTRACE
+
+    existing = tmp_path / "old.jsonl"
+    existing.write_text("keep\n")
+    argv = {"--upstream": "http://127.0.0.1:9", "-o": str(tmp_path / "t.jsonl")}
+    for k, v in zip(args[::2], args[1::2], strict=True):
+        argv[k] = str(existing) if v == "EXISTING" else str(tmp_path / v) if k == "-o" else v
+    proc = subprocess.run([*KVTRACE, "capture", *[x for kv in argv.items() for x in kv]], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message.replace("EXISTING", str(existing)) in proc.stderr
+    assert existing.read_text() == "keep\n" and not (tmp_path / "t.jsonl").exists()

@@ -73,5 +73,5 @@ def bare_run(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
         {"timestamp": 2000, "input_length": 512, "output_length": 8, "hash_ids": [4]},
     ]))
     out = tmp_path_factory.mktemp("bare_run")
-    ingest_trace(trace, out)
+    ingest_trace(trace, out, infer_sessions=False)
     return open_run(out)

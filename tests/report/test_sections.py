@@ -90,11 +90,12 @@ def test_analyses_a_trace_cannot_support_say_why(bare_run: RunDir, tmp_path: Pat
     run = open_run(shutil.copytree(bare_run.path, tmp_path / "run"))
     run_analyses(run)
     sections = {s.key: s for s in build_sections(run)}
-    assert sections["request_mix"].absent_reason == "the trace has no request types or turns (e.g. Mooncake format)"
+    assert sections["request_mix"].absent_reason == ("the trace has no request types or turns (e.g. a Mooncake "
+                                                     "trace ingested with --no-infer-sessions)")
     assert sections["hit_ratio"].absent_reason is None
     assert "by_type" in sections["hit_ratio"].absent_parts
     text = _text(render_report(run).read_text())
-    assert "Not shown: the trace has no turn numbers (e.g. Mooncake format)" in text
+    assert "Not shown: the trace has no turn numbers (e.g. a Mooncake trace ingested with --no-infer-sessions)" in text
     assert "Not shown (by type): the trace has no request types" in text
 
 

@@ -327,4 +327,5 @@ def key_label(kind: str | None) -> str:
 
 
 NO_KEYS_REASON = ("the trace has neither user ids nor multi-request conversations (every request is its "
-                  "own session, e.g. Mooncake format), so there is no producer/consumer identity")
+                  "own session, e.g. a Mooncake trace ingested with --no-infer-sessions), so there is no "
+                  "producer/consumer identity")

@@ -32,7 +32,8 @@ def next_turn(ctx: AnalysisContext) -> AnalysisResult:
         f"Share of requests that a later request names as parent (a next turn), at all and within "
         f"{w:g} s, per category and per {w:g}-s window of arrival.")
     if not ctx.flag("has_sessions"):
-        return absent(res, "the trace has no conversations (no request names a parent), e.g. Mooncake format")
+        return absent(res, "the trace has no conversations (no request names a parent), e.g. a Mooncake "
+                      "trace ingested with --no-infer-sessions")
     df = ctx.query("next_turn", window_s=w)
     windows = _probs(df.group_by("window_idx", "category").agg(pl.col(_SUMS).sum())
                      .with_columns(window_start_s=pl.col("window_idx") * w).sort("window_idx", "category"))

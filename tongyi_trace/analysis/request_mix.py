@@ -40,7 +40,8 @@ def request_mix(ctx: AnalysisContext) -> AnalysisResult:
         "requests of the top 10% users (or sessions) / mean over all.")
     has_types, has_turns = ctx.flag("has_types"), ctx.flag("has_turns")
     if not has_types and not has_turns:
-        return absent(res, "the trace has no request types or turns (e.g. Mooncake format)")
+        return absent(res, "the trace has no request types or turns (e.g. a Mooncake trace ingested with "
+                      "--no-infer-sessions)")
     types = ctx.query("request_mix_types")
     total = int(types["num_requests"].sum())
     res.headline["num_requests"] = total

@@ -23,7 +23,7 @@ def turn_hits(ctx: AnalysisContext) -> AnalysisResult:
         "Share of all ideal prefix hits whose consumer request is single-turn (turn = 1) or "
         "multi-turn (turn >= 2).")
     if not ctx.flag("has_turns"):
-        return absent(res, "the trace has no turn numbers (e.g. Mooncake format)")
+        return absent(res, "the trace has no turn numbers (e.g. a Mooncake trace ingested with --no-infer-sessions)")
     ctx.ensure("req_hits")
     df = ctx.query("turn_hits")
     total_hits = int(df["num_hit_blocks"].sum())

@@ -245,6 +245,8 @@ class CaptureProxy:
     def __init__(self, opts: CaptureOptions) -> None:
         if opts.block_size_tokens <= 0:
             raise UsageError(f"--block-size {opts.block_size_tokens} must be a positive number of tokens")
+        if not opts.drain_s >= 0:
+            raise UsageError(f"--drain-s {opts.drain_s}: give a number of seconds >= 0")
         if opts.tokenizer_file is not None and not opts.tokenizer_file.is_file():
             raise UsageError(f"--tokenizer {opts.tokenizer_file}: no such file; give a tokenizer.json")
         self.opts = opts
@@ -256,8 +258,8 @@ class CaptureProxy:
         self._tok_session: aiohttp.ClientSession | None = None  # the token source's own calls (/tokenize)
         self._runner: web.AppRunner | None = None
         self._token_source: Any = None
-        self._inflight: set[asyncio.Task[Any]] = set()
-        self._stopping = False
+        self._inflight: set[asyncio.Task[Any]] = set()  # handlers running
+        self._recording: set[asyncio.Task[None]] = set()  # finished requests being turned into lines
         self._t0 = 0.0
         self.summary = CaptureSummary(url="", out_path=str(opts.out_path), upstream_url=self.upstream,
                                       block_size=opts.block_size_tokens)
@@ -306,16 +308,17 @@ class CaptureProxy:
     async def close(self) -> CaptureSummary:
         """Stop listening, let requests in flight finish for up to drain_s (then cut them: counted as
         skipped), close the file complete; the summary."""
-        self._stopping = True
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
-        if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=self.opts.drain_s)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        deadline = time.perf_counter() + self.opts.drain_s
+        for tasks in (self._inflight, self._recording):  # the handlers first: they start recordings
+            if tasks:
+                _, pending = await asyncio.wait(set(tasks), timeout=max(deadline - time.perf_counter(), 0.0))
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
         if self._runner is not None:
             await self._runner.cleanup()
         for session in (self._session, self._tok_session):
@@ -366,8 +369,10 @@ class CaptureProxy:
                 if k.lower() not in HOP_BY_HOP:
                     resp.headers.add(k, v)
             streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
-            if not streaming and up.headers.get("Content-Length") is not None:
-                resp.content_length = int(up.headers["Content-Length"])
+            length = up.headers.get("Content-Length", "")
+            if not streaming and length.isdigit():
+                resp.content_length = int(length)
+            keep = on_error is not None  # the reply's bytes are read for the record (API paths only)
             chunks: list[bytes] = []
             try:
                 await resp.prepare(request)
@@ -384,7 +389,8 @@ class CaptureProxy:
                     return resp, (up.status, "error", b"")
                 if not chunk:
                     break
-                chunks.append(chunk)
+                if keep:
+                    chunks.append(chunk)
                 try:
                     await resp.write(chunk)
                 except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -398,43 +404,64 @@ class CaptureProxy:
 
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
         arrival_s = time.perf_counter() - self._t0
-        rec = self._recorder
-        assert rec is not None
         body = await request.read()
+        errors: list[str] = []
+        try:
+            resp, reply = await self._forward(request, body, errors.append)
+        except asyncio.CancelledError:
+            assert self._recorder is not None
+            self._recorder.skip("stopped before it finished", self._num_prompts(request.path, body))
+            raise
+        # The reply is out: reading the request, its token ids and the line happen after the handler returns
+        # (a keep-alive connection's next request does not wait for them).
+        task = asyncio.create_task(self._after(request.path, body, arrival_s, errors, reply,
+                                               resp.headers.get("Content-Encoding")))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+        return resp
+
+    def _num_prompts(self, path: str, body: bytes) -> int:
+        """How many lines the request would give (for the counts of one not recorded)."""
         try:
             parsed = json.loads(body)
         except ValueError:
-            parsed = None
-        prompts = self._prompts(request.path, parsed) if isinstance(parsed, dict) else None
-        token_tasks = ([asyncio.create_task(self._token_source.prompt_token_ids(request.path, p))
-                        for p in prompts] if prompts else [])
-        num = max(len(token_tasks), 1)
-        errors: list[str] = []
+            return 1
+        prompts = self._prompts(path, parsed) if isinstance(parsed, dict) else None
+        return max(len(prompts or ()), 1)
+
+    async def _after(self, path: str, body: bytes, arrival_s: float, errors: list[str],
+                     reply: tuple[int, str, bytes], content_encoding: str | None) -> None:
+        """Count or record one forwarded request (never raises: a failure here is counted, with its reason)."""
+        rec = self._recorder
+        assert rec is not None
+        status, kind, raw = reply
+        num = self._num_prompts(path, body)
         try:
-            resp, (status, kind, raw) = await self._forward(request, body, errors.append)
+            parsed = json.loads(body)
+            parsed = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            parsed = None
+        prompts = self._prompts(path, parsed) if parsed is not None else None
+        try:
             if errors:
                 rec.error(errors[0], num)
             elif status != 200:
                 rec.error(f"upstream HTTP {status}", num)
-            elif parsed is None or not isinstance(parsed, dict):
+            elif parsed is None:
                 rec.skip("request body is not a JSON object", num)
             elif not prompts:
                 rec.skip("request has no prompt (or messages) to record", num)
             else:
-                assert isinstance(parsed, dict)
-                counts = (parse_stream(raw) if kind == "stream"
-                          else parse_reply(raw, resp.headers.get("Content-Encoding")))
+                counts = parse_stream(raw) if kind == "stream" else parse_reply(raw, content_encoding)
                 if counts.error is not None:
                     rec.error(counts.error, num)
                 else:
-                    await self._record(request.path, parsed, arrival_s, token_tasks, counts, kind == "stream")
-            return resp
+                    await self._record(path, parsed, prompts, arrival_s, counts, kind == "stream")
         except asyncio.CancelledError:
             rec.skip("stopped before it finished", num)
             raise
-        finally:
-            for t in token_tasks:
-                t.cancel()
+        except Exception as e:  # the proxy never stops for one request: counted, with what went wrong
+            rec.skip(f"internal error ({type(e).__name__}: {e})", num)
 
     @staticmethod
     def _prompts(path: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -448,17 +475,17 @@ class CaptureProxy:
             return [body]
         return None
 
-    async def _record(self, path: str, body: dict[str, Any], arrival_s: float,
-                      token_tasks: list[asyncio.Task[list[int]]], counts: ReplyCounts, streamed: bool) -> None:
+    async def _record(self, path: str, body: dict[str, Any], prompts: list[dict[str, Any]], arrival_s: float,
+                      counts: ReplyCounts, streamed: bool) -> None:
         rec = self._recorder
         assert rec is not None
-        num = len(token_tasks)
+        num = len(prompts)
         n = body.get("n", 1) if type(body.get("n", 1)) is int else 1
         usage = counts.usage or {}
         ids_list: list[list[int]] = []
-        for t in token_tasks:
+        for p in prompts:
             try:
-                ids_list.append(await t)
+                ids_list.append(await self._token_source.prompt_token_ids(path, p))
             except KvtraceError as e:
                 rec.skip(f"no token ids: {e}", num)
                 return

@@ -198,3 +198,25 @@ def _find(keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> tuple[n
     pos = np.searchsorted(keys, values)
     hit = keys[np.minimum(pos, keys.shape[0] - 1)] == values
     return pos, hit
+
+
+def parent_indices(chat_id: npt.NDArray[np.int64], parent_chat_id: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each request's parent as an arrival index (-1 for a root or a parent that never appears), from a
+    trace's own chat_id / parent_chat_id columns in arrival order: what `SessionLink.parent` means."""
+    chat = np.asarray(chat_id, dtype=np.int64)
+    par = np.asarray(parent_chat_id, dtype=np.int64)
+    if chat.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(chat, kind="stable")
+    pos = np.minimum(np.searchsorted(chat[order], par), chat.shape[0] - 1)
+    found = (chat[order][pos] == par) & (par != -1)
+    return np.where(found, order[pos], -1).astype(np.int64)
+
+
+def parent_recovery(inferred_parent: npt.NDArray[np.int64], true_parent: npt.NDArray[np.int64]) -> float:
+    """Share of requests whose inferred parent is their true parent (arrival indices, -1 = root; roots
+    count: a true root must be inferred a root)."""
+    inferred = np.asarray(inferred_parent)
+    if inferred.shape != np.asarray(true_parent).shape or inferred.size == 0:
+        raise UsageError("parent_recovery: give two equally long, non-empty parent arrays")
+    return float(np.mean(inferred == np.asarray(true_parent)))
