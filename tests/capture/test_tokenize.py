@@ -278,9 +278,9 @@ def test_a_text_only_tokenize_as_sglangs_serves_completions_and_refuses_chat_cle
     async def tokenize(request: web.Request) -> web.Response:
         doc = await request.json()
         calls.append(doc)
-        if "prompt" not in doc:
-            return web.json_response({"object": "error", "message": "1 validation error: prompt Field required",
-                                      "type": "BadRequestError", "code": 400}, status=400)
+        if "prompt" not in doc:  # FastAPI's own 422 answer: it echoes the input, messages included
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body", "prompt"], "msg": "Field "
+                                                  "required", "input": doc}]}, status=422)
         return web.json_response({"tokens": [7] * len(doc["prompt"]), "count": len(doc["prompt"]),
                                   "max_model_len": 4096})
 
@@ -296,8 +296,9 @@ def test_a_text_only_tokenize_as_sglangs_serves_completions_and_refuses_chat_cle
 
     text_ids, err, again = with_upstream({"/tokenize": tokenize}, use)
     assert text_ids == [7, 7, 7]
-    assert err.startswith("the upstream's /tokenize takes text only, no chat messages (SGLang's does; HTTP 400: "
-                          "1 validation error: prompt Field required); start the capture with --tokenizer")
+    assert err.startswith("the upstream's /tokenize takes text only, no chat messages (SGLang's does; HTTP 422: "
+                          '[{"type": "missing", "loc": ["body", "prompt"], "msg": "Field required", "input": '
+                          '{"messages": [{"role": "user", "content": "x"}]}}]); start the capture with --tokenizer')
     assert again == err and len(calls) == 2  # the chat refusal is remembered
 
 

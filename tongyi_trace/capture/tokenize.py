@@ -146,8 +146,8 @@ class UpstreamTokenSource:
                 status = resp.status
                 raw = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise TokenizeError(f"POST {self.url} failed ({type(e).__name__}: {e}); is the upstream up? "
-                                f"Or {_FIX}") from e
+            raise TokenizeError(f"POST {self.url} failed ({type(e).__name__}: {_one_line(str(e))}); "
+                                f"is the upstream up? Or {_FIX}") from e
         text = raw.decode("utf-8", errors="replace")
         try:
             doc = json.loads(text)
@@ -164,7 +164,8 @@ class UpstreamTokenSource:
             self._no_endpoint = (f"the upstream cannot tokenize (POST {self.url}: HTTP {status}: "
                                  f"{_one_line(message)}); {_FIX}, or send token-id prompts")
             raise TokenizeError(self._no_endpoint)
-        if chat and status in (400, 422) and "prompt" in message and "messages" not in message:
+        low = message.lower()
+        if chat and status in (400, 422) and "prompt" in low and ("required" in low or "missing" in low):
             self._no_chat = (f"the upstream's {TOKENIZE_PATH} takes text only, no chat messages (SGLang's does; "
                              f"HTTP {status}: {_one_line(message)}); {_FIX}")
             raise TokenizeError(self._no_chat)
