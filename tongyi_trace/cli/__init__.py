@@ -17,7 +17,8 @@ from typer.core import TyperCommand, TyperGroup
 
 # command -> module of this package that registers it, in the pipeline's order (shown so in --help)
 COMMANDS: dict[str, str] = {
-    "ingest": "ingest", "export": "ingest", "synth": "synth", "analyze": "analyze", "report": "report",
+    "capture": "capture", "ingest": "ingest", "export": "ingest", "synth": "synth", "analyze": "analyze",
+    "report": "report",
     "fit": "fit", "simulate": "simulate", "engine": "engine", "replay": "replay", "compare": "compare",
     "study": "study",
 }

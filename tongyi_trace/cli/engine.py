@@ -59,6 +59,9 @@ def start_cmd(
                                      "(KVTRACE_TIME_SCALE): the --speedup the replay will use."),
     guard: bool = typer.Option(True, "--guard/--no-guard", help="The plugin's shadow-LRU guard while it runs WA "
                                "(KVTRACE_GUARD; docs/guard.md): evict in LRU order while a sampled LRU leads."),
+    tokenizer: bool = typer.Option(False, "--tokenizer", help="Serve with a small local tokenizer (byte-level BPE "
+                                   "built here, ChatML chat template): text prompts, /v1/chat/completions and "
+                                   "/tokenize work; default: token-id prompts only (--skip-tokenizer-init)."),
     name: str = _NAME,
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="Give up when not ready after this long."),
     json_out: bool = typer.Option(False, "--json", help="Print the engine state (url, pid, log) as JSON."),
@@ -74,7 +77,7 @@ def start_cmd(
 
     st = run_cli(lambda: eng.start(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                                    eviction=eviction, policy=policy, name=name, timeout_s=timeout_s,
-                                   time_scale=time_scale, guard=guard, log=say))
+                                   time_scale=time_scale, guard=guard, log=say, tokenizer=tokenizer))
     if json_out:
         print_json(asdict(st), "kvtrace.engine-state/1")
     else:

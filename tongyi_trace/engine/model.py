@@ -36,11 +36,16 @@ TINY_QWEN2_CONFIG: dict[str, Any] = {
 }
 
 
-def write_model_dir(max_model_len: int) -> Path:
-    """Write the tiny Qwen2 config.json (random weights are made by --load-format dummy)."""
-    d = engine_dir() / "model" / "tiny-qwen2"
+def write_model_dir(max_model_len: int, tokenizer: bool = False) -> Path:
+    """Write the tiny Qwen2 config.json (random weights are made by --load-format dummy); with TOKENIZER, into
+    a folder of its own beside the small local tokenizer of tongyi_trace/engine/tokenizer.py."""
+    d = engine_dir() / "model" / ("tiny-qwen2-tokenizer" if tokenizer else "tiny-qwen2")
     d.mkdir(parents=True, exist_ok=True)
     cfg = dict(TINY_QWEN2_CONFIG)
     cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), max_model_len)
     atomic_write_text(d / "config.json", json.dumps(cfg, indent=2) + "\n")  # engines may start at once
+    if tokenizer:
+        from tongyi_trace.engine.tokenizer import write_tokenizer_files
+
+        write_tokenizer_files(d, VOCAB_SIZE)
     return d

@@ -54,6 +54,7 @@ class EngineState:
     command: list[str]
     stats_dir: str | None = None
     time_scale: float = 1.0
+    tokenizer_file: str | None = None  # with --tokenizer: the engine's tokenizer.json (text, chat, /tokenize)
 
 
 def state_dir(name: str = DEFAULT_ENGINE_NAME) -> Path:
@@ -136,9 +137,11 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
 def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
           eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
           timeout_s: float = 600.0, port: int | None = None, time_scale: float = 1.0,
-          guard: bool = True, log: Log = no_log) -> EngineState:
+          guard: bool = True, log: Log = no_log, tokenizer: bool = False) -> EngineState:
     """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state. GUARD:
-    the plugin's shadow-LRU guard when it runs WA (KVTRACE_GUARD; on by default, docs/guard.md)."""
+    the plugin's shadow-LRU guard when it runs WA (KVTRACE_GUARD; on by default, docs/guard.md). TOKENIZER:
+    serve with the small local tokenizer of engine/tokenizer.py (text prompts, chat, /tokenize) instead of
+    --skip-tokenizer-init (token-id prompts only)."""
     _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
     if not time_scale > 0:
         raise UsageError(f"--time-scale {time_scale} must be > 0 (trace seconds per wall second)")
@@ -162,11 +165,12 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir()
-    model_dir = write_model_dir(max_model_len)
+    model_dir = write_model_dir(max_model_len, tokenizer=tokenizer)
     port = port or free_port()
     cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+           "--load-format", "dummy", *([] if tokenizer else ["--skip-tokenizer-init"]),
+           "--dtype", "bfloat16", "--enforce-eager",
            "--enable-prefix-caching", "--enable-prompt-tokens-details",
            "--block-size", str(block_size), "--max-model-len", str(max_model_len),
            "--num-gpu-blocks-override", str(num_blocks),
@@ -180,6 +184,8 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     env["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache (replay --reset-cache)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env["PATH"] = f"{venv_dir() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    if tokenizer:  # the tokenizer is local: never look it up on the Hugging Face hub
+        env["HF_HUB_OFFLINE"] = "1"
     if eviction is not None:
         env["KVTRACE_EVICTION"] = eviction
     if policy is not None:
@@ -204,7 +210,8 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
                      model_dir=str(model_dir), served_model_name=SERVED_MODEL_NAME, num_blocks=num_blocks,
                      block_size=block_size, max_model_len=max_model_len, eviction=eviction,
                      policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd,
-                     stats_dir=stats_dir, time_scale=float(time_scale))
+                     stats_dir=stats_dir, time_scale=float(time_scale),
+                     tokenizer_file=str(model_dir / "tokenizer.json") if tokenizer else None)
     atomic_write_text(_state_path(name), json.dumps(asdict(st), indent=2) + "\n")
     log(f"engine start: pid {proc.pid}, waiting for {url}/health (log {log_path})")
     deadline = time.monotonic() + timeout_s
