@@ -154,7 +154,7 @@ def test_cli_json_figures(tiny_bailian_path: Path, tmp_path: Path) -> None:
     doc = json.loads(result.output)
     assert doc == {"schema": "kvtrace.ingest-output/1", "run_dir": str((tmp_path / "r").resolve()),
                    "format": "bailian", "block_size": 16, "num_requests": 6, "num_block_refs": 23,
-                   "num_distinct_blocks": 10, "duration_s": 30.0, "findings": {}}
+                   "num_distinct_blocks": 10, "duration_s": 30.0, "sessions": "given", "findings": {}}
 
 
 def test_hash_ids_checked_per_chunk_report_the_first_bad_line(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def summary_doc(run: RunDir, results: dict[str, AnalysisResult], elapsed_s: floa
     """The summary.json document (what `kvtrace analyze --json` prints)."""
     prov = load_provenance(run)
     keys = ("source", "sha256", "format", "block_size", "num_requests", "num_block_refs",
-            "num_distinct_blocks", "duration_s", "has_types", "has_turns", "has_users", "has_sessions")
+            "num_distinct_blocks", "duration_s", "has_types", "has_turns", "has_users", "has_sessions", "sessions")
     previous = _previous_summary(out_dir)
     analyses = dict(previous.get("analyses", {}))
     for name, r in results.items():

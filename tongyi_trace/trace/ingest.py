@@ -227,7 +227,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
         if num_req == 0:
             raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
                              "give a trace with at least one request")
-        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples)
+        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
         if int(requests["num_blocks"].sum()) == 0:
             raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
                              "block ids to analyze")
@@ -310,8 +310,9 @@ def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], ident
 
 
 def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], buckets: list[int],
-                        findings: Counter[str], examples: dict[str, list[str]]) -> pl.DataFrame:
-    """The requests table in arrival order (req_idx), with sessions and categories resolved."""
+                        findings: Counter[str], examples: dict[str, list[str]], infer: bool = False) -> pl.DataFrame:
+    """The requests table in arrival order (req_idx), with sessions and categories resolved (INFER: the
+    trace's own parent links are neither checked nor used)."""
     flat = {k: (np.concatenate(v) if k not in ("type", "turn", "user_id") else [x for c in v for x in c])
             for k, v in cols.items()}
     df = pl.DataFrame({
@@ -339,15 +340,19 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
         if dup.height:
             raise InputError(f"{path}:{dup['line_no'][1]}: field 'chat_id' {dup['chat_id'][1]} appears "
                              f"twice (also line {dup['line_no'][0]}); chat ids must be unique")
-        known = df["parent_chat_id"].is_in(df["chat_id"].implode()) | (df["parent_chat_id"] == -1)
-        orphans = df.filter(~known)
-        if orphans.height:
-            findings["orphan_parent"] = orphans.height
-            examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
-                                         for ln, p in orphans.select("line_no", "parent_chat_id").head(5).iter_rows()]
-            df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
-        sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
-                             df["parent_chat_id"].to_numpy())
+        if infer:  # the trace's own links give way to inferred ones (_inferred_sessions): nothing to check
+            sessions = df["chat_id"].to_numpy()
+        else:
+            known = df["parent_chat_id"].is_in(df["chat_id"].implode()) | (df["parent_chat_id"] == -1)
+            orphans = df.filter(~known)
+            if orphans.height:
+                findings["orphan_parent"] = orphans.height
+                first = orphans.select("line_no", "parent_chat_id").head(5).iter_rows()
+                examples["orphan_parent"] = [f"{path}:{ln}: parent_chat_id {p} never appears; treated as a root"
+                                             for ln, p in first]
+                df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
+            sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
+                                 df["parent_chat_id"].to_numpy())
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
@@ -419,7 +424,8 @@ def ensure_run(trace_or_run: str | Path, out_dir: str | Path | None = None, **in
 
 def summarize(prov: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of an ingest (what --json prints)."""
-    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s")
+    keys = ("format", "block_size", "num_requests", "num_block_refs", "num_distinct_blocks", "duration_s",
+            "sessions")
     out = {k: prov[k] for k in keys}
     out["findings"] = prov["findings"]
     return out

@@ -21,10 +21,15 @@ that is then continued), and only earlier requests are candidates (a parent that
 taken). Each request costs one dictionary look-up per block: linear in the trace's block references.
 
 Measured (bench/bench_sessions.py): on `kvtrace synth --profile to-c --seed 1` with chat_id,
-parent_chat_id and turn stripped, 99.90% of requests get their true parent (roots included); without the
-bare-prefix rule 99.72%, without the length rule 97.86%. On ../shared/traces/mooncake_conversation.jsonl
-(every prompt starts with the same 512-token block) it finds 3,889 follow-up turns in 12,031 requests,
-almost every parent continued once.
+parent_chat_id and turn ignored, 99.90% of requests get their true parent (roots included). Each rule
+earns its place: without the length rule 97.86% (roots that merely start with an earlier short prompt get
+it as a parent); without the bare-prefix rule 99.61% on to-C, and on ../shared/traces/
+mooncake_conversation.jsonl, where every prompt starts with the same 512-token block, all but 733 of its
+12,031 requests would hang off the short prompts that are that block alone (594 parents with 5+ children).
+With both: 3,889 follow-up turns in 8,142 sessions there, almost every parent continued once. Requiring
+the child to hold the parent's answer too (input >= parent's input + output) gains 0.02 points on to-C
+but drops 245 Mooncake follow-ups whose prompts hold less than the recorded output, and needs every
+earlier request's output, which the shared API (`SessionLinker.link(hash_ids, input_tokens)`) does not take.
 
 `SessionLinker` is the online form (one request at a time, in arrival order: `kvtrace capture`);
 `link_sessions` the batch form over a whole trace's chained ids (`kvtrace ingest`), numpy-vectorised and
@@ -81,7 +86,7 @@ def chain_prefix(hash_ids: Sequence[int]) -> list[int]:
     out = []
     h = _CHAIN_SEED
     for b in hash_ids:
-        h = mix64(h ^ mix64(b))
+        h = mix64(h ^ mix64(int(b)))  # int(): numpy integers would overflow in mix64's arithmetic
         out.append(h)
     return out
 
@@ -157,23 +162,21 @@ def link_sessions(chain_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int6
         offer_key = chain[offsets[offer_req] + num_full[offer_req] - 1]
         keys, first = np.unique(offer_key, return_index=True)  # first offer of each key (offers in arrival order)
         first_offer = offer_req[first]
-        req_of = np.repeat(np.arange(n, dtype=np.int64), num_blocks)
+        at, hd = _key_blocks(keys, chain)  # the blocks whose chained id is some request's whole-prompt key
+        hq = np.searchsorted(offsets, at, side="right") - 1  # their requests
         # the first request that had a block after each key ("went past" it); n when none did
-        inner = np.ones(chain.shape[0], dtype=bool)
-        inner[offsets[1:][num_blocks > 0] - 1] = False
-        pos, hit = _find(keys, chain[inner])
+        inner = at != offsets[hq + 1] - 1
         first_inner = np.full(keys.shape[0], n, dtype=np.int64)
-        hit_pos, hit_first = np.unique(pos[hit], return_index=True)  # requests ascend along the flat array
-        first_inner[hit_pos] = req_of[inner][hit][hit_first]
+        hit_d, hit_first = np.unique(hd[inner], return_index=True)  # requests ascend along the flat array
+        first_inner[hit_d] = hq[inner][hit_first]
         registrable = first_inner >= first_offer  # else: a bare shared prefix, never registered
         # registered offers, as (key number, request) packed in one sortable int64
         offer_d = np.searchsorted(keys, offer_key)
         ok = registrable[offer_d]
         packed = np.sort(offer_d[ok] * n + offer_req[ok])
-        # every block of every request whose chained id is a registered key: its latest owner before it
-        pos, hit = _find(keys, chain)
-        hit &= registrable[np.minimum(pos, keys.shape[0] - 1)]
-        hq, hd = req_of[hit], pos[hit]
+        # every block whose chained id is a registered key: the key's latest owner before the block's request
+        reg = registrable[hd]
+        hq, hd = hq[reg], hd[reg]
         k = np.searchsorted(packed, hd * n + hq, side="left") - 1  # the last offer strictly before hq
         found = packed[np.maximum(k, 0)]
         valid = (k >= 0) & (found // n == hd)
@@ -192,12 +195,22 @@ def link_sessions(chain_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int6
     return SessionLinks(parent, turn, session)
 
 
-def _find(keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
-                                                                              npt.NDArray[np.bool_]]:
-    """Position of each of VALUES in the sorted unique KEYS, and whether it is there."""
-    pos = np.searchsorted(keys, values)
-    hit = keys[np.minimum(pos, keys.shape[0] - 1)] == values
-    return pos, hit
+_LOOKUP_SLICE = 1 << 20  # blocks looked up at once: bounded temporaries on traces of many millions of blocks
+
+
+def _key_blocks(keys: npt.NDArray[np.int64], chain: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
+                                                                                  npt.NDArray[np.int64]]:
+    """The flat positions of CHAIN whose value is one of the sorted unique KEYS (ascending), and which key."""
+    at, which = [], []
+    for start in range(0, chain.shape[0], _LOOKUP_SLICE):
+        part = chain[start:start + _LOOKUP_SLICE]
+        pos = np.minimum(np.searchsorted(keys, part), keys.shape[0] - 1)
+        hit = np.flatnonzero(keys[pos] == part)
+        at.append(hit + start)
+        which.append(pos[hit])
+    empty = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(at).astype(np.int64) if at else empty,
+            np.concatenate(which).astype(np.int64) if which else empty)
 
 
 def parent_indices(chat_id: npt.NDArray[np.int64], parent_chat_id: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
