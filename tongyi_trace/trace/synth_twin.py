@@ -1,0 +1,304 @@
+"""The synthetic twin of a measured run (`kvtrace synth --like RUN`): learn, then draw, its prefix tree.
+
+Learned from the run (`learn_twin`, stored in the workload summary's "twin" section, schema
+kvtrace.workload/2), all as quantile functions at TWIN_LEVELS or shares, never as sequences:
+- the rate curve: request counts in NUM_TWIN_RATE_BINS equal time bins over the run;
+- the input and output length distributions (tokens);
+- per length class (the request's blocks, classes cut at quantiles of it): the share of requests
+  that share a prefix with an earlier request (their first block was computed before) and the
+  distribution of the shared share f = shared blocks / own blocks;
+- per shared-length class (shared blocks, classes cut at quantiles): the distribution of the gap
+  from the request back to the last earlier access of its deepest shared block (s).
+The shared blocks of request i are its ideal-cache hits (prefix-chained blocks: a hit prefix).
+
+Drawn (`draw_twin`), for a seed: arrival times from the rate curve (uniform inside a bin), lengths
+from the quantile functions (linear interpolation between levels), then in arrival order: whether
+the request shares, f (so k = f x blocks, stochastically rounded, at least 1), the gap, and the
+donor = the latest earlier request at or before arrival - gap with at least k blocks (looking
+further back, then forward, when it is too short). The request's blocks are the donor's first k
+tree nodes, then k' = blocks - k new nodes: a prefix tree whose reuse structure (who shares what
+with whom, how far back, how hot the shared prefixes grow) follows the run's; ids renumbered by
+first appearance as the public traces are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+from numba import njit
+
+from tongyi_trace.run import RunDir
+
+TWIN_LEVELS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
+NUM_TWIN_RATE_BINS = 100
+NUM_LENGTH_CLASSES = 8
+NUM_SHARED_CLASSES = 8
+MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
+MAX_DONOR_SEARCH = 4096  # requests looked at (back, then forward) for a donor long enough
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+def _q(values: npt.ArrayLike) -> list[float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return [float(x) for x in np.quantile(arr, TWIN_LEVELS)] if arr.size else []
+
+
+def _class_edges(values: npt.NDArray[Any], num_classes: int) -> list[float]:
+    """Upper edges (inclusive) of up to NUM_CLASSES classes of VALUES, each with enough requests."""
+    if values.size == 0:
+        return []
+    cuts = np.unique(np.quantile(values, np.linspace(0, 1, num_classes + 1)[1:-1], method="lower"))
+    edges: list[float] = []
+    lo = -np.inf
+    for c in cuts:
+        if np.count_nonzero((values > lo) & (values <= c)) >= MIN_CLASS_REQUESTS:
+            edges.append(float(c))
+            lo = c
+    if edges and np.count_nonzero(values > edges[-1]) < MIN_CLASS_REQUESTS:
+        edges.pop()  # the last class is too small: the one below it takes it
+    return edges
+
+
+def _classify(values: npt.NDArray[Any], edges: list[float]) -> I64:
+    return np.searchsorted(np.asarray(edges, dtype=np.float64), values, side="left").astype(np.int64)
+
+
+def sharing_table(run: RunDir) -> pl.DataFrame:
+    """Per request of RUN in arrival order: blocks n, shared (hit) blocks k and the gap_s from its
+    arrival back to the last earlier access of its deepest shared block (null when k = 0)."""
+    req = run.requests().select("req_idx", "arrival_s").sort("req_idx")
+    bl = (run.blocks(["req_idx", "pos", "chain_idx"]).sort("chain_idx", "req_idx")
+          .with_columns(prev_req=pl.when(pl.col("chain_idx").shift(1) == pl.col("chain_idx"))
+                        .then(pl.col("req_idx").shift(1))))
+    per = bl.group_by("req_idx").agg(
+        n=pl.len(), k=pl.col("prev_req").is_not_null().sum().cast(pl.Int64),
+        donor=pl.col("prev_req").sort_by("pos").filter(pl.col("prev_req").is_not_null()).last())
+    t_donor = req.rename({"req_idx": "donor", "arrival_s": "donor_s"})
+    return (req.join(per, on="req_idx", how="left").join(t_donor, on="donor", how="left")
+            .with_columns(pl.col("n").fill_null(0).cast(pl.Int64), pl.col("k").fill_null(0),
+                          gap_s=pl.col("arrival_s") - pl.col("donor_s"))
+            .sort("req_idx"))
+
+
+def learn_twin(run: RunDir) -> dict[str, Any]:
+    """The prefix-tree model of RUN (see the module doc): a JSON-ready dict, no sequence of the run."""
+    req = run.requests().sort("req_idx")
+    share = sharing_table(run)
+    arrival = req["arrival_s"].to_numpy()
+    t0, t1 = float(arrival.min()), float(arrival.max())
+    rate, _ = np.histogram(arrival, bins=np.linspace(t0, max(t1, t0 + 1e-3), NUM_TWIN_RATE_BINS + 1))
+    n = share["n"].to_numpy()
+    k = share["k"].to_numpy()
+    length_edges = _class_edges(n, NUM_LENGTH_CLASSES)
+    lclass = _classify(n, length_edges)
+    hit = k > 0
+    by_length = []
+    for c in range(len(length_edges) + 1):
+        sel = lclass == c
+        f = k[sel & hit] / n[sel & hit]
+        by_length.append({"hit_share": float(hit[sel].mean()) if sel.any() else 0.0, "shared_share": _q(f)})
+    gap = share["gap_s"].to_numpy()
+    shared_edges = _class_edges(k[hit], NUM_SHARED_CLASSES)
+    sclass = _classify(k[hit], shared_edges)
+    uses = np.bincount(share["donor"].drop_nulls().to_numpy(), minlength=share.height)
+    n_donor = np.zeros(share.height, dtype=np.int64)
+    donor = share["donor"].fill_null(-1).to_numpy()
+    n_donor[hit] = n[donor[hit]]
+    g = k[hit] / np.maximum(n_donor[hit], 1)
+    by_shared = [{"gap_s": _q(np.maximum(gap[hit][sclass == c], 0.0)), "donor_share": _q(g[sclass == c])}
+                 for c in range(len(shared_edges) + 1)]
+    return {
+        "quantile_levels": list(TWIN_LEVELS),
+        "duration_s": t1 - t0,
+        "rate_bins": [int(x) for x in rate],
+        "input_tokens": _q(req["input_tokens"].to_numpy()),
+        "output_tokens": _q(req["output_tokens"].to_numpy()),
+        "length_class_edges": length_edges,
+        "by_length_class": by_length,
+        "shared_class_edges": shared_edges,
+        "by_shared_class": by_shared,
+        "donor_uses": _q(uses),
+    }
+
+
+@dataclass(frozen=True)
+class TwinModel:
+    """A validated "twin" section (see learn_twin)."""
+
+    levels: F64
+    rate_bins: F64
+    input_tokens: F64
+    output_tokens: F64
+    length_edges: F64
+    hit_share: F64  # per length class
+    shared_share: list[F64]  # per length class: quantiles of f (empty: no sharing request)
+    shared_edges: F64
+    gap_s: list[F64]  # per shared class: quantiles
+    donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
+    donor_uses: F64  # quantiles of the number of later requests a request is the donor of
+
+
+def _draw_q(rng: np.random.Generator, levels: F64, q: F64, size: int) -> F64:
+    """SIZE draws from the distribution of quantiles Q at LEVELS (linear between levels)."""
+    return np.interp(rng.random(size), levels, q)
+
+
+def draw_arrivals(rng: np.random.Generator, rate_bins: F64, n: int, duration_s: float) -> F64:
+    """N sorted arrival times (s) in [0, DURATION_S] following the RATE_BINS curve."""
+    cdf = np.concatenate([[0.0], np.cumsum(rate_bins)])
+    cdf /= cdf[-1]
+    edges = np.linspace(0.0, duration_s, rate_bins.size + 1)
+    return np.sort(np.interp(rng.random(n), cdf, edges))
+
+
+@njit(cache=True)
+def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
+          max_n: np.ndarray, max_search: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
+
+    A request is donor to at most CAP of them while another candidate is in reach."""
+    num = n.shape[0]
+    donor = np.full(num, -1, np.int64)
+    kk = np.zeros(num, np.int64)
+    used = np.zeros(num, np.int64)
+    for i in range(num):
+        want = k[i]
+        if want <= 0 or i == 0:
+            continue
+        target = arrival_s[i] - gap_s[i]
+        lo, hi = 0, i  # last j < i with arrival_s[j] <= target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if arrival_s[mid] <= target:
+                lo = mid + 1
+            else:
+                hi = mid
+        j0 = lo - 1
+        # backward from the target: the first request long enough, not too long (the drawn share of
+        # the donor's blocks) and not yet donor to its drawn number; failing that, the first long
+        # enough and not too long; then the first long enough; then forward
+        best, fit, longest = -1, -1, -1
+        j = j0
+        steps = 0
+        while j >= 0 and steps < max_search:
+            if n[j] >= want:
+                if longest < 0:
+                    longest = j
+                if n[j] <= max_n[i]:
+                    if used[j] < cap[j]:
+                        best = j
+                        break
+                    if fit < 0:
+                        fit = j
+            j -= 1
+            steps += 1
+        if best < 0:
+            best = fit if fit >= 0 else longest
+        if best < 0:
+            j = max(j0 + 1, 0)
+            steps = 0
+            while j < i and steps < max_search:
+                if n[j] >= want:
+                    best = j
+                    break
+                j += 1
+                steps += 1
+        if best < 0:
+            continue
+        best_n = n[best]
+        donor[i] = best
+        used[best] += 1
+        kk[i] = min(want, best_n, n[i])
+    offsets = np.zeros(num + 1, np.int64)
+    for i in range(num):
+        offsets[i + 1] = offsets[i] + n[i]
+    nodes = np.empty(offsets[num], np.int64)
+    next_id = 0
+    for i in range(num):
+        s = offsets[i]
+        d = donor[i]
+        for p in range(n[i]):
+            if p < kk[i]:
+                nodes[s + p] = nodes[offsets[d] + p]
+            else:
+                nodes[s + p] = next_id
+                next_id += 1
+    return kk, nodes, offsets, donor
+
+
+@dataclass(frozen=True)
+class TwinDraw:
+    """A drawn twin in arrival order: lengths, arrivals and flat prefix-tree ids (by first use)."""
+
+    arrival_ms: I64
+    input_tokens: I64
+    output_tokens: I64
+    shared_blocks: I64
+    hash_ids: I64
+    offsets: I64
+
+
+def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, duration_s: float,
+              block_size: int) -> TwinDraw:
+    """Draw NUM_REQUESTS requests over DURATION_S from MODEL (see the module doc), BLOCK_SIZE tokens
+    a block; deterministic for RNG's seed."""
+    lv = model.levels
+    arrival_ms = np.round(draw_arrivals(rng, model.rate_bins, num_requests, duration_s) * 1000).astype(np.int64)
+    arrival_s = arrival_ms / 1000.0
+    inp = np.maximum(np.round(_draw_q(rng, lv, model.input_tokens, num_requests)), 1).astype(np.int64)
+    out = np.maximum(np.round(_draw_q(rng, lv, model.output_tokens, num_requests)), 0).astype(np.int64)
+    n = -(-inp // block_size)
+    lclass = _classify(n, list(model.length_edges))
+    u_hit = rng.random(num_requests)
+    u_f = rng.random(num_requests)
+    u_round = rng.random(num_requests)
+    k = np.zeros(num_requests, dtype=np.int64)
+    for c, share in enumerate(model.hit_share):
+        q = model.shared_share[c]
+        sel = (lclass == c) & (u_hit < share)
+        if not q.size or not sel.any():
+            continue
+        f = np.interp(u_f[sel], lv, q)
+        k[sel] = np.clip(np.floor(f * n[sel] + u_round[sel]), 1, n[sel])
+    sclass = _classify(k, list(model.shared_edges))
+    u_gap = rng.random(num_requests)
+    gap = np.zeros(num_requests, dtype=np.float64)
+    for c, q in enumerate(model.gap_s):
+        sel = (sclass == c) & (k > 0)
+        if q.size and sel.any():
+            # a gap reaching back before the trace's start is not seen in a trace: draw among those that fit
+            reach = np.interp(arrival_s[sel] - arrival_s[0], q, lv, left=0.0, right=1.0)
+            gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
+    cap = np.floor(_draw_q(rng, lv, model.donor_uses, num_requests) + rng.random(num_requests)).astype(np.int64)
+    g = np.ones(num_requests, dtype=np.float64)
+    u_g = rng.random(num_requests)
+    for c, q in enumerate(model.donor_share):
+        sel = (sclass == c) & (k > 0)
+        if q.size and sel.any():
+            g[sel] = np.interp(u_g[sel], lv, q)
+    max_n = np.ceil(k / np.maximum(g, 1e-9)).astype(np.int64)
+    kk, nodes, offsets, _donor = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH)
+    return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+
+
+def twin_model(doc: dict[str, Any]) -> TwinModel:
+    """The TwinModel of a learn_twin dict (validated by synth_like.parse_workload first)."""
+    arr = np.asarray
+    return TwinModel(
+        levels=arr(doc["quantile_levels"], dtype=np.float64),
+        rate_bins=arr(doc["rate_bins"], dtype=np.float64),
+        input_tokens=arr(doc["input_tokens"], dtype=np.float64),
+        output_tokens=arr(doc["output_tokens"], dtype=np.float64),
+        length_edges=arr(doc["length_class_edges"], dtype=np.float64),
+        hit_share=arr([c["hit_share"] for c in doc["by_length_class"]], dtype=np.float64),
+        shared_share=[arr(c["shared_share"], dtype=np.float64) for c in doc["by_length_class"]],
+        shared_edges=arr(doc["shared_class_edges"], dtype=np.float64),
+        gap_s=[arr(c["gap_s"], dtype=np.float64) for c in doc["by_shared_class"]],
+        donor_share=[arr(c["donor_share"], dtype=np.float64) for c in doc["by_shared_class"]],
+        donor_uses=arr(doc["donor_uses"], dtype=np.float64),
+    )
