@@ -91,21 +91,23 @@ def learn_twin(run: RunDir) -> dict[str, Any]:
     share = sharing_table(run)
     arrival = req["arrival_s"].to_numpy()
     t0, t1 = float(arrival.min()), float(arrival.max())
+    _, same_instant = np.unique(np.round((arrival - t0) * 1000).astype(np.int64), return_counts=True)
     rate, _ = np.histogram(arrival, bins=np.linspace(t0, max(t1, t0 + 1e-3), NUM_TWIN_RATE_BINS + 1))
     n = share["n"].to_numpy()
     k = share["k"].to_numpy()
     length_edges = _class_edges(n, NUM_LENGTH_CLASSES)
     lclass = _classify(n, length_edges)
     hit = k > 0
+    uses = np.bincount(share["donor"].drop_nulls().to_numpy(), minlength=share.height)
     by_length = []
     for c in range(len(length_edges) + 1):
         sel = lclass == c
         f = k[sel & hit] / n[sel & hit]
-        by_length.append({"hit_share": float(hit[sel].mean()) if sel.any() else 0.0, "shared_share": _q(f)})
+        by_length.append({"hit_share": float(hit[sel].mean()) if sel.any() else 0.0, "shared_share": _q(f),
+                          "donor_uses": _q(uses[sel])})
     gap = share["gap_s"].to_numpy()
     shared_edges = _class_edges(k[hit], NUM_SHARED_CLASSES)
     sclass = _classify(k[hit], shared_edges)
-    uses = np.bincount(share["donor"].drop_nulls().to_numpy(), minlength=share.height)
     n_donor = np.zeros(share.height, dtype=np.int64)
     donor = share["donor"].fill_null(-1).to_numpy()
     n_donor[hit] = n[donor[hit]]
@@ -116,13 +118,13 @@ def learn_twin(run: RunDir) -> dict[str, Any]:
         "quantile_levels": list(TWIN_LEVELS),
         "duration_s": t1 - t0,
         "rate_bins": [int(x) for x in rate],
+        "requests_per_instant": _q(same_instant),
         "input_tokens": _q(req["input_tokens"].to_numpy()),
         "output_tokens": _q(req["output_tokens"].to_numpy()),
         "length_class_edges": length_edges,
         "by_length_class": by_length,
         "shared_class_edges": shared_edges,
         "by_shared_class": by_shared,
-        "donor_uses": _q(uses),
     }
 
 
@@ -132,6 +134,7 @@ class TwinModel:
 
     levels: F64
     rate_bins: F64
+    requests_per_instant: F64  # quantiles of the number of requests arriving in the same ms
     input_tokens: F64
     output_tokens: F64
     length_edges: F64
@@ -140,7 +143,7 @@ class TwinModel:
     shared_edges: F64
     gap_s: list[F64]  # per shared class: quantiles
     donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
-    donor_uses: F64  # quantiles of the number of later requests a request is the donor of
+    donor_uses: list[F64]  # per length class: quantiles of the number of later requests a request is donor of
 
 
 def _draw_q(rng: np.random.Generator, levels: F64, q: F64, size: int) -> F64:
@@ -154,6 +157,22 @@ def draw_arrivals(rng: np.random.Generator, rate_bins: F64, n: int, duration_s: 
     cdf /= cdf[-1]
     edges = np.linspace(0.0, duration_s, rate_bins.size + 1)
     return np.sort(np.interp(rng.random(n), cdf, edges))
+
+
+def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s: float) -> I64:
+    """N sorted arrival times (ms): instants from the rate curve, each holding a drawn number of requests."""
+    q = model.requests_per_instant
+    mean = max(float(np.mean(np.interp(np.linspace(0, 1, 1001), model.levels, q))), 1.0) if q.size else 1.0
+    num_instants = int(n / mean) + 16
+    while True:
+        size = np.maximum(np.floor(_draw_q(rng, model.levels, q, num_instants) + rng.random(num_instants)), 1) \
+            if q.size else np.ones(num_instants)
+        if size.sum() >= n:
+            break
+        num_instants *= 2
+    size = size[:int(np.searchsorted(np.cumsum(size), n)) + 1].astype(np.int64)
+    instants = np.round(draw_arrivals(rng, model.rate_bins, size.size, duration_s) * 1000).astype(np.int64)
+    return np.repeat(instants, size)[:n]
 
 
 @njit(cache=True)
@@ -180,25 +199,28 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
                 hi = mid
         j0 = lo - 1
         # backward from the target: the first request long enough, not too long (the drawn share of
-        # the donor's blocks) and not yet donor to its drawn number; failing that, the first long
-        # enough and not too long; then the first long enough; then forward
-        best, fit, longest = -1, -1, -1
+        # the donor's blocks) and not yet donor to its drawn number of requests; failing that, the
+        # first long enough and free, the first long enough and not too long, the first long enough;
+        # then forward
+        best, free, fit, longest = -1, -1, -1, -1
         j = j0
         steps = 0
         while j >= 0 and steps < max_search:
             if n[j] >= want:
                 if longest < 0:
                     longest = j
-                if n[j] <= max_n[i]:
-                    if used[j] < cap[j]:
+                if used[j] < cap[j]:
+                    if n[j] <= max_n[i]:
                         best = j
                         break
-                    if fit < 0:
-                        fit = j
+                    if free < 0:
+                        free = j
+                elif fit < 0 and n[j] <= max_n[i]:
+                    fit = j
             j -= 1
             steps += 1
         if best < 0:
-            best = fit if fit >= 0 else longest
+            best = free if free >= 0 else fit if fit >= 0 else longest
         if best < 0:
             j = max(j0 + 1, 0)
             steps = 0
@@ -228,7 +250,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
             else:
                 nodes[s + p] = next_id
                 next_id += 1
-    return kk, nodes, offsets, donor
+    return kk, nodes, offsets
 
 
 @dataclass(frozen=True)
@@ -248,7 +270,7 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
     """Draw NUM_REQUESTS requests over DURATION_S from MODEL (see the module doc), BLOCK_SIZE tokens
     a block; deterministic for RNG's seed."""
     lv = model.levels
-    arrival_ms = np.round(draw_arrivals(rng, model.rate_bins, num_requests, duration_s) * 1000).astype(np.int64)
+    arrival_ms = draw_instants(rng, model, num_requests, duration_s)
     arrival_s = arrival_ms / 1000.0
     inp = np.maximum(np.round(_draw_q(rng, lv, model.input_tokens, num_requests)), 1).astype(np.int64)
     out = np.maximum(np.round(_draw_q(rng, lv, model.output_tokens, num_requests)), 0).astype(np.int64)
@@ -266,6 +288,20 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
         f = np.interp(u_f[sel], lv, q)
         k[sel] = np.clip(np.floor(f * n[sel] + u_round[sel]), 1, n[sel])
     sclass = _classify(k, list(model.shared_edges))
+    u_cap = rng.random(num_requests)
+    cap = np.zeros(num_requests, dtype=np.float64)
+    for c, q in enumerate(model.donor_uses):
+        sel = lclass == c
+        if q.size and sel.any():
+            cap[sel] = np.interp(u_cap[sel], lv, q)
+    cap = np.floor(cap + rng.random(num_requests)).astype(np.int64)
+    g = np.ones(num_requests, dtype=np.float64)
+    u_g = rng.random(num_requests)
+    for c, q in enumerate(model.donor_share):
+        sel = (sclass == c) & (k > 0)
+        if q.size and sel.any():
+            g[sel] = np.interp(u_g[sel], lv, q)
+    max_n = np.ceil(k / np.maximum(g, 1e-9)).astype(np.int64)
     u_gap = rng.random(num_requests)
     gap = np.zeros(num_requests, dtype=np.float64)
     for c, q in enumerate(model.gap_s):
@@ -274,15 +310,7 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
             # a gap reaching back before the trace's start is not seen in a trace: draw among those that fit
             reach = np.interp(arrival_s[sel] - arrival_s[0], q, lv, left=0.0, right=1.0)
             gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
-    cap = np.floor(_draw_q(rng, lv, model.donor_uses, num_requests) + rng.random(num_requests)).astype(np.int64)
-    g = np.ones(num_requests, dtype=np.float64)
-    u_g = rng.random(num_requests)
-    for c, q in enumerate(model.donor_share):
-        sel = (sclass == c) & (k > 0)
-        if q.size and sel.any():
-            g[sel] = np.interp(u_g[sel], lv, q)
-    max_n = np.ceil(k / np.maximum(g, 1e-9)).astype(np.int64)
-    kk, nodes, offsets, _donor = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH)
+    kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH)
     return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
 
 
@@ -292,6 +320,7 @@ def twin_model(doc: dict[str, Any]) -> TwinModel:
     return TwinModel(
         levels=arr(doc["quantile_levels"], dtype=np.float64),
         rate_bins=arr(doc["rate_bins"], dtype=np.float64),
+        requests_per_instant=arr(doc["requests_per_instant"], dtype=np.float64),
         input_tokens=arr(doc["input_tokens"], dtype=np.float64),
         output_tokens=arr(doc["output_tokens"], dtype=np.float64),
         length_edges=arr(doc["length_class_edges"], dtype=np.float64),
@@ -300,5 +329,5 @@ def twin_model(doc: dict[str, Any]) -> TwinModel:
         shared_edges=arr(doc["shared_class_edges"], dtype=np.float64),
         gap_s=[arr(c["gap_s"], dtype=np.float64) for c in doc["by_shared_class"]],
         donor_share=[arr(c["donor_share"], dtype=np.float64) for c in doc["by_shared_class"]],
-        donor_uses=arr(doc["donor_uses"], dtype=np.float64),
+        donor_uses=[arr(c["donor_uses"], dtype=np.float64) for c in doc["by_length_class"]],
     )
