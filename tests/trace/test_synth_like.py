@@ -20,7 +20,6 @@ from tongyi_trace.run import RunDir
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth_like import (
     WORKLOAD_SCHEMA,
-    load_workload,
     synth_like,
     workload_summary,
 )

@@ -162,15 +162,14 @@ def draw_arrivals(rng: np.random.Generator, rate_bins: F64, n: int, duration_s: 
 def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s: float) -> I64:
     """N sorted arrival times (ms): instants from the rate curve, each holding a drawn number of requests."""
     q = model.requests_per_instant
-    mean = max(float(np.mean(np.interp(np.linspace(0, 1, 1001), model.levels, q))), 1.0) if q.size else 1.0
+    mean = max(float(np.mean(np.interp(np.linspace(0, 1, 1001), model.levels, q))), 1.0)
     num_instants = int(n / mean) + 16
     while True:
-        size = np.maximum(np.floor(_draw_q(rng, model.levels, q, num_instants) + rng.random(num_instants)), 1) \
-            if q.size else np.ones(num_instants)
-        if size.sum() >= n:
+        drawn = np.maximum(np.floor(_draw_q(rng, model.levels, q, num_instants) + rng.random(num_instants)), 1)
+        if drawn.sum() >= n:
             break
         num_instants *= 2
-    size = size[:int(np.searchsorted(np.cumsum(size), n)) + 1].astype(np.int64)
+    size: I64 = drawn[:int(np.searchsorted(np.cumsum(drawn), n)) + 1].astype(np.int64)
     instants = np.round(draw_arrivals(rng, model.rate_bins, size.size, duration_s) * 1000).astype(np.int64)
     return np.repeat(instants, size)[:n]
 
