@@ -120,6 +120,7 @@ def test_old_workload_file_is_refused_with_what_to_do(tiny_workload: dict[str, A
     ({"twin.quantile_levels": [0.5, 0.1]}, "'twin.quantile_levels'"),
     ({"twin.input_tokens": [3.0, 2.0]}, "'twin.input_tokens' must be 101 ascending quantiles"),
     ({"twin.rate_bins": [0, 0]}, "'twin.rate_bins'"),
+    ({"twin.lru_hit": [0.1, 0.2]}, "'twin.lru_hit' must be 4 hit ratios"),
     ({"twin.length_class_edges": [5.0, 2.0]}, "'twin.length_class_edges' must be strictly ascending"),
     ({"twin.by_length_class": [{}]}, "'twin.by_length_class[0].shared_share' must be a list"),
     ({"schema": "kvtrace.other/1"}, "'schema'"),

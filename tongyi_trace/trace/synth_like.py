@@ -30,7 +30,7 @@ from tongyi_trace.schemas import WORKLOAD_SCHEMA
 from tongyi_trace.trace.reader import DEFAULT_BLOCK_SIZE
 from tongyi_trace.trace.synth import MAX_REQUESTS, SynthSummary, summarize, trace_size
 from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, write_jsonl, write_mooncake_jsonl
-from tongyi_trace.trace.synth_twin import TwinModel, draw_twin, learn_twin, twin_model
+from tongyi_trace.trace.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 NUM_RATE_BINS = 24
@@ -178,6 +178,9 @@ def _parse_twin(doc: Any, path: Path) -> TwinModel:
         raise _fail(path, "twin.rate_bins", "must be a non-empty list of counts, not all zero")
     for key in ("requests_per_instant", "input_tokens", "output_tokens"):
         _quantile_list(path, f"twin.{key}", doc[key], nl, 0, MAX_TOKENS, allow_empty=False)
+    lru = _numbers(path, "twin.lru_hit", doc.get("lru_hit"), 0.0, 1.0)
+    if len(lru) != len(LRU_POINTS):
+        raise _fail(path, "twin.lru_hit", f"must be {len(LRU_POINTS)} hit ratios (at {', '.join(LRU_POINTS)})")
     per_class: list[tuple[str, str, tuple[str, ...]]] = [
         ("length_class_edges", "by_length_class", ("shared_share", "donor_uses")),
         ("shared_class_edges", "by_shared_class", ("gap_s", "donor_share"))]

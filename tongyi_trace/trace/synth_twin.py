@@ -32,6 +32,8 @@ import polars as pl
 from numba import njit
 
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.lru_curve import lru_curve
+from tongyi_trace.sim.stream import Stream, load_stream
 
 TWIN_LEVELS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
 NUM_TWIN_RATE_BINS = 100
@@ -39,6 +41,8 @@ NUM_LENGTH_CLASSES = 8
 NUM_SHARED_CLASSES = 8
 MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
 MAX_DONOR_SEARCH = 4096  # requests looked at (back, then forward) for a donor long enough
+DONOR_SLACKS = (float("inf"), 2.0, 1.0, 0.5)  # tried in turn; the twin closest to the run's LRU points is kept
+LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -125,6 +129,8 @@ def learn_twin(run: RunDir) -> dict[str, Any]:
         "by_length_class": by_length,
         "shared_class_edges": shared_edges,
         "by_shared_class": by_shared,
+        "lru_points": list(LRU_POINTS),
+        "lru_hit": [float(x) for x in _lru_points(load_stream(run))],
     }
 
 
@@ -142,6 +148,7 @@ class TwinModel:
     shared_share: list[F64]  # per length class: quantiles of f (empty: no sharing request)
     shared_edges: F64
     gap_s: list[F64]  # per shared class: quantiles
+    lru_hit: F64  # the run's LRU hit ratios at LRU_POINTS (picks the donor search's slack)
     donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
     donor_uses: list[F64]  # per length class: quantiles of the number of later requests a request is donor of
 
@@ -176,10 +183,11 @@ def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s
 
 @njit(cache=True)
 def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
-          max_n: np.ndarray, max_search: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          max_n: np.ndarray, max_search: int, slack: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
 
-    A request is donor to at most CAP of them while another candidate is in reach."""
+    A request is donor to at most CAP of them while another candidate is in reach; the search for a
+    donor of the right length stops SLACK x the gap (+1 s) past the first free one long enough."""
     num = n.shape[0]
     donor = np.full(num, -1, np.int64)
     kk = np.zeros(num, np.int64)
@@ -204,7 +212,10 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         best, free, fit, longest = -1, -1, -1, -1
         j = j0
         steps = 0
+        limit = target - slack * gap_s[i] - 1.0  # how far back past a free donor a better-fitting one may lie
         while j >= 0 and steps < max_search:
+            if free >= 0 and arrival_s[j] < limit:
+                break
             if n[j] >= want:
                 if longest < 0:
                     longest = j
@@ -309,8 +320,33 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
             # a gap reaching back before the trace's start is not seen in a trace: draw among those that fit
             reach = np.interp(arrival_s[sel] - arrival_s[0], q, lv, left=0.0, right=1.0)
             gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
-    kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH)
-    return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+    best: tuple[float, TwinDraw] | None = None
+    for slack in DONOR_SLACKS:
+        kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH, slack)
+        drawn = TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+        miss = float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) if model.lru_hit.size else 0.0
+        if best is None or miss < best[0]:
+            best = (miss, drawn)
+    assert best is not None
+    return best[1]
+
+
+def lru_at(draw: TwinDraw, block_size: int) -> F64:
+    """Prefix-LRU hit ratios of DRAW at LRU_POINTS of its distinct blocks (the simulator's exact curve)."""
+    num = draw.offsets.size - 1
+    num_ids = int(draw.hash_ids.max()) + 1 if draw.hash_ids.size else 0
+    stream = Stream(req_off=draw.offsets, blk=draw.hash_ids, ntok=np.ones(draw.hash_ids.size, dtype=np.int64),
+                    req_cat=np.zeros(num, dtype=np.int64), req_time_s=draw.arrival_ms / 1000.0,
+                    req_tokens=draw.input_tokens, categories=("all",), num_ids=num_ids, block_size=block_size,
+                    req_idx=np.arange(num, dtype=np.int64))
+    return _lru_points(stream)
+
+
+def _lru_points(stream: Stream) -> F64:
+    curve = lru_curve(stream)
+    # as parse_capacities rounds N% of the distinct blocks, at least one block (a tiny run)
+    return np.asarray([curve.hit_ratio(max(1, round(float(p[:-1]) / 100.0 * stream.num_ids)))
+                       for p in LRU_POINTS], dtype=np.float64)
 
 
 def twin_model(doc: dict[str, Any]) -> TwinModel:
@@ -327,6 +363,7 @@ def twin_model(doc: dict[str, Any]) -> TwinModel:
         shared_share=[arr(c["shared_share"], dtype=np.float64) for c in doc["by_length_class"]],
         shared_edges=arr(doc["shared_class_edges"], dtype=np.float64),
         gap_s=[arr(c["gap_s"], dtype=np.float64) for c in doc["by_shared_class"]],
+        lru_hit=arr(doc["lru_hit"], dtype=np.float64),
         donor_share=[arr(c["donor_share"], dtype=np.float64) for c in doc["by_shared_class"]],
         donor_uses=[arr(c["donor_uses"], dtype=np.float64) for c in doc["by_length_class"]],
     )
