@@ -54,7 +54,8 @@ def test_twin_of_the_to_c_profile(tmp_path: Path, seed: int) -> None:
     ingest_trace(tmp_path / "t.jsonl", tmp_path / "run")
     rows = check_twin(tmp_path / "run", seed)
     assert SHAPES.isdisjoint(_failing(rows)), [r.to_json() for r in rows]
-    assert _failing(rows) <= {"lru_1%", "lru_5%", "lru_10%", "ks_reuse_time"}
+    # seed 1 at this size: LRU at 5% .414 against .456 and reuse-time KS .106 (seed 2 holds every figure)
+    assert _failing(rows) <= {"lru_5%", "ks_reuse_time"}
 
 
 def _ngrams(seq: list, n: int) -> set[tuple]:

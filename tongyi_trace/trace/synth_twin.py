@@ -1,24 +1,29 @@
 """The synthetic twin of a measured run (`kvtrace synth --like RUN`): learn, then draw, its prefix tree.
 
 Learned from the run (`learn_twin`, stored in the workload summary's "twin" section, schema
-kvtrace.workload/2), all as quantile functions at TWIN_LEVELS or shares, never as sequences:
-- the rate curve: request counts in NUM_TWIN_RATE_BINS equal time bins over the run;
+kvtrace.workload/2), as quantile functions at TWIN_LEVELS, shares or counts, never as sequences:
+- the rate curve (request counts in NUM_TWIN_RATE_BINS equal time bins) and the number of requests
+  arriving at the same instant;
 - the input and output length distributions (tokens);
 - per length class (the request's blocks, classes cut at quantiles of it): the share of requests
-  that share a prefix with an earlier request (their first block was computed before) and the
-  distribution of the shared share f = shared blocks / own blocks;
-- per shared-length class (shared blocks, classes cut at quantiles): the distribution of the gap
-  from the request back to the last earlier access of its deepest shared block (s).
-The shared blocks of request i are its ideal-cache hits (prefix-chained blocks: a hit prefix).
+  that share a prefix with an earlier request, the shared share f = shared blocks / own blocks, and
+  the number of later requests a request is the donor of;
+- per shared-length class (shared blocks): the gap from the request back to the last earlier access
+  of its deepest shared block (the donor; s) and the share of the donor's blocks that are shared;
+- the run's prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
+The shared blocks of a request are its ideal-cache hits (prefix-chained blocks hit as a prefix).
 
-Drawn (`draw_twin`), for a seed: arrival times from the rate curve (uniform inside a bin), lengths
-from the quantile functions (linear interpolation between levels), then in arrival order: whether
-the request shares, f (so k = f x blocks, stochastically rounded, at least 1), the gap, and the
-donor = the latest earlier request at or before arrival - gap with at least k blocks (looking
-further back, then forward, when it is too short). The request's blocks are the donor's first k
-tree nodes, then k' = blocks - k new nodes: a prefix tree whose reuse structure (who shares what
-with whom, how far back, how hot the shared prefixes grow) follows the run's; ids renumbered by
-first appearance as the public traces are.
+Drawn (`draw_twin`), for a seed: instants from the rate curve (uniform inside a bin) each holding a
+drawn number of requests, lengths from the quantile functions (linear between levels), then in
+arrival order: whether the request shares, f (k = f x blocks, stochastically rounded, at least 1),
+the gap, the donor's share and out-degree, and the donor = the first request back from arrival - gap
+long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
+long enough and free, long enough and not too long, long enough; forward when nothing before the
+target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
+by first use as the public traces are. How far back past the first free donor the search may go for
+one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
+twin is drawn with each slack (same random numbers) and the one closest to the run's LRU hit ratios
+is kept.
 """
 
 from __future__ import annotations
