@@ -48,14 +48,14 @@ def test_twin_of_mooncake_synthetic(mooncake_synthetic_path: Path, tmp_path: Pat
     assert _failing(rows) <= {"lru_1%", "lru_5%", "lru_10%", "lru_25%", "ks_reuse_time"}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_twin_of_the_to_c_profile(tmp_path: Path, seed: int) -> None:
-    synth_to_file("to-c", 5, tmp_path / "t.jsonl", scale=0.25)
+@pytest.mark.parametrize("seed, misses", [(1, {"lru_5%", "ks_reuse_time"}), (2, set())])
+def test_twin_of_the_to_c_profile(tmp_path: Path, seed: int, misses: set[str]) -> None:
+    """The to-C profile at a quarter size (seed 1): twin seed 2 holds every figure; seed 1 misses LRU
+    at 5% (.414 against .456) and the reuse-time KS (.106), as docs/synth.md records."""
+    synth_to_file("to-c", 1, tmp_path / "t.jsonl", scale=0.25)
     ingest_trace(tmp_path / "t.jsonl", tmp_path / "run")
     rows = check_twin(tmp_path / "run", seed)
-    assert SHAPES.isdisjoint(_failing(rows)), [r.to_json() for r in rows]
-    # seed 1 at this size: LRU at 5% .414 against .456 and reuse-time KS .106 (seed 2 holds every figure)
-    assert _failing(rows) <= {"lru_5%", "ks_reuse_time"}
+    assert _failing(rows) == misses, [r.to_json() for r in rows]
 
 
 def _ngrams(seq: list, n: int) -> set[tuple]:
