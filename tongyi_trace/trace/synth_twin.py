@@ -20,7 +20,7 @@ the gap, the donor's share and out-degree, and the donor = the first request bac
 long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
 long enough and free, long enough and not too long, long enough; forward when nothing before the
 target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
-by first use as the public traces are. How far back past the first free donor the search may go for
+by first use as the public traces are. How far back past the first free donor the scan may go for
 one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
 twin is drawn with each slack (same random numbers) and the one closest to the run's LRU hit ratios
 is kept.
@@ -45,7 +45,7 @@ NUM_TWIN_RATE_BINS = 100
 NUM_LENGTH_CLASSES = 8
 NUM_SHARED_CLASSES = 8
 MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
-MAX_DONOR_SEARCH = 4096  # requests looked at (back, then forward) for a donor long enough
+MAX_DONOR_SCAN = 4096  # requests looked at (back, then forward) for a donor long enough
 DONOR_SLACKS = (float("inf"), 2.0, 1.0, 0.5)  # tried in turn; the twin closest to the run's LRU points is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 I64 = npt.NDArray[np.int64]
@@ -153,7 +153,7 @@ class TwinModel:
     shared_share: list[F64]  # per length class: quantiles of f (empty: no sharing request)
     shared_edges: F64
     gap_s: list[F64]  # per shared class: quantiles
-    lru_hit: F64  # the run's LRU hit ratios at LRU_POINTS (picks the donor search's slack)
+    lru_hit: F64  # the run's LRU hit ratios at LRU_POINTS (picks the donor scan's slack)
     donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
     donor_uses: list[F64]  # per length class: quantiles of the number of later requests a request is donor of
 
@@ -188,10 +188,10 @@ def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s
 
 @njit(cache=True)
 def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
-          max_n: np.ndarray, max_search: int, slack: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          max_n: np.ndarray, max_scan: int, slack: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
 
-    A request is donor to at most CAP of them while another candidate is in reach; the search for a
+    A request is donor to at most CAP of them while another candidate is in reach; the scan for a
     donor of the right length stops SLACK x the gap (+1 s) past the first free one long enough."""
     num = n.shape[0]
     donor = np.full(num, -1, np.int64)
@@ -218,7 +218,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         j = j0
         steps = 0
         limit = target - slack * gap_s[i] - 1.0  # how far back past a free donor a better-fitting one may lie
-        while j >= 0 and steps < max_search:
+        while j >= 0 and steps < max_scan:
             if free >= 0 and arrival_s[j] < limit:
                 break
             if n[j] >= want:
@@ -239,7 +239,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         if best < 0:
             j = max(j0 + 1, 0)
             steps = 0
-            while j < i and steps < max_search:
+            while j < i and steps < max_scan:
                 if n[j] >= want:
                     best = j
                     break
@@ -327,7 +327,7 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
             gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
     best: tuple[float, TwinDraw] | None = None
     for slack in DONOR_SLACKS:
-        kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SEARCH, slack)
+        kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, slack)
         drawn = TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
         miss = float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) if model.lru_hit.size else 0.0
         if best is None or miss < best[0]:
