@@ -106,7 +106,7 @@ def test_policy_file_round_trip_and_copy(known_run: Path, tmp_path: Path,
     # the workload summary is its own artifact now, not part of the policy file
     assert "workload" not in doc
     work = json.loads((known_run / "fit" / "workload.json").read_text())
-    assert work["schema"] == "kvtrace.workload/1"  # trace.synth_like.workload_summary
+    assert work["schema"] == "kvtrace.workload/2"  # trace.synth_like.workload_summary
     assert work["num_requests"] == open_run(known_run).provenance()["num_requests"]
     # the default capacity-aware choice (1L): one entry, never worse than LRU on the train window
     assert [c["capacity"] for c in doc["choices"]] == ["1L"]

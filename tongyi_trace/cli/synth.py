@@ -15,6 +15,7 @@ from tongyi_trace.errors import UsageError
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from tongyi_trace.calibration.twin import TwinRow
     from tongyi_trace.trace.synth import SynthSummary
     from tongyi_trace.trace.synth_check import CheckRow
 
@@ -25,10 +26,12 @@ def synth(
     profile: str = typer.Option(None, "--profile",
                                 help=f"Profile: {', '.join(source_keys('trace.synth', 'PROFILE_TABLE'))} "
                                 "(trace A chatbot, trace B API, reasoning chat, agentic coding)."),
-    like: Path = typer.Option(None, "--like", help="A workload.json, a run folder or a policy file from "
-                              "'kvtrace fit': follow its request mix, turns and lengths."),
-    check: bool = typer.Option(False, "--check", help="Generate the profile, ingest and analyze it, and "
-                               "print each calibrated figure with its band and pass/fail (no -o needed)."),
+    like: Path = typer.Option(None, "--like", help="A run folder, or a workload.json or policy file from "
+                              "'kvtrace fit': draw its synthetic twin (its prefix sharing, reuse times, rate and "
+                              "lengths, in its block size)."),
+    check: bool = typer.Option(False, "--check", help="Generate the profile (or the twin of the --like run "
+                               "folder), ingest and analyze it, and print each calibrated figure with its band "
+                               "(the run's value) and pass/fail (no -o needed)."),
     seed: int = typer.Option(0, "--seed", help="Random seed: the same seed gives a byte-identical file."),
     requests: int = typer.Option(None, "--requests", help="Number of requests (default: the profile's "
                                  "published size; --like: the measured trace's)."),
@@ -42,8 +45,11 @@ def synth(
 
     Examples: kvtrace synth --profile to-c --seed 1 -o toc.jsonl;
     kvtrace synth --like run/fit/workload.json --seed 1 -o like.jsonl.zst;
-    kvtrace synth --profile to-c --seed 1 --check
+    kvtrace synth --profile to-c --seed 1 --check; kvtrace synth --like run --seed 1 --check
     """
+    if check and like is not None:
+        _check_like(like, out, profile, seed, json_out, quiet)
+        return
     if check:
         _check(profile, like, out, seed, scale, json_out, quiet)
         return
@@ -79,11 +85,9 @@ def synth(
             v = ", ".join(f"{a} {b:.1%}" for a, b in v.items())
         t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
     console.print(t)
-    src = summary.source_block_size
-    if src is not None and src != summary.block_size:
-        console.print(f"note: the trace has {summary.block_size}-token blocks (the Qwen-Bailian format's), the "
-                      f"measured trace {src}-token ones: its block counts are {src / summary.block_size:g}x finer, "
-                      "so compare hit ratios, tokens and GiB, not blocks")
+    if summary.block_size not in (16, 512):
+        console.print(f"note: the twin has the run's {summary.block_size}-token blocks: ingest it with "
+                      f"--block-size {summary.block_size}")
 
 
 def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, scale: float, json_out: bool,
@@ -92,8 +96,8 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
     def go() -> list[CheckRow]:
         from tongyi_trace.trace.synth import PROFILES
 
-        if profile is None or like is not None or out is not None:
-            raise UsageError("--check takes --profile P (and --seed, --scale), not --like or -o")
+        if profile is None or out is not None:
+            raise UsageError("--check takes --profile P (and --seed, --scale) or --like RUN (and --seed), not -o")
         if profile not in PROFILES:
             raise UsageError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
         from tongyi_trace.trace.synth_check import check_profile
@@ -109,6 +113,35 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
     else:
         console.print(check_table(f"{profile} seed {seed} scale {scale:g}", rows))
     if any(r.ok is False for r in rows):
+        raise typer.Exit(1)
+
+
+def _check_like(like: Path, out: Path | None, profile: str | None, seed: int, json_out: bool, quiet: bool) -> None:
+    """--like RUN --check: each figure of RUN and of its twin side by side, with pass/fail."""
+    def go() -> list[TwinRow]:
+        if profile is not None or out is not None:
+            raise UsageError("--like RUN --check takes a run folder and --seed, not --profile or -o")
+        from tongyi_trace.calibration.twin import check_twin
+
+        with progress(quiet or json_out) as bar:
+            bar.add_task(f"drawing, ingesting and analyzing the twin of {like} seed {seed}", total=None)
+            return check_twin(like, seed)
+
+    rows = run_cli(go)
+    if json_out:
+        print_json({"run": abs_path(str(like)), "seed": seed, "rows": [r.to_json() for r in rows]},
+                   "kvtrace.synth-twin-check/1")
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"twin of {like} seed {seed}")
+        for col in ("figure", "run", "twin", "tolerance", "pass"):
+            t.add_column(col, justify="left" if col == "figure" else "right")
+        for r in rows:
+            t.add_row(r.label, "-" if r.run is None else f"{r.run:.4f}", f"{r.twin:.4f}", r.tolerance,
+                      "pass" if r.ok else "FAIL")
+        console.print(t)
+    if not all(r.ok for r in rows):
         raise typer.Exit(1)
 
 

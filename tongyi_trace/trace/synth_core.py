@@ -16,7 +16,8 @@ Qwen-Bailian form the paper's traces use (paper-notes, "The traces"):
 - ids are finally renumbered 0, 1, 2... in order of first appearance (as the public files do), requests
   are sorted by arrival, and `chat_id` is the arrival index.
 
-`write_jsonl` writes the lines byte-for-byte deterministically (plain, .gz with a zero mtime, or .zst).
+`write_jsonl` writes the lines byte-for-byte deterministically (plain, .gz with a zero mtime, or .zst);
+`write_mooncake_jsonl` the same in the Mooncake format (the twin of a 512-token-block run).
 """
 
 from __future__ import annotations
@@ -263,6 +264,21 @@ def iter_lines(trace: SynthTrace, with_users: bool, chunk_requests: int = 4096) 
                     f'"timestamp": {ms // 1000}.{ms % 1000:03d}, "input_length": {inp}, '
                     f'"output_length": {out}, "type": {names[tc]}, "turn": {turn}, "hash_ids": [{blocks}]')
             yield line + (f', "user_id": "u{user}"}}\n' if with_users and user >= 0 else "}\n")
+
+
+def write_mooncake_jsonl(trace: SynthTrace, path: Path) -> None:
+    """Write TRACE as Mooncake JSONL (timestamp in ms, lengths, hash_ids: 512-token blocks) to PATH."""
+    with open_output(path) as f:
+        for lo in range(0, trace.num_requests, 4096):
+            hi = min(lo + 4096, trace.num_requests)
+            ids = trace.hash_ids[int(trace.offsets[lo]):int(trace.offsets[hi])].tolist()
+            base = int(trace.offsets[lo])
+            f.write("".join(
+                f'{{"timestamp": {ms}, "input_length": {inp}, "output_length": {out}, "hash_ids": '
+                f'[{", ".join(map(str, ids[a - base:b - base]))}]}}\n'
+                for ms, inp, out, a, b in zip(trace.arrival_ms[lo:hi].tolist(), trace.input_tokens[lo:hi].tolist(),
+                                              trace.output_tokens[lo:hi].tolist(), trace.offsets[lo:hi].tolist(),
+                                              trace.offsets[lo + 1:hi + 1].tolist(), strict=True)))
 
 
 def write_jsonl(trace: SynthTrace, path: Path, with_users: bool = True) -> None:

@@ -1,16 +1,16 @@
-"""`kvtrace synth --like X`: a synthetic trace with the workload of a measured trace.
+"""`kvtrace synth --like X`: the synthetic twin of a measured trace.
 
-X is a workload summary (`kvtrace.workload/1`, written by `kvtrace fit` as RUN/fit/workload.json), a
-run folder (its fit/workload.json, or the summary computed from the run), or an older policy file
-(`kvtrace.policy/1`) that embeds the summary as "workload". The trace follows the conversational model
-of the `to-c` profile (synth_chat.py: users, shared prompts, turns, think times, redos) with the
-recorded mix: the type shares of conversations, the turn distribution (P(2nd turn) and the mean
-number of further turns), lognormal lengths matched to the recorded median and 10-90% spread of each
-type's first input, later input and output, the share of conversations that open with a shared
-prefix, the session rate shape over the trace, the request count, duration and number of users.
-Everything not recorded (think times, redos, user skew, prompt lengths) is the to-C profile's.
+X is a workload summary (`kvtrace.workload/2`, written by `kvtrace fit` as RUN/fit/workload.json), a
+run folder (its fit/workload.json, or the summary computed from the run), or a policy file
+(`kvtrace.policy/1`) that embeds the summary as "workload". The summary holds the run's counts,
+request mix and length quantiles, and in "twin" the prefix-tree model of trace/synth_twin.py (what
+is learned and what is drawn: docs/synth.md, "The twin of a run"). The twin is written in the run's
+own block size: Qwen-Bailian JSONL for 16-token blocks, Mooncake JSONL for 512-token ones (the formats
+ingest reads with those sizes), Bailian with a note to pass --block-size otherwise.
+`calibration/twin.py` measures the twin against the run (`synth --like RUN --check`).
 
-`load_workload` validates the summary in one place (one-line errors naming file and field).
+`load_workload` validates the summary in one place (one-line errors naming file and field); a
+kvtrace.workload/1 file (no twin model) is refused with what to do.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunDir, check_not_run_table
 from tongyi_trace.schemas import WORKLOAD_SCHEMA
-from tongyi_trace.trace.synth import MAX_REQUESTS, TO_C, SynthSummary, summarize, trace_size
-from tongyi_trace.trace.synth_chat import ChatType, draw_chat
-from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, assemble, write_jsonl
+from tongyi_trace.trace.reader import DEFAULT_BLOCK_SIZE
+from tongyi_trace.trace.synth import MAX_REQUESTS, SynthSummary, summarize, trace_size
+from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, write_jsonl, write_mooncake_jsonl
+from tongyi_trace.trace.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 NUM_RATE_BINS = 24
@@ -38,7 +39,7 @@ WORKLOAD_FILE = "workload.json"  # inside RUN/fit/
 MAX_TOKENS = 1 << 20  # a recorded length above this (tokens) is a corrupt file, not a workload
 MAX_USERS = 100_000_000
 MAX_DURATION_S = 366 * 86_400.0
-Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+OLD_WORKLOAD_SCHEMA = "kvtrace.workload/1"
 
 
 def _quantiles(values: pl.Series) -> list[float]:
@@ -51,11 +52,12 @@ def _quantiles(values: pl.Series) -> list[float]:
 def workload_summary(run: RunDir) -> dict[str, Any]:
     """What `synth --like` needs besides the reuse parameters: request mix, turns, lengths, rate.
 
-    Returns a JSON-ready dict of schema kvtrace.workload/1 (documented in docs/synth.md): counts and
+    Returns a JSON-ready dict of schema kvtrace.workload/2 (documented in docs/synth.md): counts and
     duration, the request rate and its shape over the trace, shares of requests and of first turns by
     type, the turn distribution, per-type quantiles (at QUANTILE_LEVELS) of the new input of first and
     of later turns (input minus the parent's input and output) and of the output, and the shared-prefix
-    share of first turns (first turns with a prefix hit: shared system prompts)."""
+    share of first turns (first turns with a prefix hit: shared system prompts); "twin" is the prefix-tree
+    model the twin is drawn from (synth_twin.learn_twin)."""
     prov = run.provenance()
     req = run.requests().with_columns(pl.col("type").fill_null(UNKNOWN_TYPE), pl.col("turn").fill_null(1))
     n = req.height
@@ -100,6 +102,7 @@ def workload_summary(run: RunDir) -> dict[str, Any]:
         "quantile_levels": list(QUANTILE_LEVELS),
         "lengths": lengths,
         "first_turn_prefix_hit_share": hits,
+        "twin": learn_twin(run),
     }
 
 
@@ -141,69 +144,80 @@ def _shares(path: Path, field: str, v: Any) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Workload:
-    """A validated kvtrace.workload/1 summary (the fields --like uses)."""
+    """A validated kvtrace.workload/2 summary (the fields --like uses)."""
 
     num_requests: int
     duration_s: float
-    num_users: int | None
-    first_turn_type_share: dict[str, float]
-    turn_share: dict[int, float]
-    quantile_levels: list[float]
-    lengths: dict[str, dict[str, list[float]]]
-    session_rate_shape: list[float]
-    prefix_share: float | None
-    block_size: int | None  # the measured trace's tokens per hash id (None: not recorded)
+    type_share: dict[str, float]
+    block_size: int  # the measured trace's tokens per hash id
+    twin: TwinModel
+
+
+def _quantile_list(path: Path, field: str, v: Any, num_levels: int, lo: float, hi: float,
+                   allow_empty: bool = True) -> list[float]:
+    q = _numbers(path, field, v, lo, hi)
+    if (q or not allow_empty) and (len(q) != num_levels or q != sorted(q)):
+        raise _fail(path, field, f"must be {num_levels} ascending quantiles")
+    return q
+
+
+def _parse_twin(doc: Any, path: Path) -> TwinModel:
+    """Validate the "twin" section (synth_twin.learn_twin); every problem names PATH and the field."""
+    if not isinstance(doc, dict):
+        raise _fail(path, "twin", "must be an object (the prefix-tree model)")
+    for key in ("quantile_levels", "rate_bins", "requests_per_instant", "input_tokens", "output_tokens",
+                "length_class_edges", "by_length_class", "shared_class_edges", "by_shared_class"):
+        if key not in doc:
+            raise _fail(path, f"twin.{key}", "is missing")
+    levels = _numbers(path, "twin.quantile_levels", doc["quantile_levels"], 0.0, 1.0)
+    if len(levels) < 2 or levels != sorted(levels) or levels[0] != 0.0 or levels[-1] != 1.0:
+        raise _fail(path, "twin.quantile_levels", "must be ascending levels from 0 to 1")
+    nl = len(levels)
+    rate = _numbers(path, "twin.rate_bins", doc["rate_bins"], 0, 1e12)
+    if not rate or sum(rate) <= 0:
+        raise _fail(path, "twin.rate_bins", "must be a non-empty list of counts, not all zero")
+    for key in ("requests_per_instant", "input_tokens", "output_tokens"):
+        _quantile_list(path, f"twin.{key}", doc[key], nl, 0, MAX_TOKENS, allow_empty=False)
+    lru = _numbers(path, "twin.lru_hit", doc.get("lru_hit"), 0.0, 1.0)
+    if len(lru) != len(LRU_POINTS):
+        raise _fail(path, "twin.lru_hit", f"must be {len(LRU_POINTS)} hit ratios (at {', '.join(LRU_POINTS)})")
+    per_class: list[tuple[str, str, tuple[str, ...]]] = [
+        ("length_class_edges", "by_length_class", ("shared_share", "donor_uses")),
+        ("shared_class_edges", "by_shared_class", ("gap_s", "donor_share"))]
+    for edges_key, classes_key, keys in per_class:
+        edges = _numbers(path, f"twin.{edges_key}", doc[edges_key], 0, MAX_TOKENS)
+        if edges != sorted(set(edges)):
+            raise _fail(path, f"twin.{edges_key}", "must be strictly ascending")
+        classes = doc[classes_key]
+        if not isinstance(classes, list) or len(classes) != len(edges) + 1 or \
+                not all(isinstance(c, dict) for c in classes):
+            raise _fail(path, f"twin.{classes_key}", f"must be a list of {len(edges) + 1} objects (one a class)")
+        for i, c in enumerate(classes):
+            for key in keys:
+                hi = 1.0 if key.endswith("share") else MAX_DURATION_S if key == "gap_s" else MAX_REQUESTS
+                _quantile_list(path, f"twin.{classes_key}[{i}].{key}", c.get(key), nl, 0.0, hi)
+            if classes_key == "by_length_class":
+                _number(path, f"twin.{classes_key}[{i}].hit_share", c.get("hit_share"), 0.0, 1.0)
+    return twin_model(doc)
 
 
 def parse_workload(doc: Any, path: Path) -> Workload:
-    """Validate a kvtrace.workload/1 document; every problem is one InputError naming PATH and field."""
+    """Validate a kvtrace.workload/2 document; every problem is one InputError naming PATH and field."""
+    if isinstance(doc, dict) and doc.get("schema") == OLD_WORKLOAD_SCHEMA:
+        raise InputError(f"{path}: a {OLD_WORKLOAD_SCHEMA} summary (from an older kvtrace) has no twin model; "
+                         f"give the run folder, or rewrite it with 'kvtrace fit RUN' ({WORKLOAD_SCHEMA})")
     if not isinstance(doc, dict) or doc.get("schema") != WORKLOAD_SCHEMA:
         raise _fail(path, "schema", f"must be {WORKLOAD_SCHEMA!r}")
-    for key in ("num_requests", "duration_s", "first_turn_type_share", "lengths", "quantile_levels"):
+    for key in ("num_requests", "duration_s", "block_size", "type_share", "twin"):
         if key not in doc:
             raise _fail(path, key, "is missing")
     n = int(_number(path, "num_requests", doc["num_requests"], 1, MAX_REQUESTS, integer=True))
     dur = _number(path, "duration_s", doc["duration_s"], 1e-3, MAX_DURATION_S)
-    users = doc.get("num_users")
-    num_users = None if users is None else int(_number(path, "num_users", users, 1, MAX_USERS, integer=True))
-    block_size = (int(_number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True))
-                  if "block_size" in doc else None)
-    if "turn_buckets" in doc:
-        tb = _numbers(path, "turn_buckets", doc["turn_buckets"], 1, 1 << 20)
-        if not tb or tb != sorted(set(tb)) or any(x != int(x) for x in tb):
-            raise _fail(path, "turn_buckets", "must be strictly ascending integers >= 1")
-    types = _shares(path, "first_turn_type_share", doc["first_turn_type_share"])
+    block_size = int(_number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True))
+    types = _shares(path, "type_share", doc["type_share"])
     if not types or sum(types.values()) <= 0:
-        raise _fail(path, "first_turn_type_share", "is empty or all zero")
-    levels = _numbers(path, "quantile_levels", doc["quantile_levels"], 0.0, 1.0)
-    if len(levels) < 2 or levels != sorted(levels):
-        raise _fail(path, "quantile_levels", "must be at least 2 ascending levels in [0, 1]")
-    if not isinstance(doc["lengths"], dict):
-        raise _fail(path, "lengths", "must be an object per type")
-    lengths: dict[str, dict[str, list[float]]] = {}
-    for ty, per in doc["lengths"].items():
-        if not isinstance(per, dict):
-            raise _fail(path, f"lengths.{ty}", "must be an object")
-        lengths[ty] = {}
-        for key in ("first_input_tokens", "next_input_tokens", "output_tokens"):
-            q = _numbers(path, f"lengths.{ty}.{key}", per.get(key) or [], 0, MAX_TOKENS)
-            if q and (len(q) != len(levels) or q != sorted(q)):
-                raise _fail(path, f"lengths.{ty}.{key}", f"must be {len(levels)} ascending quantiles")
-            lengths[ty][key] = q
-    turns = doc.get("turn_share") or {}
-    if not isinstance(turns, dict):
-        raise _fail(path, "turn_share", "must be an object of shares per turn number")
-    turn_share: dict[int, float] = {}
-    for k, v in turns.items():
-        if not str(k).isdigit() or int(k) < 1:
-            raise _fail(path, f"turn_share.{k}", "must be keyed by turn numbers >= 1")
-        turn_share[int(k)] = _number(path, f"turn_share.{k}", v, 0.0, 1.0)
-    shape = _numbers(path, "session_rate_shape", doc.get("session_rate_shape") or [1], 0, 1e12)
-    if sum(shape) <= 0:
-        shape = [1.0]
-    prefix = doc.get("first_turn_prefix_hit_share")
-    prefix_share = None if prefix is None else _number(path, "first_turn_prefix_hit_share", prefix, 0.0, 1.0)
-    return Workload(n, dur, num_users, types, turn_share, levels, lengths, shape, prefix_share, block_size)
+        raise _fail(path, "type_share", "is empty or all zero")
+    return Workload(n, dur, types, block_size, _parse_twin(doc["twin"], path))
 
 
 def load_workload(source: str | Path) -> Workload:
@@ -230,56 +244,36 @@ def load_workload(source: str | Path) -> Workload:
     return parse_workload(doc, path)
 
 
-def _lognormal_of(q: list[float], levels: list[float], fallback: tuple[float, float]) -> tuple[float, float]:
-    """(median, sigma) of the lognormal matching quantiles Q's median and 10-90% spread."""
-    if not q:
-        return fallback
-    med, p10, p90 = (float(np.interp(x, levels, q)) for x in (0.5, 0.1, 0.9))
-    sigma = math.log(max(p90, 1.0) / max(p10, 1.0)) / (2 * Z90)
-    return max(med, 1.0), min(max(sigma, 0.05), 3.0)
-
-
-def like_params(wl: Workload) -> Any:
-    """The to-C model with WL's types, lengths, turn distribution and shared-prefix share."""
-    s1 = wl.turn_share.get(1, 0.0)
-    s2 = wl.turn_share.get(2, 0.0)
-    second = min(s2 / s1, 0.99) if s1 > 0 else 0.0
-    more = sum(v for k, v in wl.turn_share.items() if k >= 3) / s2 if s2 > 0 else 0.0
-    median_more = max(more, 1e-3) / math.exp(TO_C.engagement[1] ** 2 / 2)
-    base = TO_C.types["text"]
-    types = {}
-    for ty, share in sorted(wl.first_turn_type_share.items()):
-        lens = wl.lengths.get(ty, {})
-        first = _lognormal_of(lens.get("first_input_tokens", []), wl.quantile_levels, base.first_input)
-        prompt_prob = wl.prefix_share if wl.prefix_share is not None else base.prompt_prob
-        # the recorded first input includes the shared prompt: draw the rest of it
-        first_own = (max(first[0] - prompt_prob * base.prompt_tokens[0], 1.0), first[1])
-        types[ty] = ChatType(
-            share, second, first_own,
-            _lognormal_of(lens.get("next_input_tokens", []), wl.quantile_levels, first),
-            _lognormal_of(lens.get("output_tokens", []), wl.quantile_levels, base.output),
-            prompt_prob, base.num_prompts, base.prompt_tokens)
-    # the recorded turn shares stand for every conversation: no extra background or long-chat classes
-    return replace(TO_C, types=types, engagement=(median_more, TO_C.engagement[1]), slow_session_share=0.0,
-                   long_chat=None)
-
-
 def synth_like(source: str | Path, seed: int, num_requests: int | None = None,
                duration_s: float | None = None, scale: float = 1.0) -> tuple[Workload, SynthTrace]:
-    """Draw the --like trace of SOURCE (see load_workload); returns (workload, trace)."""
+    """Draw the twin of SOURCE (see load_workload) for SEED; returns (workload, trace)."""
     wl = load_workload(source)
     n, d = trace_size(seed, num_requests if num_requests is not None else wl.num_requests,
                       duration_s if duration_s is not None else wl.duration_s, scale)
-    users = max(1, round(wl.num_users * n / wl.num_requests)) if wl.num_users else None
-    sr = draw_chat(np.random.default_rng(seed), n, d, like_params(wl), users,
-                   np.asarray(wl.session_rate_shape, dtype=np.float64))
-    return wl, assemble(sr)
+    rng = np.random.default_rng(seed)
+    tw = draw_twin(wl.twin, rng, n, d, wl.block_size)
+    names = tuple(sorted(wl.type_share))
+    weights = np.asarray([wl.type_share[t] for t in names], dtype=np.float64)
+    type_code = np.searchsorted(np.cumsum(weights) / weights.sum(), rng.random(n), side="right")
+    ids = np.arange(n, dtype=np.int64)
+    trace = SynthTrace(
+        chat_id=ids, parent_chat_id=np.full(n, -1, dtype=np.int64), arrival_ms=tw.arrival_ms,
+        input_tokens=tw.input_tokens, output_tokens=tw.output_tokens,
+        type_code=np.minimum(type_code, len(names) - 1).astype(np.int64), turn=np.ones(n, dtype=np.int64),
+        user=np.full(n, -1, dtype=np.int64), hash_ids=tw.hash_ids, offsets=tw.offsets, type_names=names)
+    return wl, trace
 
 
 def synth_like_to_file(source: str | Path, seed: int, out: str | Path, num_requests: int | None = None,
                        duration_s: float | None = None, scale: float = 1.0) -> SynthSummary:
-    """Generate the --like trace of SOURCE and write it to OUT as Bailian JSONL."""
-    wl, trace = synth_like(source, seed, num_requests, duration_s, scale)
+    """Draw the twin of SOURCE and write it to OUT in the run's block size: Mooncake JSONL for 512-token
+    blocks, Qwen-Bailian JSONL otherwise."""
     path = Path(out)
-    write_jsonl(trace, path)
-    return summarize(trace, path, f"like:{Path(source).name}", seed, wl.block_size)
+    check_not_run_table(path, "-o")
+    wl, trace = synth_like(source, seed, num_requests, duration_s, scale)
+    if wl.block_size == DEFAULT_BLOCK_SIZE["mooncake"]:
+        write_mooncake_jsonl(trace, path)
+    else:
+        write_jsonl(trace, path, with_users=False)
+    return replace(summarize(trace, path, f"like:{Path(source).name}", seed, wl.block_size),
+                   block_size=wl.block_size)

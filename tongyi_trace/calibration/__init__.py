@@ -1,0 +1,1 @@
+"""Calibration checks: a synthetic trace measured through ingest, the analyses and the simulator."""

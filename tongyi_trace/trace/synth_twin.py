@@ -1,0 +1,374 @@
+"""The synthetic twin of a measured run (`kvtrace synth --like RUN`): learn, then draw, its prefix tree.
+
+Learned from the run (`learn_twin`, stored in the workload summary's "twin" section, schema
+kvtrace.workload/2), as quantile functions at TWIN_LEVELS, shares or counts, never as sequences:
+- the rate curve (request counts in NUM_TWIN_RATE_BINS equal time bins) and the number of requests
+  arriving at the same instant;
+- the input and output length distributions (tokens);
+- per length class (the request's blocks, classes cut at quantiles of it): the share of requests
+  that share a prefix with an earlier request, the shared share f = shared blocks / own blocks, and
+  the number of later requests a request is the donor of;
+- per shared-length class (shared blocks): the gap from the request back to the last earlier access
+  of its deepest shared block (the donor; s) and the share of the donor's blocks that are shared;
+- the run's prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
+The shared blocks of a request are its ideal-cache hits (prefix-chained blocks hit as a prefix).
+
+Drawn (`draw_twin`), for a seed: instants from the rate curve (uniform inside a bin) each holding a
+drawn number of requests, lengths from the quantile functions (linear between levels), then in
+arrival order: whether the request shares, f (k = f x blocks, stochastically rounded, at least 1),
+the gap, the donor's share and out-degree, and the donor = the first request back from arrival - gap
+long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
+long enough and free, long enough and not too long, long enough; forward when nothing before the
+target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
+by first use as the public traces are. How far back past the first free donor the scan may go for
+one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
+twin is drawn with each slack (same random numbers) and the one closest to the run's LRU hit ratios
+is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+from numba import njit
+
+from tongyi_trace.run import RunDir
+from tongyi_trace.sim.lru_curve import lru_curve
+from tongyi_trace.sim.stream import Stream, load_stream
+
+TWIN_LEVELS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
+NUM_TWIN_RATE_BINS = 100
+NUM_LENGTH_CLASSES = 8
+NUM_SHARED_CLASSES = 8
+MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
+MAX_DONOR_SCAN = 4096  # requests looked at (back, then forward) for a donor long enough
+DONOR_SLACKS = (float("inf"), 2.0, 1.0, 0.5)  # tried in turn; the twin closest to the run's LRU points is kept
+LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+def _q(values: npt.ArrayLike) -> list[float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return [float(x) for x in np.quantile(arr, TWIN_LEVELS)] if arr.size else []
+
+
+def _class_edges(values: npt.NDArray[Any], num_classes: int) -> list[float]:
+    """Upper edges (inclusive) of up to NUM_CLASSES classes of VALUES, each with enough requests."""
+    if values.size == 0:
+        return []
+    cuts = np.unique(np.quantile(values, np.linspace(0, 1, num_classes + 1)[1:-1], method="lower"))
+    edges: list[float] = []
+    lo = -np.inf
+    for c in cuts:
+        if np.count_nonzero((values > lo) & (values <= c)) >= MIN_CLASS_REQUESTS:
+            edges.append(float(c))
+            lo = c
+    if edges and np.count_nonzero(values > edges[-1]) < MIN_CLASS_REQUESTS:
+        edges.pop()  # the last class is too small: the one below it takes it
+    return edges
+
+
+def _classify(values: npt.NDArray[Any], edges: list[float]) -> I64:
+    return np.searchsorted(np.asarray(edges, dtype=np.float64), values, side="left").astype(np.int64)
+
+
+def sharing_table(run: RunDir) -> pl.DataFrame:
+    """Per request of RUN in arrival order: blocks n, shared (hit) blocks k and the gap_s from its
+    arrival back to the last earlier access of its deepest shared block (null when k = 0)."""
+    req = run.requests().select("req_idx", "arrival_s").sort("req_idx")
+    bl = (run.blocks(["req_idx", "pos", "chain_idx"]).sort("chain_idx", "req_idx")
+          .with_columns(prev_req=pl.when(pl.col("chain_idx").shift(1) == pl.col("chain_idx"))
+                        .then(pl.col("req_idx").shift(1))))
+    per = bl.group_by("req_idx").agg(
+        n=pl.len(), k=pl.col("prev_req").is_not_null().sum().cast(pl.Int64),
+        donor=pl.col("prev_req").sort_by("pos").filter(pl.col("prev_req").is_not_null()).last())
+    t_donor = req.rename({"req_idx": "donor", "arrival_s": "donor_s"})
+    return (req.join(per, on="req_idx", how="left").join(t_donor, on="donor", how="left")
+            .with_columns(pl.col("n").fill_null(0).cast(pl.Int64), pl.col("k").fill_null(0),
+                          gap_s=pl.col("arrival_s") - pl.col("donor_s"))
+            .sort("req_idx"))
+
+
+def learn_twin(run: RunDir) -> dict[str, Any]:
+    """The prefix-tree model of RUN (see the module doc): a JSON-ready dict, no sequence of the run."""
+    req = run.requests().sort("req_idx")
+    share = sharing_table(run)
+    arrival = req["arrival_s"].to_numpy()
+    t0, t1 = float(arrival.min()), float(arrival.max())
+    _, same_instant = np.unique(np.round((arrival - t0) * 1000).astype(np.int64), return_counts=True)
+    rate, _ = np.histogram(arrival, bins=np.linspace(t0, max(t1, t0 + 1e-3), NUM_TWIN_RATE_BINS + 1))
+    n = share["n"].to_numpy()
+    k = share["k"].to_numpy()
+    length_edges = _class_edges(n, NUM_LENGTH_CLASSES)
+    lclass = _classify(n, length_edges)
+    hit = k > 0
+    uses = np.bincount(share["donor"].drop_nulls().to_numpy(), minlength=share.height)
+    by_length = []
+    for c in range(len(length_edges) + 1):
+        sel = lclass == c
+        f = k[sel & hit] / n[sel & hit]
+        by_length.append({"hit_share": float(hit[sel].mean()) if sel.any() else 0.0, "shared_share": _q(f),
+                          "donor_uses": _q(uses[sel])})
+    gap = share["gap_s"].to_numpy()
+    shared_edges = _class_edges(k[hit], NUM_SHARED_CLASSES)
+    sclass = _classify(k[hit], shared_edges)
+    n_donor = np.zeros(share.height, dtype=np.int64)
+    donor = share["donor"].fill_null(-1).to_numpy()
+    n_donor[hit] = n[donor[hit]]
+    g = k[hit] / np.maximum(n_donor[hit], 1)
+    by_shared = [{"gap_s": _q(np.maximum(gap[hit][sclass == c], 0.0)), "donor_share": _q(g[sclass == c])}
+                 for c in range(len(shared_edges) + 1)]
+    return {
+        "quantile_levels": list(TWIN_LEVELS),
+        "duration_s": t1 - t0,
+        "rate_bins": [int(x) for x in rate],
+        "requests_per_instant": _q(same_instant),
+        "input_tokens": _q(req["input_tokens"].to_numpy()),
+        "output_tokens": _q(req["output_tokens"].to_numpy()),
+        "length_class_edges": length_edges,
+        "by_length_class": by_length,
+        "shared_class_edges": shared_edges,
+        "by_shared_class": by_shared,
+        "lru_points": list(LRU_POINTS),
+        "lru_hit": [float(x) for x in _lru_points(load_stream(run))],
+    }
+
+
+@dataclass(frozen=True)
+class TwinModel:
+    """A validated "twin" section (see learn_twin)."""
+
+    levels: F64
+    rate_bins: F64
+    requests_per_instant: F64  # quantiles of the number of requests arriving in the same ms
+    input_tokens: F64
+    output_tokens: F64
+    length_edges: F64
+    hit_share: F64  # per length class
+    shared_share: list[F64]  # per length class: quantiles of f (empty: no sharing request)
+    shared_edges: F64
+    gap_s: list[F64]  # per shared class: quantiles
+    lru_hit: F64  # the run's LRU hit ratios at LRU_POINTS (picks the donor scan's slack)
+    donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
+    donor_uses: list[F64]  # per length class: quantiles of the number of later requests a request is donor of
+
+
+def _draw_q(rng: np.random.Generator, levels: F64, q: F64, size: int) -> F64:
+    """SIZE draws from the distribution of quantiles Q at LEVELS (linear between levels)."""
+    return np.interp(rng.random(size), levels, q)
+
+
+def draw_arrivals(rng: np.random.Generator, rate_bins: F64, n: int, duration_s: float) -> F64:
+    """N sorted arrival times (s) in [0, DURATION_S] following the RATE_BINS curve."""
+    cdf = np.concatenate([[0.0], np.cumsum(rate_bins)])
+    cdf /= cdf[-1]
+    edges = np.linspace(0.0, duration_s, rate_bins.size + 1)
+    return np.sort(np.interp(rng.random(n), cdf, edges))
+
+
+def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s: float) -> I64:
+    """N sorted arrival times (ms): instants from the rate curve, each holding a drawn number of requests."""
+    q = model.requests_per_instant
+    mean = max(float(np.mean(np.interp(np.linspace(0, 1, 1001), model.levels, q))), 1.0)
+    num_instants = int(n / mean) + 16
+    while True:
+        drawn = np.maximum(np.floor(_draw_q(rng, model.levels, q, num_instants) + rng.random(num_instants)), 1)
+        if drawn.sum() >= n:
+            break
+        num_instants *= 2
+    size: I64 = drawn[:int(np.searchsorted(np.cumsum(drawn), n)) + 1].astype(np.int64)
+    instants = np.round(draw_arrivals(rng, model.rate_bins, size.size, duration_s) * 1000).astype(np.int64)
+    return np.repeat(instants, size)[:n]
+
+
+@njit(cache=True)
+def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
+          max_n: np.ndarray, max_scan: int, slack: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
+
+    A request is donor to at most CAP of them while another candidate is in reach; the scan for a
+    donor of the right length stops SLACK x the gap (+1 s) past the first free one long enough."""
+    num = n.shape[0]
+    donor = np.full(num, -1, np.int64)
+    kk = np.zeros(num, np.int64)
+    used = np.zeros(num, np.int64)
+    for i in range(num):
+        want = k[i]
+        if want <= 0 or i == 0:
+            continue
+        target = arrival_s[i] - gap_s[i]
+        lo, hi = 0, i  # last j < i with arrival_s[j] <= target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if arrival_s[mid] <= target:
+                lo = mid + 1
+            else:
+                hi = mid
+        j0 = lo - 1
+        # backward from the target: the first request long enough, not too long (the drawn share of
+        # the donor's blocks) and not yet donor to its drawn number of requests; failing that, the
+        # first long enough and free, the first long enough and not too long, the first long enough;
+        # then forward
+        best, free, fit, longest = -1, -1, -1, -1
+        j = j0
+        steps = 0
+        limit = target - slack * gap_s[i] - 1.0  # how far back past a free donor a better-fitting one may lie
+        while j >= 0 and steps < max_scan:
+            if free >= 0 and arrival_s[j] < limit:
+                break
+            if n[j] >= want:
+                if longest < 0:
+                    longest = j
+                if used[j] < cap[j]:
+                    if n[j] <= max_n[i]:
+                        best = j
+                        break
+                    if free < 0:
+                        free = j
+                elif fit < 0 and n[j] <= max_n[i]:
+                    fit = j
+            j -= 1
+            steps += 1
+        if best < 0:
+            best = free if free >= 0 else fit if fit >= 0 else longest
+        if best < 0:
+            j = max(j0 + 1, 0)
+            steps = 0
+            while j < i and steps < max_scan:
+                if n[j] >= want:
+                    best = j
+                    break
+                j += 1
+                steps += 1
+        if best < 0:
+            continue
+        best_n = n[best]
+        donor[i] = best
+        used[best] += 1
+        kk[i] = min(want, best_n, n[i])
+    offsets = np.zeros(num + 1, np.int64)
+    for i in range(num):
+        offsets[i + 1] = offsets[i] + n[i]
+    nodes = np.empty(offsets[num], np.int64)
+    next_id = 0
+    for i in range(num):
+        s = offsets[i]
+        d = donor[i]
+        for p in range(n[i]):
+            if p < kk[i]:
+                nodes[s + p] = nodes[offsets[d] + p]
+            else:
+                nodes[s + p] = next_id
+                next_id += 1
+    return kk, nodes, offsets
+
+
+@dataclass(frozen=True)
+class TwinDraw:
+    """A drawn twin in arrival order: lengths, arrivals and flat prefix-tree ids (by first use)."""
+
+    arrival_ms: I64
+    input_tokens: I64
+    output_tokens: I64
+    shared_blocks: I64
+    hash_ids: I64
+    offsets: I64
+
+
+def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, duration_s: float,
+              block_size: int) -> TwinDraw:
+    """Draw NUM_REQUESTS requests over DURATION_S from MODEL (see the module doc), BLOCK_SIZE tokens
+    a block; deterministic for RNG's seed."""
+    lv = model.levels
+    arrival_ms = draw_instants(rng, model, num_requests, duration_s)
+    arrival_s = arrival_ms / 1000.0
+    inp = np.maximum(np.round(_draw_q(rng, lv, model.input_tokens, num_requests)), 1).astype(np.int64)
+    out = np.maximum(np.round(_draw_q(rng, lv, model.output_tokens, num_requests)), 0).astype(np.int64)
+    n = -(-inp // block_size)
+    lclass = _classify(n, list(model.length_edges))
+    u_hit = rng.random(num_requests)
+    u_f = rng.random(num_requests)
+    u_round = rng.random(num_requests)
+    k = np.zeros(num_requests, dtype=np.int64)
+    for c, share in enumerate(model.hit_share):
+        q = model.shared_share[c]
+        sel = (lclass == c) & (u_hit < share)
+        if not q.size or not sel.any():
+            continue
+        f = np.interp(u_f[sel], lv, q)
+        k[sel] = np.clip(np.floor(f * n[sel] + u_round[sel]), 1, n[sel])
+    sclass = _classify(k, list(model.shared_edges))
+    u_cap = rng.random(num_requests)
+    cap = np.zeros(num_requests, dtype=np.float64)
+    for c, q in enumerate(model.donor_uses):
+        sel = lclass == c
+        if q.size and sel.any():
+            cap[sel] = np.interp(u_cap[sel], lv, q)
+    cap = np.floor(cap + rng.random(num_requests)).astype(np.int64)
+    g = np.ones(num_requests, dtype=np.float64)
+    u_g = rng.random(num_requests)
+    for c, q in enumerate(model.donor_share):
+        sel = (sclass == c) & (k > 0)
+        if q.size and sel.any():
+            g[sel] = np.interp(u_g[sel], lv, q)
+    max_n = np.ceil(k / np.maximum(g, 1e-9)).astype(np.int64)
+    u_gap = rng.random(num_requests)
+    gap = np.zeros(num_requests, dtype=np.float64)
+    for c, q in enumerate(model.gap_s):
+        sel = (sclass == c) & (k > 0)
+        if q.size and sel.any():
+            # a gap reaching back before the trace's start is not seen in a trace: draw among those that fit
+            reach = np.interp(arrival_s[sel] - arrival_s[0], q, lv, left=0.0, right=1.0)
+            gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
+    best: tuple[float, TwinDraw] | None = None
+    for slack in DONOR_SLACKS:
+        kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, slack)
+        drawn = TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+        miss = float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) if model.lru_hit.size else 0.0
+        if best is None or miss < best[0]:
+            best = (miss, drawn)
+    assert best is not None
+    return best[1]
+
+
+def lru_at(draw: TwinDraw, block_size: int) -> F64:
+    """Prefix-LRU hit ratios of DRAW at LRU_POINTS of its distinct blocks (the simulator's exact curve)."""
+    num = draw.offsets.size - 1
+    num_ids = int(draw.hash_ids.max()) + 1 if draw.hash_ids.size else 0
+    stream = Stream(req_off=draw.offsets, blk=draw.hash_ids, ntok=np.ones(draw.hash_ids.size, dtype=np.int64),
+                    req_cat=np.zeros(num, dtype=np.int64), req_time_s=draw.arrival_ms / 1000.0,
+                    req_tokens=draw.input_tokens, categories=("all",), num_ids=num_ids, block_size=block_size,
+                    req_idx=np.arange(num, dtype=np.int64))
+    return _lru_points(stream)
+
+
+def _lru_points(stream: Stream) -> F64:
+    curve = lru_curve(stream)
+    # as parse_capacities rounds N% of the distinct blocks, at least one block (a tiny run)
+    return np.asarray([curve.hit_ratio(max(1, round(float(p[:-1]) / 100.0 * stream.num_ids)))
+                       for p in LRU_POINTS], dtype=np.float64)
+
+
+def twin_model(doc: dict[str, Any]) -> TwinModel:
+    """The TwinModel of a learn_twin dict (validated by synth_like.parse_workload first)."""
+    arr = np.asarray
+    return TwinModel(
+        levels=arr(doc["quantile_levels"], dtype=np.float64),
+        rate_bins=arr(doc["rate_bins"], dtype=np.float64),
+        requests_per_instant=arr(doc["requests_per_instant"], dtype=np.float64),
+        input_tokens=arr(doc["input_tokens"], dtype=np.float64),
+        output_tokens=arr(doc["output_tokens"], dtype=np.float64),
+        length_edges=arr(doc["length_class_edges"], dtype=np.float64),
+        hit_share=arr([c["hit_share"] for c in doc["by_length_class"]], dtype=np.float64),
+        shared_share=[arr(c["shared_share"], dtype=np.float64) for c in doc["by_length_class"]],
+        shared_edges=arr(doc["shared_class_edges"], dtype=np.float64),
+        gap_s=[arr(c["gap_s"], dtype=np.float64) for c in doc["by_shared_class"]],
+        lru_hit=arr(doc["lru_hit"], dtype=np.float64),
+        donor_share=[arr(c["donor_share"], dtype=np.float64) for c in doc["by_shared_class"]],
+        donor_uses=[arr(c["donor_uses"], dtype=np.float64) for c in doc["by_length_class"]],
+    )
