@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,19 +10,28 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tests.lanes import timeout_s
+from tests.lanes import timeout_s, worker_group
 
 # Property tests draw the same examples on every run (a failure reproduces; CI is not a lottery), with no
 # per-example deadline (the machine is shared: time is not what they check). tests/lanes.py registers the
 # profiles: `kvtrace` (every example, the default) and `kvtrace-fast` (make test's lane).
 settings.load_profile("kvtrace")
 
+# pytest-xdist's workers run with COLUMNS=80 LINES=24 set; kvtrace's output to a pipe takes its natural width
+# only when COLUMNS is unset (tests/cli/test_redirected_output.py), so a worker would cut tables at 80 columns.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test without its own timeout the one of its markers (tests/lanes.py)."""
+    """Give every test without its own timeout the one of its markers, and its group for parallel workers
+    (tests/lanes.py: `make test` runs two, `-n 2 --dist loadgroup`)."""
     for item in items:
+        markers = {m.name for m in item.iter_markers()}
         if item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(timeout_s({m.name for m in item.iter_markers()})))
+            item.add_marker(pytest.mark.timeout(timeout_s(markers)))
+        item.add_marker(pytest.mark.xdist_group(worker_group(item.nodeid, markers, set(item.fixturenames))))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -106,6 +116,29 @@ def cpu_engine() -> Iterator[dict[str, Any]]:
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"kvtrace engine start failed: {proc.stderr.strip()[-2000:]}")
+    try:
+        yield json.loads(proc.stdout)
+    finally:
+        subprocess.run([*kvtrace, "engine", "stop", "--name", name, "--quiet"], check=False)
+@pytest.fixture(scope="session")
+def tok_engine() -> Iterator[dict[str, Any]]:
+    """A running CPU vLLM server that tokenizes (`kvtrace engine start --tokenizer`: /tokenize and chat
+    completions), 256 blocks of 32 tokens, started once per session: its state as --json printed."""
+    import json
+    import subprocess
+    import sys
+
+    from tongyi_trace.engine.install import is_installed
+
+    if not is_installed():
+        pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
+    kvtrace = [sys.executable, "-m", "tongyi_trace.cli"]
+    name = f"pytest-tok-{os.getpid()}"
+    proc = subprocess.run([*kvtrace, "engine", "start", "--tokenizer", "--name", name, "--json", "--num-blocks",
+                           "256", "--block-size", str(ENGINE_BLOCK_SIZE), "--max-model-len", "4096"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"kvtrace engine start --tokenizer failed: {proc.stderr.strip()[-2000:]}")
     try:
         yield json.loads(proc.stdout)
     finally:

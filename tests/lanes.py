@@ -6,6 +6,9 @@
   under the full profile (`kvtrace`, 100 examples by default); the fast lane's profile (`kvtrace-fast`,
   `--hypothesis-profile kvtrace-fast`) scales every count down by the same factor.
 - Per-marker timeouts (tests/conftest.py): a hang fails in minutes, not after the 15-minute global limit.
+- Two workers (pytest-xdist, `--dist loadgroup`): a module's tests stay together (its module fixtures are built
+  once), every real-engine test runs on one worker (one session engine per configuration, not one per worker)
+  and every Ray test on one worker (one test cluster).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ FAST_PROFILE_EXAMPLES = 30
 MIN_EXAMPLES = 5
 
 # Timeout of a test by its markers (the largest that applies), seconds; fixture set-up included.
-TIMEOUT_S_BY_MARKER = {"engine": 600, "browser": 300, "slow": 300, "full": 600}
-DEFAULT_TIMEOUT_S = 180
+TIMEOUT_S_BY_MARKER = {"engine": 600, "browser": 300, "slow": 600, "full": 600}
+DEFAULT_TIMEOUT_S = 300  # a kernel compiled cold can take minutes (make install compiles them ahead)
 
 settings.register_profile("kvtrace", derandomize=True, deadline=None, max_examples=FULL_PROFILE_EXAMPLES)
 settings.register_profile("kvtrace-fast", derandomize=True, deadline=None, max_examples=FAST_PROFILE_EXAMPLES)
@@ -33,3 +36,15 @@ def examples(num_full: int) -> int:
 def timeout_s(markers: set[str]) -> int:
     """The timeout of a test carrying these markers."""
     return max([TIMEOUT_S_BY_MARKER[m] for m in markers if m in TIMEOUT_S_BY_MARKER], default=DEFAULT_TIMEOUT_S)
+
+
+RAY_FIXTURES = {"ray_address", "make_ray_head", "ray_auth"}
+
+
+def worker_group(nodeid: str, markers: set[str], fixtures: set[str]) -> str:
+    """The parallel worker group of a test: `engine`, `ray`, or its module's path."""
+    if "engine" in markers:
+        return "engine"
+    if fixtures & RAY_FIXTURES:
+        return "ray"
+    return nodeid.split("::", 1)[0]

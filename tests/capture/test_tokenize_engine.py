@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +23,6 @@ pytestmark = pytest.mark.engine
 KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 BLOCK_SIZE = 32
 LONG_TEXT = " ".join(f"Line {i}: the quick brown fox jumps over {i * 7} lazy dogs; über 中文 {i}." for i in range(60))
-
-
-@pytest.fixture(scope="module")
-def tok_engine() -> Iterator[dict[str, Any]]:
-    """One engine with the local tokenizer for this module (stopped at the end): its state as --json printed."""
-    from tongyi_trace.engine.install import is_installed
-
-    if not is_installed():
-        pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
-    name = f"pytest-tok-{os.getpid()}"
-    proc = subprocess.run([*KVTRACE, "engine", "start", "--tokenizer", "--name", name, "--json", "--num-blocks",
-                           "256", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"kvtrace engine start --tokenizer failed: {proc.stderr.strip()[-2000:]}")
-    try:
-        yield json.loads(proc.stdout)
-    finally:
-        subprocess.run([*KVTRACE, "engine", "stop", "--name", name, "--quiet"], check=False)
 
 
 def requests(model: str) -> list[tuple[str, dict[str, Any]]]:
