@@ -29,13 +29,16 @@ vllm-engine: $(STAMP)
 demo: $(STAMP) browser vllm-engine
 	bash scripts/demo.sh $(DEMO)
 
+# Two workers, one per core (tests/lanes.py: a module's tests, the real-engine tests, the Ray tests stay together).
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
+
 # The fast lane: every test but those marked `full` (the slowest real-engine cases), fewer property examples.
 test: $(STAMP) browser vllm-engine
-	$(PY) -m pytest -q -m "not full" --hypothesis-profile kvtrace-fast $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not full" --hypothesis-profile kvtrace-fast $(PYTEST_ARGS)
 
 # Every test, every example: what CI runs (.ci/run).
 test-all: $(STAMP) browser vllm-engine
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tongyi_trace tests bench
