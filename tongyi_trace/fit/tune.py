@@ -30,7 +30,7 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from tongyi_trace.fit.events import Window
 from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import RunDir
-from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
+from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
@@ -160,56 +160,89 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
 
     lru = Candidate("lru", {})
     lru_rows = run_round([(i, "train", lru) for i in range(len(caps))], "LRU on the train window")
-    ages = [r["mean_eviction_age_s"] or max(choose_on.end_s - choose_on.start_s, 1.0) for r in lru_rows]
-    first = [first_round(a)[1:] for a in ages]  # LRU is done
-    items1 = [(i, "train", c) for i in range(len(caps)) for c in first[i]]
-    per_cap: list[list[dict[str, Any]]] = [[lru_rows[i]] for i in range(len(caps))]
-    cands: list[list[Candidate]] = [[lru, *first[i]] for i in range(len(caps))]
-    for (i, _, _), r in zip(items1, run_round(items1, "round 1"), strict=True):
-        per_cap[i].append(r)
-    second: list[list[Candidate]] = []
-    for i in range(len(caps)):
-        k = max((k for k in range(len(cands[i])) if cands[i][k].policy == "wa"),
-                key=lambda k: (per_cap[i][k]["num_hits"], -k))
-        second.append(second_round(cands[i][k], ages[i]))
-    items2 = [(i, "train", c) for i in range(len(caps)) for c in second[i]]
+    state = [CapacityTuning(cap, r["mean_eviction_age_s"] or max(choose_on.end_s - choose_on.start_s, 1.0),
+                            [lru], [r]) for cap, r in zip(caps, lru_rows, strict=True)]
+    items1 = [(i, "train", c) for i, t in enumerate(state) for c in first_round(t.age_s)[1:]]  # LRU is done
+    for (i, _, c), r in zip(items1, run_round(items1, "round 1"), strict=True):
+        state[i].add(c, r)
+    items2 = [(i, "train", c) for i, t in enumerate(state) for c in second_round(t.best_wa(), t.age_s)]
     for (i, _, c), r in zip(items2, run_round(items2, "round 2"), strict=True):
-        per_cap[i].append(r)
-        cands[i].append(c)
-
-    rows: list[dict[str, Any]] = []
-    chosen: list[Candidate] = []
-    figures: list[dict[str, Any]] = []
-    nb = len(BASELINE_CANDIDATES)
-    for i in range(len(caps)):
-        train_rows = per_cap[i]
-        base = max(range(nb), key=lambda k: (train_rows[k]["num_hits"], -k))
-        best_wa = max(range(nb, len(cands[i])), key=lambda k: (train_rows[k]["num_hits"], -k))
-        z = significance(train_rows[best_wa]["req_hit_blocks"], train_rows[base]["req_hit_blocks"])
-        pick = cands[i][best_wa] if z >= SIGNIFICANCE else cands[i][base]
-        chosen.append(pick)
-        for r in train_rows:
-            r.update(chosen=r["candidate"] == pick.label, lru_eviction_age_s=ages[i])
-        figures.append(_figures(train_rows, pick) | {"best_wa": cands[i][best_wa].label, "best_wa_z": z})
-        rows += train_rows
-    tests: list[dict[str, Any]] = [{} for _ in caps]
+        state[i].add(c, r)
+    for t in state:
+        t.choose()
     if test is not None:
-        items = [(i, "test", c) for i in range(len(caps))
-                 for c in cands[i][:nb] + ([chosen[i]] if chosen[i].policy == "wa" else [])]
-        test_rows = run_round(items, "the test window")
-        for i in range(len(caps)):
-            mine = [r for (j, _, _), r in zip(items, test_rows, strict=True) if j == i]
-            for r in mine:
-                r.update(chosen=r["candidate"] == chosen[i].label, lru_eviction_age_s=ages[i])
-            tests[i] = _figures(mine, chosen[i])
-            rows += mine
+        items = [(i, "test", c) for i, t in enumerate(state) for c in t.test_candidates()]
+        for (i, _, _), r in zip(items, run_round(items, "the test window"), strict=True):
+            state[i].test_rows.append(r)
+        for t in state:
+            t.check()
+    rows = [r for t in state for r in t.train_rows] + [r for t in state for r in t.test_rows]
     for r in rows:
         r.pop("req_hit_blocks", None)
-    choices = [PolicyChoice(capacity=cap.label, capacity_blocks=cap.num_blocks, policy=c.policy,
+    return [t.choice() for t in state], rows
+
+
+@dataclass
+class CapacityTuning:
+    """Everything tune learns at one capacity: LRU's mean eviction age there, the candidates and their rows
+    (train window, in the same order; test window), the choice and its figures on both windows."""
+
+    cap: Capacity
+    age_s: float  # LRU's mean eviction age on the train window (scales WA's life windows)
+    cands: list[Candidate]
+    train_rows: list[dict[str, Any]]
+    test_rows: list[dict[str, Any]] = field(default_factory=list)
+    chosen: Candidate | None = None
+    train: dict[str, Any] = field(default_factory=dict)  # the choice's figures where it was chosen
+    test: dict[str, Any] = field(default_factory=dict)  # and on the test window
+
+    def add(self, cand: Candidate, row: dict[str, Any]) -> None:
+        """One more simulated candidate (train window)."""
+        self.cands.append(cand)
+        self.train_rows.append(row)
+
+    def best_wa(self) -> Candidate:
+        """The WA candidate with the most train hits (ties: the first)."""
+        return self.cands[self._best([k for k, c in enumerate(self.cands) if c.policy == "wa"])]
+
+    def _best(self, ks: list[int]) -> int:
+        return max(ks, key=lambda k: (self.train_rows[k]["num_hits"], -k))
+
+    def choose(self) -> None:
+        """The best baseline, unless the best WA setting beats it by SIGNIFICANCE standard errors."""
+        nb = len(BASELINE_CANDIDATES)
+        base = self._best(list(range(nb)))
+        best_wa = self._best(list(range(nb, len(self.cands))))
+        z = significance(self.train_rows[best_wa]["req_hit_blocks"], self.train_rows[base]["req_hit_blocks"])
+        self.chosen = self.cands[best_wa] if z >= SIGNIFICANCE else self.cands[base]
+        self._mark(self.train_rows)
+        self.train = _figures(self.train_rows, self.chosen) | {"best_wa": self.cands[best_wa].label,
+                                                                "best_wa_z": z}
+
+    def _mark(self, rows: list[dict[str, Any]]) -> None:
+        assert self.chosen is not None
+        for r in rows:
+            r.update(chosen=r["candidate"] == self.chosen.label, lru_eviction_age_s=self.age_s)
+
+    def test_candidates(self) -> list[Candidate]:
+        """What the test window simulates: the baselines and the choice."""
+        assert self.chosen is not None
+        nb = len(BASELINE_CANDIDATES)
+        return self.cands[:nb] + ([self.chosen] if self.chosen.policy == "wa" else [])
+
+    def check(self) -> None:
+        """The choice's figures on the test window (its rows in test_rows)."""
+        assert self.chosen is not None
+        self._mark(self.test_rows)
+        self.test = _figures(self.test_rows, self.chosen)
+
+    def choice(self) -> PolicyChoice:
+        """The policy file's entry for this capacity."""
+        c = self.chosen
+        assert c is not None
+        return PolicyChoice(capacity=self.cap.label, capacity_blocks=self.cap.num_blocks, policy=c.policy,
                             params={**c.params, **({"leaf_only": True} if c.policy == "wa" else {})},
-                            train=tr, test=te)
-               for cap, c, tr, te in zip(caps, chosen, figures, tests, strict=True)]
-    return choices, rows
+                            train=self.train, test=self.test)
 
 
 def significance(hits_a: np.ndarray, hits_b: np.ndarray, num_slices: int = NUM_SLICES) -> float:
