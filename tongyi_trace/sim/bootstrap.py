@@ -24,6 +24,7 @@ dependent data (Kunsch, "The jackknife and the bootstrap for general stationary 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,14 @@ class Interval:
     def to_json(self) -> dict[str, float]:
         """{point, lo, hi, confidence}."""
         return {"point": self.point, "lo": self.lo, "hi": self.hi, "confidence": self.confidence}
+
+
+def significant_best(gains: Mapping[str, Interval]) -> str | None:
+    """The name whose gain is significant with the highest lower bound (ties: the first), None when no
+    gain is significant: the one rule by which `kvtrace fit` chooses a setting and the recommendation a
+    policy over LRU."""
+    named = [(name, g) for name, g in gains.items() if g.significant]
+    return max(named, key=lambda item: item[1].lo)[0] if named else None
 
 
 def request_groups(session_id: np.ndarray | None, time_s: np.ndarray,
