@@ -24,9 +24,8 @@ from _common import BENCH_DIR, KVTRACE, ingested_run
 
 from tongyi_trace.fit.tune import lru_gap_closed
 from tongyi_trace.run import open_run
-from tongyi_trace.sim.bootstrap import Interval
+from tongyi_trace.sim.bootstrap import Interval, stream_resampler
 from tongyi_trace.sim.cost_model import preset_cost, qttft_s
-from tongyi_trace.sim.intervals import stream_resampler
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.sweep import SweepConfig, sweep_inputs
 

@@ -98,3 +98,15 @@ def test_the_highest_lower_bound_wins_not_the_highest_point() -> None:
 def test_a_bad_confidence_is_refused(make_run: Callable[..., Path], tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"--confidence 1\.0: give a confidence level strictly between 0 and 1"):
         fit_policy(make_run(uniform_requests(0, n=50)), tmp_path / "p.json", capacities="40", confidence=1.0)
+
+
+def test_a_policy_file_without_intervals_still_reads() -> None:
+    """Files written before the intervals (same schema kvtrace.policy/2, fewer keys in `train`): the point gain."""
+    from tongyi_trace.fit.params import PolicyChoice
+
+    old = PolicyChoice(capacity="1L", capacity_blocks=100, policy="s3fifo", params={},
+                       train={"hit_ratio": 0.5, "lru_hit_ratio": 0.45, "gain_vs_lru": 0.05, "best_baseline": "s3fifo",
+                              "gain_vs_best_baseline": 0.0})
+    columns, rows = choice_table([old])
+    assert rows[0][columns.index("vs LRU")] == "+5.00" and rows[0][columns.index("why")] == "-"
+    assert choice_answer(old) == "At 1L (100 blocks) run s3fifo: +5.00 points over LRU (no interval in this file)."

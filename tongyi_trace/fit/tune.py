@@ -47,9 +47,8 @@ from tongyi_trace.sim.bootstrap import (
     Interval,
     Resampler,
     check_confidence,
-    make_resampler,
-    request_groups,
     significant_best,
+    stream_resampler,
 )
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.simulate import simulate_policy
@@ -280,10 +279,8 @@ class WindowBootstrap:
     @classmethod
     def of(cls, stream: Stream, sessions: np.ndarray, confidence: float) -> WindowBootstrap:
         """STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else by time slices."""
-        sess = sessions[stream.req_idx]
-        has = np.unique(sess).size < sess.size
-        res = make_resampler(request_groups(sess, stream.req_time_s), confidence=confidence)
-        return cls(res, np.diff(stream.req_off), "sessions" if has else "time slices")
+        res, grouping = stream_resampler(stream, sessions, confidence)
+        return cls(res, np.diff(stream.req_off), grouping)
 
     def gain(self, row: dict[str, Any], lru: dict[str, Any]) -> Interval:
         """ROW's hit-ratio gain over LRU's row, in points, with its interval."""

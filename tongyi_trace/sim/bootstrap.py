@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.sim.stream import Stream
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 1000
@@ -184,6 +185,15 @@ def make_resampler(group: np.ndarray, *, confidence: float = DEFAULT_CONFIDENCE,
     rows = np.repeat(np.arange(num_resamples), num)
     np.add.at(weights, (rows, draws.reshape(-1)), 1.0)
     return Resampler(g, weights[:, :num] if num else np.zeros((num_resamples, 0)), confidence)
+
+
+def stream_resampler(stream: Stream, sessions: np.ndarray, confidence: float = DEFAULT_CONFIDENCE
+                     ) -> tuple[Resampler, str]:
+    """The resampler of STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else
+    by time slices; and which ("sessions" or "time slices")."""
+    sess = np.asarray(sessions)[stream.req_idx]
+    grouping = "sessions" if np.unique(sess).size < sess.size else "time slices"
+    return make_resampler(request_groups(sess, stream.req_time_s), confidence=confidence), grouping
 
 
 def ideal_hits_per_request(req_off: np.ndarray, blk: np.ndarray) -> np.ndarray:

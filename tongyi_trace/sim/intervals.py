@@ -26,9 +26,8 @@ from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
     Resampler,
     ideal_hits_per_request,
-    make_resampler,
-    request_groups,
     size_reaching,
+    stream_resampler,
 )
 from tongyi_trace.sim.lru_curve import LruCurve
 from tongyi_trace.sim.recommend import NOT_DEPLOYABLE, TARGETS
@@ -37,15 +36,6 @@ from tongyi_trace.sim.stream import Stream
 NUM_CURVE_POINTS = 128
 HITS = "_req_hit_blocks"  # the per-request arrays a sweep's worker attaches to its row (popped before writing)
 QTTFT = "_req_qttft_s"
-
-
-def stream_resampler(stream: Stream, sessions: np.ndarray, confidence: float = DEFAULT_CONFIDENCE
-                     ) -> tuple[Resampler, str]:
-    """The resampler of STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else
-    by time slices; and which ("sessions" or "time slices")."""
-    sess = np.asarray(sessions)[stream.req_idx]
-    grouping = "sessions" if np.unique(sess).size < sess.size else "time slices"
-    return make_resampler(request_groups(sess, stream.req_time_s), confidence=confidence), grouping
 
 
 def sweep_intervals(stream: Stream, sessions: np.ndarray, rows: Sequence[dict[str, Any]],
