@@ -140,31 +140,49 @@ class Resampler:
 
     def interval(self, point: float, samples: np.ndarray) -> Interval:
         """POINT with the percentile interval of SAMPLES (NaN and inf resamples count at their end)."""
+        return self.intervals(np.array([point]), np.asarray(samples, np.float64).reshape(-1, 1))[0]
+
+    def intervals(self, points: np.ndarray, samples: np.ndarray) -> list[Interval]:
+        """POINTS[k] with the percentile interval of column k of SAMPLES [B, K]."""
         a = (1.0 - self.confidence) / 2.0
-        s = np.asarray(samples, np.float64)
-        if s.size == 0:
-            return Interval(point, math.nan, math.nan, self.confidence)
-        lo, hi = np.quantile(np.nan_to_num(s, nan=math.inf), [a, 1.0 - a], method="inverted_cdf")
-        return Interval(float(point), float(lo), float(hi), self.confidence)
+        if samples.shape[0] == 0:
+            return [Interval(float(p), math.nan, math.nan, self.confidence) for p in points]
+        lo, hi = np.quantile(np.nan_to_num(samples, nan=math.inf), [a, 1.0 - a], axis=0, method="inverted_cdf")
+        return [Interval(float(p), float(x), float(y), self.confidence) for p, x, y in zip(points, lo, hi, strict=True)]
 
     def ratio_gain(self, hits_a: np.ndarray, hits_b: np.ndarray, refs: np.ndarray, scale: float = 100.0) -> Interval:
         """Paired interval of A's hit ratio minus B's (per-request hits over per-request references), in
         SCALE units (100: points)."""
-        ra, rb = self.totals(hits_a), self.totals(hits_b)
+        return self.ratio_gains([hits_a], hits_b, refs, scale)[0]
+
+    def ratio_gains(self, hits: list[np.ndarray], base: np.ndarray, refs: np.ndarray, scale: float = 100.0,
+                    ) -> list[Interval]:
+        """ratio_gain of each of HITS over BASE, in one matrix product."""
+        if not hits:
+            return []
+        diff = np.stack([self.group_sums(np.asarray(h, np.float64) - base) for h in hits], axis=1)  # [G, K]
         den = self.totals(refs)
-        safe = np.where(den > 0, den, 1.0)
+        safe = np.where(den > 0, den, 1.0)[:, None]
         total = float(np.sum(refs))
-        point = scale * (float(np.sum(hits_a)) - float(np.sum(hits_b))) / total if total > 0 else 0.0
-        return self.interval(point, scale * (ra - rb) / safe * (den > 0))
+        points = scale * diff.sum(axis=0) / total if total > 0 else np.zeros(len(hits))
+        return self.intervals(points, scale * (self.weights @ diff) / safe * (den > 0)[:, None])
 
     def mean_change(self, values_a: np.ndarray, values_b: np.ndarray, scale: float = 100.0) -> Interval:
         """Paired interval of mean(A) / mean(B) - 1 over the requests (per-request values, e.g. QTTFT
         seconds), in SCALE units (100: percent); NaN when B's mean is 0."""
-        ta, tb = self.totals(values_a), self.totals(values_b)
-        mb = float(np.sum(values_b))
-        point = scale * (float(np.sum(values_a)) / mb - 1.0) if mb > 0 else math.nan
-        rel = np.divide(ta, tb, out=np.full_like(ta, math.nan), where=tb > 0)
-        return self.interval(point, scale * (rel - 1.0))
+        return self.mean_changes([values_a], values_b, scale)[0]
+
+    def mean_changes(self, values: list[np.ndarray], base: np.ndarray, scale: float = 100.0) -> list[Interval]:
+        """mean_change of each of VALUES over BASE, in one matrix product."""
+        if not values:
+            return []
+        sums = np.stack([self.group_sums(v) for v in [*values, base]], axis=1)  # [G, K + 1]: base last, so
+        whole = sums.sum(axis=0)  # both sides of every ratio are summed alike (a policy against itself: 0)
+        points = scale * (whole[:-1] / whole[-1] - 1.0) if whole[-1] > 0 else np.full(len(values), math.nan)
+        t = self.weights @ sums
+        tb = t[:, -1:]
+        rel = np.divide(t[:, :-1], tb, out=np.full((tb.shape[0], len(values)), math.nan), where=tb > 0)
+        return self.intervals(points, scale * (rel - 1.0))
 
 
 def make_resampler(group: np.ndarray, *, confidence: float = DEFAULT_CONFIDENCE,
@@ -180,11 +198,11 @@ def make_resampler(group: np.ndarray, *, confidence: float = DEFAULT_CONFIDENCE,
     if num > max_groups:
         cluster = rng.permutation(num) % max_groups
         g, num = cluster[g], max_groups
-    draws = rng.integers(0, max(num, 1), size=(num_resamples, num))
-    weights = np.zeros((num_resamples, max(num, 1)))
-    rows = np.repeat(np.arange(num_resamples), num)
-    np.add.at(weights, (rows, draws.reshape(-1)), 1.0)
-    return Resampler(g, weights[:, :num] if num else np.zeros((num_resamples, 0)), confidence)
+    if num == 0:
+        return Resampler(g, np.zeros((num_resamples, 0)), confidence)
+    draws = rng.integers(0, num, size=(num_resamples, num)) + np.arange(num_resamples)[:, None] * num
+    weights = np.bincount(draws.reshape(-1), minlength=num_resamples * num).reshape(num_resamples, num)
+    return Resampler(g, weights.astype(np.float64), confidence)
 
 
 def stream_resampler(stream: Stream, sessions: np.ndarray, confidence: float = DEFAULT_CONFIDENCE

@@ -47,16 +47,19 @@ def sweep_intervals(stream: Stream, sessions: np.ndarray, rows: Sequence[dict[st
     t0 = time.perf_counter()
     res, grouping = stream_resampler(stream, sessions, confidence)
     refs = np.diff(stream.req_off).astype(np.float64)
-    for r in rows:
-        mine, lru = per_request.get((r["policy"], r["capacity"])), per_request.get(("lru", r["capacity"]))
-        if mine is None or lru is None:
+    for cap in dict.fromkeys(r["capacity"] for r in rows):  # one matrix product per capacity
+        lru = per_request.get(("lru", cap))
+        here = [r for r in rows if r["capacity"] == cap and (r["policy"], cap) in per_request]
+        if lru is None or not here:
             continue
-        g = res.ratio_gain(mine[HITS], lru[HITS], refs)
-        r.update(gain_vs_lru_pp=g.point, gain_vs_lru_lo_pp=g.lo, gain_vs_lru_hi_pp=g.hi,
-                 gain_significant=g.significant)
-        if mine.get(QTTFT) is not None and lru.get(QTTFT) is not None:
-            q = res.mean_change(mine[QTTFT], lru[QTTFT])
-            r.update(qttft_change_pct=q.point, qttft_change_lo_pct=q.lo, qttft_change_hi_pct=q.hi)
+        mine = [per_request[(r["policy"], cap)] for r in here]
+        for r, g in zip(here, res.ratio_gains([m[HITS] for m in mine], lru[HITS], refs), strict=True):
+            r.update(gain_vs_lru_pp=g.point, gain_vs_lru_lo_pp=g.lo, gain_vs_lru_hi_pp=g.hi,
+                     gain_significant=g.significant)
+        timed = [(r, m[QTTFT]) for r, m in zip(here, mine, strict=True) if m.get(QTTFT) is not None]
+        if timed and lru.get(QTTFT) is not None:
+            for (r, _), q in zip(timed, res.mean_changes([v for _, v in timed], lru[QTTFT]), strict=True):
+                r.update(qttft_change_pct=q.point, qttft_change_lo_pct=q.lo, qttft_change_hi_pct=q.hi)
     ideal = ideal_hits_per_request(stream.req_off, stream.blk).astype(np.float64)
     return {"confidence": res.confidence, "resampled": grouping, "num_groups": res.num_groups,
             "num_resamples": res.num_resamples,
