@@ -53,7 +53,8 @@ def test_errors_are_one_line(make_run: Callable[..., Path], tmp_path: Path) -> N
 
 def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path: Path) -> None:
     """The answer (what to run at each capacity) is on the terminal and in --json, as in the policy file:
-    at 4 blocks everything fits, every candidate hits the 2 reuses of 6 refs and the tie goes to LRU."""
+    at 4 blocks everything fits, every candidate hits the 2 reuses of 6 refs and LRU stays: the answer comes
+    first, in words."""
     run = make_run(two_conversations())
     args = ["fit", str(run), "-o", str(tmp_path / "p.json"), "--min-samples", "1", "--holdout", "0",
             "-c", "4", "--train", "0:5", "--test", "0:"]
@@ -62,7 +63,9 @@ def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path:
     assert "setting to run per capacity (chosen by simulation on the train window" in res.output
     row = next(line for line in res.output.splitlines() if line.startswith("│ 4 "))
     assert [c.strip() for c in row.strip("│").split("│")] == [
-        "4", "4", "lru", "0.2500", "0.2500", "+0.00", "+0.00 (lru)", "0.3333", "+0.00"]
+        "4", "4", "lru", "0.2500", "0.2500", "+0.00 +- 0.00", "+0.00 (lru)",
+        "no candidate beats LRU (best: fifo +0.00 +- 0.00 points)", "0.3333", "+0.00 +- 0.00"]
+    assert res.output.startswith("At 4 (4 blocks) run lru: no candidate beats it (best: fifo +0.00 +- 0.00 points).\n")
     doc = json.loads(runner.invoke(app, [*args, "--json"]).output)
     choices = load_policy(tmp_path / "p.json").choices
     assert [(c["capacity_blocks"], c["policy"]) for c in doc["choices"]] == [(4, "lru")]

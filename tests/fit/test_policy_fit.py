@@ -310,23 +310,3 @@ def test_version_1_policy_files_still_load(tmp_path: Path) -> None:
     # no Kaplan-Meier table in version 1: the km model reads the exponential model's CDF
     assert pol.categories["text-1"].km_cdf_table() == [exp_cdf(0.5, 0.1, t) for t in km_grid_s()]
     assert pol.categories["text-1"].mean_reuse_s == 10.0
-
-
-def test_significance_of_a_gain() -> None:
-    import numpy as np
-
-    from tongyi_trace.fit.tune import significance
-
-    base = np.zeros(100, np.int64)
-    assert significance(base, base) == 0.0  # no gain
-    assert significance(base + 1, base) == math.inf  # the same gain in every slice: no spread
-    # slices gain 10, 10, ..., 10 and one -80 (net +10 over 10 slices of 10 requests): noise, not a gain
-    d = np.zeros(100, np.int64)
-    d[:90] = 1
-    d[90:] = -8
-    assert 0 < significance(d, base) < 1
-    # a steady gain with a little noise: well past two standard errors
-    steady = np.ones(100, np.int64)
-    steady[::10] = 0
-    steady[5::10] = 2
-    assert significance(steady, base) == math.inf or significance(steady, base) > 2

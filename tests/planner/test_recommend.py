@@ -53,7 +53,42 @@ def test_not_reached() -> None:
     rec = recommend([_row("lru", "a", 5, 0.1)], {"capacity_blocks": np.array([0, 5]), "hit_ratio": np.array([0, 0.1])},
                     SUMMARY)
     assert all(t["lru"]["capacity_blocks"] is None and t["best"] is None for t in rec["targets"])
-    assert "LRU never reaches it; no simulated capacity reaches it." in describe(rec)[1]
+    lines = describe(rec)
+    assert lines[0].startswith("At a = ") and lines[0].endswith("the best policy is lru: +0.00 points over LRU "
+                                                               "(no intervals: --no-intervals).")
+    assert "LRU never reaches it; no simulated capacity reaches it." in lines[2]
+
+
+def _gain(row: dict[str, object], point: float, lo: float, hi: float, q: tuple[float, float, float]) -> dict:
+    return {**row, "gain_vs_lru_pp": point, "gain_vs_lru_lo_pp": lo, "gain_vs_lru_hi_pp": hi,
+            "qttft_change_pct": q[0], "qttft_change_lo_pct": q[1], "qttft_change_hi_pct": q[2]}
+
+
+def test_the_answer_runs_lru_unless_a_gain_is_significant() -> None:
+    zero = (0.0, 0.0, 0.0)
+    rows = [_gain(_row("lru", "a", 20, 0.30), 0, 0, 0, zero),
+            _gain(_row("s3fifo", "a", 20, 0.42), 12.0, 10.9, 13.1, (-41.0, -47.0, -35.0)),
+            _gain(_row("fifo", "a", 20, 0.43), 13.0, 9.0, 17.0, (-42.0, -50.0, -30.0)),  # higher point, lower bound
+            _gain(_row("oracle", "a", 20, 0.49), 19.0, 18.0, 20.0, zero),  # a bound: never the answer
+            _gain(_row("lru", "b", 200, 0.48), 0, 0, 0, zero),
+            _gain(_row("s3fifo", "b", 200, 0.484), 0.4, -0.2, 1.0, (-1.0, -2.0, 0.5))]
+    summary = {**SUMMARY, "intervals": {"confidence": 0.95, "resampled": "sessions", "num_groups": 40,
+                                        "num_resamples": 1000,
+                                        "targets": [{"target": 0.8, "lru_capacity_blocks": {"point": 40.0, "lo": 31.0,
+                                                                                            "hi": 52.0}}]}}
+    rec = recommend(rows, CURVE, summary)
+    a, b = rec["capacities"]
+    assert a["best_policy"] == "fifo" and a["run_policy"] == "s3fifo"  # the highest lower bound, as fit chooses
+    assert a["run_gain_pp"] == {"point": 12.0, "lo": 10.9, "hi": 13.1}
+    assert b["run_policy"] == "lru" and b["closest"] == {"policy": "s3fifo", "gain_pp": {"point": 0.4, "lo": -0.2,
+                                                                                          "hi": 1.0}}
+    assert rec["intervals"]["resampled"] == "sessions" and "targets" not in rec["intervals"]
+    lines = describe(rec)
+    assert lines[0].startswith("At a = ") and lines[0].endswith(" run s3fifo: +12.00 +- 1.10 points over LRU, "
+                                                               "QTTFT -41.0% +- 6.0%.")
+    assert lines[1].endswith(" run LRU: no policy is significantly better here at 95% (best: s3fifo +0.40 +- 0.60 "
+                             "points).")
+    assert "LRU needs 40 blocks (interval 31-52 blocks) = " in lines[3]
 
 
 def test_report_opens_with_recommendation(mooncake_conversation_run: Path,

@@ -39,6 +39,19 @@ _FIGURES_JS = """() => {
 }"""
 
 
+# The first section of the page: its id, the next one's, its sentences and its per-capacity table by column.
+_FIRST_SECTION_JS = """() => {
+  const s = document.querySelector('main > section');
+  const table = s.querySelectorAll('table')[1];
+  const columns = Array.from(table.querySelectorAll('thead th')).map(th => th.textContent.trim());
+  const rows = Array.from(table.querySelectorAll('tbody tr')).map(
+    tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent.trim()));
+  return {id: s.id, next: s.nextElementSibling.id, columns: columns,
+          table: columns.map((_, i) => rows.map(r => r[i])),
+          lines: Array.from(s.querySelectorAll('ul.kv-recommendation li')).map(li => li.textContent.trim())};
+}"""
+
+
 def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
     html = render_report(evil_run)
     errors: list[str] = []
@@ -57,6 +70,7 @@ def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
         svg_text = page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot text'))"
                                  ".map(t => t.textContent)")
         injected = page.evaluate("() => document.querySelectorAll('img, .js-plotly-plot script').length")
+        first: dict[str, Any] = page.evaluate(_FIRST_SECTION_JS)
     assert errors == []
     assert dialogs == []  # the hostile type never ran
     assert refused == []  # nothing outside the file was requested: the page is self-contained
@@ -69,6 +83,13 @@ def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
     assert EVIL in body_text  # the hostile string is shown, literally, as text
     assert EVIL in svg_text and EVIL_USER in svg_text  # also as axis labels inside the figures
     assert injected == 0
+    # the answer leads: the first section is the Recommendation, in words, every gain with its interval
+    assert first["id"] == "recommendation" and first["next"] == "headline"
+    answers = [line for line in first["lines"] if line.startswith("At ")]
+    assert len(answers) == 4 and all(" +- " in line and " points" in line for line in answers)
+    assert all(" run " in line for line in answers)
+    gains = first["table"][first["columns"].index("gain over LRU (points, 95%)")]
+    assert len(gains) == 4 and all(" +- " in cell for cell in gains)
 
 
 def test_screenshot_is_a_png_of_the_drawn_page(evil_run: RunDir, tmp_path: Path) -> None:

@@ -46,9 +46,11 @@ def test_tiny_fixture_numbers_reach_the_page(evil_run: RunDir) -> None:
     # The simulator at unlimited capacity (all 10 distinct blocks): every policy reaches the ideal 13 / 23.
     assert "inf 10 " + " ".join(["0.5652"] * 7) in text
     # What to run at 1L = the oracle's peak live set, 5 blocks: every policy hits the train window's 4 of 12
-    # (requests 1 and 2, nothing evicted before), so LRU by the tie; the test window from cold: 5 of 11.
+    # (requests 1 and 2, nothing evicted before), so LRU stays, no candidate beating it; the test window from
+    # cold: 5 of 11. Every gain over LRU carries its interval (a tie: exactly 0).
     assert "What to run per capacity" in text
-    assert "1L 5 lru 0.3333 0.3333 +0.00 +0.00 (lru) 0.4545 +0.00" in text
+    assert "1L 5 lru 0.3333 0.3333 +0.00 +- 0.00 +0.00 (lru) no candidate beats LRU (best: fifo +0.00 +- 0.00 " \
+           "points) 0.4545 +0.00 +- 0.00" in text
     # The fit's train window and the replays' names.
     assert "train window (0-15 s)" in text
     assert "Live replay on vLLM: first" in text and "Engine comparison: first vs second" in text

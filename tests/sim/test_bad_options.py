@@ -30,6 +30,8 @@ REQS = [[1, 2], [3], [1, 2], [4], [3]]
                                "got 0.0"),
     (["--prefill-s-per-token", "-1"], "--prefill-s-per-token must be a finite number >= 0"),
     (["--prefill-overhead-s", "-1"], "--prefill-overhead-s must be a finite number >= 0"),
+    (["--confidence", "1"], "--confidence 1.0: give a confidence level strictly between 0 and 1 (e.g. 0.95)"),
+    (["--confidence", "nan"], "--confidence nan: give a confidence level strictly between 0 and 1"),
     (["-p", ""], "--policy is empty"),
     (["-p", " , "], "--policy is empty"),
     (["-p", "lru,oracle-deadd"], "unknown policy 'oracle-deadd'; choose from lru, fifo, lfu, s3fifo, gdsf, wa, "

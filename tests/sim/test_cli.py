@@ -136,3 +136,25 @@ def test_hbm_policy(make_run: Callable[..., Path]) -> None:
                           (["--hbm-capacity", "2", "--hbm-policy", "wa"], "--hbm-policy wa: give one of")):
         res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fifo", "-c", "3", *args])
         assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_simulate_intervals_and_no_intervals(make_run: Callable[..., Path]) -> None:
+    """Every row's gain over LRU carries its interval (LRU's own: exactly 0), the summary says how they were
+    made; --no-intervals leaves them out."""
+    run = make_run(REQS * 8)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru,fifo", "-c", "3", "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    lru, fifo = doc["rows"]
+    assert (lru["gain_vs_lru_pp"], lru["gain_vs_lru_lo_pp"], lru["gain_vs_lru_hi_pp"]) == (0.0, 0.0, 0.0)
+    assert fifo["gain_vs_lru_pp"] == pytest.approx(100 * (fifo["hit_ratio"] - lru["hit_ratio"]))
+    assert fifo["gain_vs_lru_lo_pp"] <= fifo["gain_vs_lru_pp"] <= fifo["gain_vs_lru_hi_pp"]
+    iv = doc["summary"]["intervals"]
+    assert iv["resampled"] == "time slices" and iv["num_groups"] == 40 and iv["confidence"] == 0.95
+    assert [t["target"] for t in iv["targets"]] == [0.8, 0.9, 0.95]
+    assert doc["recommendation"]["capacities"][0]["run_policy"] in ("lru", "fifo")
+    off = CliRunner().invoke(app, ["simulate", str(run), "-p", "lru,fifo", "-c", "3", "--json", "-j", "1",
+                                   "--no-intervals"])
+    doc = json.loads(off.stdout)
+    assert doc["summary"]["intervals"] is None and "gain_vs_lru_pp" not in doc["rows"][1]
+    assert doc["recommendation"]["capacities"][0]["run_policy"] is None

@@ -49,6 +49,9 @@ def fit(
     holdout: float = typer.Option(source_value("fit.policy_fit", "DEFAULT_HOLDOUT"), "--holdout",
                                   help="Share of the train window (its end) on which the setting per capacity "
                                        "is chosen, with parameters fitted on the rest (0: in-sample)."),
+    confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
+                                     help="Run another setting than LRU at a capacity only when its gain over "
+                                          "LRU is significant at this level (block bootstrap over sessions)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
@@ -68,6 +71,7 @@ def fit(
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
                 jobs=jobs, executor=executor, ray_address=ray_address, context=context, holdout=holdout,
+                confidence=confidence,
                 on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))
@@ -80,6 +84,11 @@ def fit(
                     "choices": outcome.policy.choices_json()},
                    "kvtrace.fit-output/1")
     elif not quiet:
+        if outcome.policy.choices:
+            from tongyi_trace.fit.tune import choice_answer
+
+            for choice in outcome.policy.choices:
+                console.print(choice_answer(choice))
         for table in _tables(outcome):
             console.print(table)
         if outcome.policy.choices:
@@ -103,7 +112,7 @@ def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
     table = Table(title=f"setting to run per capacity (chosen by simulation on {where}; gains in points)")
     columns, rows = choice_table(outcome.policy.choices)
     for col in columns:
-        table.add_column(col, justify="left" if col in ("capacity", "run") else "right")
+        table.add_column(col, justify="left" if col in ("capacity", "run", "why") else "right")
     for row in rows:
         table.add_row(*row)
     return table

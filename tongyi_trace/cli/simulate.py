@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, print_json, progress, run_cli, say
 from tongyi_trace.cli._plan import print_recommendation, print_sweeps, recommendation_json
 from tongyi_trace.errors import UsageError
@@ -77,6 +77,11 @@ def simulate(
                                                          help="Fleet: s per token loaded from the remote pool."),
     name: str | None = typer.Option(None, "--name", help="Keep this sweep in RUN_DIR/sim/NAME/ (replacing a sweep "
                                     "of that name); the latest sweep is also RUN_DIR/sim/, which the report reads."),
+    no_intervals: bool = typer.Option(False, "--no-intervals", help="Skip the intervals of every gain over LRU, "
+                                      "QTTFT change and target size (block bootstrap over sessions)."),
+    confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
+                                     help="Confidence level of the intervals; a policy is recommended over LRU "
+                                          "only when its gain is significant at it."),
     list_policies: bool = typer.Option(False, "--list-policies", help="Print the policies and parameters."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
@@ -96,7 +101,8 @@ def simulate(
         overhead_s=prefill_overhead_s,
         s_per_token=prefill_s_per_token, s_per_loaded_token=load_s_per_token, arrival_scale=arrival_scale,
         cost_from=cost_from, wa_no_life=wa_no_life, wa_conditional=wa_conditional, wa_no_offset=wa_no_offset,
-        ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address, name=name)
+        ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address, name=name,
+        intervals=not no_intervals, confidence=confidence)
     if instances is not None or router is not None or remote_capacity is not None \
             or remote_load_s_per_token is not None:
         from tongyi_trace.fleet.cli import simulate_fleet_cli
@@ -147,16 +153,27 @@ def _table(result: SweepResult) -> Table:
     from tongyi_trace.guard.simulate import guard_cell
 
     t = Table(title="prefix-cache simulation")
-    cols = ("policy", "capacity", "blocks", "hit ratio", "token hit", "evictions", "ns/evict",
-            "QTTFT mean s", "QTTFT p99 s", "M refs/s", "guard")
+    iv = result.summary.get("intervals")
+    cols = ("policy", "capacity", "blocks", "hit ratio",
+            *([f"vs LRU pts ({100 * iv['confidence']:g}%)", "QTTFT vs LRU %"] if iv else []), "token hit",
+            "evictions", "ns/evict", "QTTFT mean s", "QTTFT p99 s", "M refs/s", "guard")
     for c in cols:
         t.add_column(c, justify="left" if c in ("policy", "capacity") else "right")
     for r in result.rows:
-        t.add_row(r["policy"], r["capacity"], f"{r['capacity_blocks']:,}", f"{r['hit_ratio']:.4f}",
+        gains = [_pm(r, "gain_vs_lru", "pp", ".2f"), _pm(r, "qttft_change", "pct", ".1f")] if iv else []
+        t.add_row(r["policy"], r["capacity"], f"{r['capacity_blocks']:,}", f"{r['hit_ratio']:.4f}", *gains,
                   f"{r['token_hit_ratio']:.4f}", f"{r['num_evictions']:,}", f"{r['evict_decision_ns']:.0f}",
                   f"{r.get('qttft_mean_s', 0):.3f}", f"{r.get('qttft_p99_s', 0):.3f}",
                   f"{r['refs_per_s'] / 1e6:.1f}", guard_cell(r))
     return t
+
+
+def _pm(row: dict[str, Any], key: str, unit: str, spec: str) -> str:
+    """'+1.20 +- 0.31' from ROW's KEY_UNIT and its interval, '-' without one."""
+    point, lo, hi = (row.get(f"{key}{part}_{unit}") for part in ("", "_lo", "_hi"))
+    if point is None or lo is None or hi is None:
+        return "-"
+    return f"{format(point, '+' + spec)} +- {format((hi - lo) / 2, spec)}"
 
 
 def _print_policies(json_out: bool) -> None:

@@ -77,18 +77,21 @@ def setting_label(policy: str, params: dict[str, Any]) -> str:
     return " ".join([policy, *(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in shown.items())])
 
 
-CHOICE_COLUMNS = ["capacity", "blocks", "run", "hit ratio", "LRU", "vs LRU", "vs best baseline"]
+CHOICE_COLUMNS = ["capacity", "blocks", "run", "hit ratio", "LRU", "vs LRU", "vs best baseline", "why"]
 TEST_CHOICE_COLUMNS = ["test hit ratio", "test vs LRU"]
 
 
 def choice_table(choices: list[PolicyChoice]) -> tuple[list[str], list[list[str]]]:
     """What to run per capacity as text (`kvtrace fit` and the report): columns, then per choice its
-    capacity, blocks, setting, hit ratio, LRU's, gains in points over LRU and the best baseline where it
-    was chosen, and on the test window when there was one."""
+    capacity, blocks, setting, hit ratio, LRU's, gains in points over LRU (with its interval when the file
+    has one) and the best baseline where it was chosen, why it runs there, and on the test window when
+    there was one."""
     def num(x: Any) -> str:
         return "-" if x is None else f"{x:.4f}"
 
-    def points(x: Any) -> str:
+    def points(x: Any, interval: Any = None) -> str:
+        if isinstance(interval, dict) and interval.get("lo") is not None and interval.get("hi") is not None:
+            return f"{interval['point']:+.2f} +- {(interval['hi'] - interval['lo']) / 2:.2f}"
         return "-" if x is None else f"{100 * x:+.2f}"
 
     has_test = any(ch.test for ch in choices)
@@ -96,9 +99,11 @@ def choice_table(choices: list[PolicyChoice]) -> tuple[list[str], list[list[str]
     for ch in choices:
         tr, te = ch.train, ch.test
         row = [ch.capacity, f"{ch.capacity_blocks:,}", setting_label(ch.policy, ch.params), num(tr.get("hit_ratio")),
-               num(tr.get("lru_hit_ratio")), points(tr.get("gain_vs_lru")),
-               f"{points(tr.get('gain_vs_best_baseline'))} ({tr.get('best_baseline', '-')})"]
-        rows.append(row + ([num(te.get("hit_ratio")), points(te.get("gain_vs_lru"))] if has_test else []))
+               num(tr.get("lru_hit_ratio")), points(tr.get("gain_vs_lru"), tr.get("gain_vs_lru_pp")),
+               f"{points(tr.get('gain_vs_best_baseline'))} ({tr.get('best_baseline', '-')})",
+               str(tr.get("reason", "-"))]
+        rows.append(row + ([num(te.get("hit_ratio")), points(te.get("gain_vs_lru"), te.get("gain_vs_lru_pp"))]
+                           if has_test else []))
     return CHOICE_COLUMNS + (TEST_CHOICE_COLUMNS if has_test else []), rows
 
 

@@ -48,6 +48,7 @@ from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import check_not_run_table, open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
+from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
 from tongyi_trace.trace.categories import follow_up_gaps_s
 from tongyi_trace.trace.synth_like import workload_summary
 
@@ -91,7 +92,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                life_quantile: float = DEFAULT_LIFE_QUANTILE, life_s: float | None = None,
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
                executor: str = "local", ray_address: str | None = None, context: str = "auto",
-               holdout: float = DEFAULT_HOLDOUT,
+               holdout: float = DEFAULT_HOLDOUT, confidence: float = DEFAULT_CONFIDENCE,
                on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
@@ -109,6 +110,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         raise UsageError(f"--life-quantile {life_quantile}: must be within [0, 1]")
     if life_s is not None and (not math.isfinite(life_s) or life_s < 0):
         raise UsageError(f"--life-s {life_s}: must be a finite number of seconds >= 0")
+    check_confidence(confidence)
     if not 0.0 <= holdout <= 0.9:
         raise UsageError(f"--holdout {holdout}: must be within [0, 0.9] (the share of the train window)")
     step = on_step or (lambda _msg: None)
@@ -168,7 +170,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                                                 life_quantile, life_s)
                 select = (replace(policy, categories=cats, default=dflt, window=part_w.to_json()), held_w)
             choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
-                                      on_progress=on_progress, select=select,
+                                      on_progress=on_progress, select=select, confidence=confidence,
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
             write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
@@ -184,7 +186,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             "train": train_w.to_json(),
             "test": test_w.to_json() if test_w else None,
             "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
-                        "capacities": capacities, "context": context, "holdout": holdout},
+                        "capacities": capacities, "context": context, "holdout": holdout,
+                        "confidence": confidence},
             "rows": rows,
         })
         write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),

@@ -1,14 +1,15 @@
 """Capacity-aware fitting (`kvtrace fit --capacity`): which policy setting to run at each cache size.
 
 For each capacity, every candidate is simulated on the train window (a cold cache at the window start,
-the run's requests in arrival order). The best baseline is the plugin-runnable baseline (LRU, FIFO,
-S3-FIFO) with the most block hits (ties: in that order). The best WA setting replaces it only when its
-gain is significant: at least SIGNIFICANCE standard errors, the error estimated from the gain's spread
-over NUM_SLICES consecutive slices of the train window (a setting that wins by noise on one hour loses
-by noise on the next). So the choice never loses to a baseline on the data it was chosen on, and a WA
-choice has beaten the best baseline by more than its own noise there. The choice, LRU and the other baselines are
-then simulated on the test window, and the file records both gains over LRU: the honest figure is the
-test one.
+the run's requests in arrival order). The default is what vLLM runs, LRU: the choice departs from it only
+for a candidate (a baseline or a WA setting) whose gain over LRU is significant at --confidence (default
+0.95), by the paired block bootstrap of tongyi_trace.sim.bootstrap (whole sessions resampled, both
+policies scored on the same resample from their per-request hits); among the significant candidates it
+takes the one whose lower confidence bound is highest, not the highest point value (a setting that wins
+by noise on one hour loses by noise on the next). Where LRU stays, the figures name the best candidate
+and its interval ("+0.05 +- 0.31: not significant"). The choice, LRU and the other baselines are then
+simulated on the test window (intervals there too), and the file records both gains over LRU: the honest
+figure is the test one.
 
 Candidates (WA always with prefix closure, leaf_only), searched in two rounds:
     lru, fifo, s3fifo                                      the baselines the vLLM plugin can run
@@ -30,7 +31,7 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,14 +42,20 @@ from tongyi_trace.fit.events import Window
 from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.run import RunDir
-from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
+from tongyi_trace.sim.bootstrap import (
+    DEFAULT_CONFIDENCE,
+    Interval,
+    Resampler,
+    check_confidence,
+    significant_best,
+    stream_resampler,
+)
+from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
-NUM_SLICES = 10
-SIGNIFICANCE = 2.0
 LIFE_FACTORS = (0.05, 0.25, 1.0)
 BASELINE_CANDIDATES = ("lru", "fifo", "s3fifo")
 
@@ -104,18 +111,21 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
     r = simulate_policy(_STREAMS[key], pol, blocks, params=dict(params), fit=fit, timing=False)
     return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
             "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs,
-            "req_hit_blocks": r.req_hit_blocks if window == "train" else None}
+            "req_hit_blocks": r.req_hit_blocks}
 
 
 def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
          model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
          on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None,
-         select: tuple[PolicyParams, Window] | None = None) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
+         select: tuple[PolicyParams, Window] | None = None, confidence: float = DEFAULT_CONFIDENCE,
+         ) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
     """Choose a setting per capacity on TRAIN with POLICY, check it on TEST; returns (choices, every
     evaluated row). SELECT = (a policy fitted on part of TRAIN, the held-out rest of TRAIN): choose there
     instead, with that policy (rows of window "train" are then the held-out part's), so the choice is made
-    on requests its parameters have not seen. The simulations of each round run on EXECUTOR
+    on requests its parameters have not seen; a candidate replaces LRU only when its gain is significant at
+    CONFIDENCE (see the module doc). The simulations of each round run on EXECUTOR
     (tongyi_trace.executor: the local pool or Ray); ON_PROGRESS counts them, round by round."""
+    check_confidence(confidence)
     step = on_step or (lambda _msg: None)
     count = on_progress or (lambda _what, _done, _total: None)
     full = load_stream(run)
@@ -129,6 +139,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     windows = {"train": window_stream(run, choose_on, policy.context)}
     if test is not None:
         windows["test"] = window_stream(run, test, policy.context)
+    sessions = run.requests()["session_id"].to_numpy()
+    boot = {w: WindowBootstrap.of(st, sessions, confidence) for w, st in windows.items()}
     shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
                               for f in dataclasses.fields(st)}
     shared.update({"fit.train": choose_with, "fit.test": policy, "tune_id": uuid.uuid4().hex})
@@ -160,69 +172,164 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
 
     lru = Candidate("lru", {})
     lru_rows = run_round([(i, "train", lru) for i in range(len(caps))], "LRU on the train window")
-    ages = [r["mean_eviction_age_s"] or max(choose_on.end_s - choose_on.start_s, 1.0) for r in lru_rows]
-    first = [first_round(a)[1:] for a in ages]  # LRU is done
-    items1 = [(i, "train", c) for i in range(len(caps)) for c in first[i]]
-    per_cap: list[list[dict[str, Any]]] = [[lru_rows[i]] for i in range(len(caps))]
-    cands: list[list[Candidate]] = [[lru, *first[i]] for i in range(len(caps))]
-    for (i, _, _), r in zip(items1, run_round(items1, "round 1"), strict=True):
-        per_cap[i].append(r)
-    second: list[list[Candidate]] = []
-    for i in range(len(caps)):
-        k = max((k for k in range(len(cands[i])) if cands[i][k].policy == "wa"),
-                key=lambda k: (per_cap[i][k]["num_hits"], -k))
-        second.append(second_round(cands[i][k], ages[i]))
-    items2 = [(i, "train", c) for i in range(len(caps)) for c in second[i]]
+    state = [CapacityTuning(cap, r["mean_eviction_age_s"] or max(choose_on.end_s - choose_on.start_s, 1.0),
+                            [lru], [r]) for cap, r in zip(caps, lru_rows, strict=True)]
+    items1 = [(i, "train", c) for i, t in enumerate(state) for c in first_round(t.age_s)[1:]]  # LRU is done
+    for (i, _, c), r in zip(items1, run_round(items1, "round 1"), strict=True):
+        state[i].add(c, r)
+    items2 = [(i, "train", c) for i, t in enumerate(state) for c in second_round(t.best_wa(), t.age_s)]
     for (i, _, c), r in zip(items2, run_round(items2, "round 2"), strict=True):
-        per_cap[i].append(r)
-        cands[i].append(c)
-
-    rows: list[dict[str, Any]] = []
-    chosen: list[Candidate] = []
-    figures: list[dict[str, Any]] = []
-    nb = len(BASELINE_CANDIDATES)
-    for i in range(len(caps)):
-        train_rows = per_cap[i]
-        base = max(range(nb), key=lambda k: (train_rows[k]["num_hits"], -k))
-        best_wa = max(range(nb, len(cands[i])), key=lambda k: (train_rows[k]["num_hits"], -k))
-        z = significance(train_rows[best_wa]["req_hit_blocks"], train_rows[base]["req_hit_blocks"])
-        pick = cands[i][best_wa] if z >= SIGNIFICANCE else cands[i][base]
-        chosen.append(pick)
-        for r in train_rows:
-            r.update(chosen=r["candidate"] == pick.label, lru_eviction_age_s=ages[i])
-        figures.append(_figures(train_rows, pick) | {"best_wa": cands[i][best_wa].label, "best_wa_z": z})
-        rows += train_rows
-    tests: list[dict[str, Any]] = [{} for _ in caps]
+        state[i].add(c, r)
+    for t in state:
+        t.choose(boot["train"])
     if test is not None:
-        items = [(i, "test", c) for i in range(len(caps))
-                 for c in cands[i][:nb] + ([chosen[i]] if chosen[i].policy == "wa" else [])]
-        test_rows = run_round(items, "the test window")
-        for i in range(len(caps)):
-            mine = [r for (j, _, _), r in zip(items, test_rows, strict=True) if j == i]
-            for r in mine:
-                r.update(chosen=r["candidate"] == chosen[i].label, lru_eviction_age_s=ages[i])
-            tests[i] = _figures(mine, chosen[i])
-            rows += mine
+        items = [(i, "test", c) for i, t in enumerate(state) for c in t.test_candidates()]
+        for (i, _, _), r in zip(items, run_round(items, "the test window"), strict=True):
+            state[i].test_rows.append(r)
+        for t in state:
+            t.check(boot["test"])
+    rows = [r for t in state for r in t.train_rows] + [r for t in state for r in t.test_rows]
     for r in rows:
         r.pop("req_hit_blocks", None)
-    choices = [PolicyChoice(capacity=cap.label, capacity_blocks=cap.num_blocks, policy=c.policy,
+    return [t.choice() for t in state], rows
+
+
+@dataclass
+class CapacityTuning:
+    """Everything tune learns at one capacity: LRU's mean eviction age there, the candidates and their rows
+    (train window, in the same order; test window), the choice and its figures on both windows."""
+
+    cap: Capacity
+    age_s: float  # LRU's mean eviction age on the train window (scales WA's life windows)
+    cands: list[Candidate]
+    train_rows: list[dict[str, Any]]
+    test_rows: list[dict[str, Any]] = field(default_factory=list)
+    chosen: Candidate | None = None
+    train: dict[str, Any] = field(default_factory=dict)  # the choice's figures where it was chosen
+    test: dict[str, Any] = field(default_factory=dict)  # and on the test window
+
+    def add(self, cand: Candidate, row: dict[str, Any]) -> None:
+        """One more simulated candidate (train window)."""
+        self.cands.append(cand)
+        self.train_rows.append(row)
+
+    def best_wa(self) -> Candidate:
+        """The WA candidate with the most train hits (ties: the first)."""
+        return self.cands[self._best([k for k, c in enumerate(self.cands) if c.policy == "wa"])]
+
+    def _best(self, ks: list[int]) -> int:
+        return max(ks, key=lambda k: (self.train_rows[k]["num_hits"], -k))
+
+    def choose(self, boot: WindowBootstrap) -> None:
+        """LRU, unless a candidate's gain over LRU is significant (BOOT's paired bootstrap of the train
+        window): then, of the significant ones, the one with the highest lower bound."""
+        gains = [boot.gain(r, self.train_rows[0]) for r in self.train_rows]
+        ks = range(1, len(self.cands))
+        significant = [k for k in ks if gains[k].significant]
+        won = significant_best({str(k): gains[k] for k in ks})
+        pick = 0 if won is None else int(won)
+        best = max(ks, key=lambda k: (gains[k].point, -k)) if len(self.cands) > 1 else 0
+        self.chosen = self.cands[pick]
+        self._mark(self.train_rows)
+        for r, g in zip(self.train_rows, gains, strict=True):
+            r.update(gain_vs_lru_pp=g.point, gain_vs_lru_lo_pp=g.lo, gain_vs_lru_hi_pp=g.hi)
+        self.train = _figures(self.train_rows, self.chosen) | boot.describe() | {
+            "gain_vs_lru_pp": gains[pick].to_json(), "significant": pick != 0,
+            "best_candidate": self.cands[best].label, "best_candidate_gain_vs_lru_pp": gains[best].to_json(),
+            "num_significant": len(significant),
+            "reason": choice_reason(self.cands[pick].label, gains[pick], self.cands[best].label, gains[best])}
+
+    def _mark(self, rows: list[dict[str, Any]]) -> None:
+        assert self.chosen is not None
+        for r in rows:
+            r.update(chosen=r["candidate"] == self.chosen.label, lru_eviction_age_s=self.age_s)
+
+    def test_candidates(self) -> list[Candidate]:
+        """What the test window simulates: the baselines and the choice."""
+        assert self.chosen is not None
+        nb = len(BASELINE_CANDIDATES)
+        return self.cands[:nb] + ([self.chosen] if self.chosen.policy == "wa" else [])
+
+    def check(self, boot: WindowBootstrap) -> None:
+        """The choice's figures on the test window (its rows in test_rows), its gain over LRU with BOOT's
+        interval."""
+        assert self.chosen is not None
+        self._mark(self.test_rows)
+        by = {r["candidate"]: r for r in self.test_rows}
+        gain = boot.gain(by[self.chosen.label], by["lru"])
+        self.test = _figures(self.test_rows, self.chosen) | {"gain_vs_lru_pp": gain.to_json()}
+
+    def choice(self) -> PolicyChoice:
+        """The policy file's entry for this capacity."""
+        c = self.chosen
+        assert c is not None
+        return PolicyChoice(capacity=self.cap.label, capacity_blocks=self.cap.num_blocks, policy=c.policy,
                             params={**c.params, **({"leaf_only": True} if c.policy == "wa" else {})},
-                            train=tr, test=te)
-               for cap, c, tr, te in zip(caps, chosen, figures, tests, strict=True)]
-    return choices, rows
+                            train=self.train, test=self.test)
 
 
-def significance(hits_a: np.ndarray, hits_b: np.ndarray, num_slices: int = NUM_SLICES) -> float:
-    """How many standard errors A's extra hits over B's are: the per-request differences summed over
-    NUM_SLICES consecutive slices of the requests, total over (sqrt(slices) x the slices' std). +inf when A
-    gains in every slice alike (no spread), 0 when it gains nothing."""
-    d = np.asarray(hits_a, np.float64) - np.asarray(hits_b, np.float64)
-    total = float(d.sum())
-    if total <= 0 or d.size < num_slices:
-        return 0.0 if total <= 0 else math.inf
-    per = np.array([s.sum() for s in np.array_split(d, num_slices)])
-    spread = float(per.std(ddof=1)) * math.sqrt(num_slices)
-    return total / spread if spread > 0 else math.inf
+@dataclass(frozen=True)
+class WindowBootstrap:
+    """The paired block bootstrap (tongyi_trace.sim.bootstrap) over one window's requests."""
+
+    resampler: Resampler
+    refs: np.ndarray  # int64[N]: each request's block references
+    grouping: str  # "sessions" or "time slices"
+
+    @classmethod
+    def of(cls, stream: Stream, sessions: np.ndarray, confidence: float) -> WindowBootstrap:
+        """STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else by time slices."""
+        res, grouping = stream_resampler(stream, sessions, confidence)
+        return cls(res, np.diff(stream.req_off), grouping)
+
+    def gain(self, row: dict[str, Any], lru: dict[str, Any]) -> Interval:
+        """ROW's hit-ratio gain over LRU's row, in points, with its interval."""
+        return self.resampler.ratio_gain(row["req_hit_blocks"], lru["req_hit_blocks"], self.refs)
+
+    def describe(self) -> dict[str, Any]:
+        """How the intervals were made: confidence, resampling unit, groups and resamples."""
+        r = self.resampler
+        return {"confidence": r.confidence, "resampled": self.grouping, "num_groups": r.num_groups,
+                "num_resamples": r.num_resamples}
+
+
+def choice_reason(chosen: str, gain: Interval, best: str, best_gain: Interval) -> str:
+    """Why CHOSEN runs: 'significant: ...' for a departure from LRU, else the best candidate BEST and why it
+    was not taken ('s3fifo +0.05 +- 0.31: not significant')."""
+    level = f"{100 * gain.confidence:g}%"
+    if chosen != "lru":
+        return f"{gain.text()} points over LRU, significant at {level} (lower bound {gain.lo:+.2f})"
+    if best == "lru":
+        return "no other candidate"
+    if best_gain.point <= 0:
+        return f"no candidate beats LRU (best: {best} {best_gain.text()} points)"
+    return f"best candidate {best} {best_gain.text()} points: not significant at {level}"
+
+
+def choice_answer(choice: PolicyChoice) -> str:
+    """The answer at one capacity in plain words, from a policy file's choice: 'At 0.5L (10,023 blocks) run
+    LRU: no candidate is significantly better (best: s3fifo +0.05 +- 0.31 points).' or 'At 1L (...) run wa
+    model=km ...: +5.70 +- 1.10 points over LRU.' (a file without intervals: the point gain alone)."""
+    tr = choice.train
+    at = f"At {choice.capacity} ({choice.capacity_blocks:,} blocks) run {setting_label(choice.policy, choice.params)}"
+    gain, best = tr.get("gain_vs_lru_pp"), tr.get("best_candidate_gain_vs_lru_pp")
+    if not isinstance(gain, dict):
+        pts = tr.get("gain_vs_lru")
+        return at + ("." if pts is None else f": {100 * pts:+.2f} points over LRU (no interval in this file).")
+    level = f"{100 * float(tr.get('confidence') or DEFAULT_CONFIDENCE):g}%"
+    if choice.policy != "lru":
+        return at + f": {_pm(gain)} points over LRU (significant at {level})."
+    if not isinstance(best, dict) or tr.get("best_candidate") in (None, "lru"):
+        return at + "."
+    if best["point"] <= 0:
+        return at + f": no candidate beats it (best: {tr['best_candidate']} {_pm(best)} points)."
+    return (at + f": no candidate is significantly better at {level} (best: {tr['best_candidate']} "
+            f"{_pm(best)} points).")
+
+
+def _pm(interval: dict[str, Any]) -> str:
+    """'+0.05 +- 0.31' from an Interval's JSON."""
+    return Interval(**interval).text()
 
 
 def _figures(rows: list[dict[str, Any]], chosen: Candidate) -> dict[str, Any]:

@@ -9,4 +9,6 @@
     capacity.py      capacities (blocks, %, x HBM, x peak live set); cost_model.py QTTFT
     engine_model.py  predict_request_hits(): what a real vLLM engine's prefix cache will report
     sweep.py         policies x capacities in parallel, artifacts in RUN_DIR/sim/
+    bootstrap.py     the paired block bootstrap (sessions resampled): intervals of gains and sizes
+    intervals.py     a sweep's intervals: gains and QTTFT changes against LRU, sizes reaching the targets
 """

@@ -27,7 +27,7 @@ Journal 9(2), 1970; Fenwick, "A new data structure for cumulative frequency tabl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -36,12 +36,11 @@ from tongyi_trace.sim.stream import Stream
 
 
 @njit(cache=True)
-def _stack_histograms(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, num_ids: int
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def _stack_distances(req_off: np.ndarray, blk: np.ndarray, num_ids: int) -> np.ndarray:
+    """int64[R]: each reference's max-prefix stack distance (num_ids + 1 = never used before)."""
     num_refs = blk.shape[0]
     inf = num_ids + 1
-    hist = np.zeros(num_ids + 2, np.int64)
-    tok_hist = np.zeros(num_ids + 2, np.int64)
+    dist = np.empty(num_refs, np.int64)
     tree = np.zeros(num_refs + 1, np.int64)  # Fenwick tree over stamps 1..R
     last = np.zeros(num_ids, np.int64)  # stamp of the last use, 0 = never
     live = 0
@@ -64,8 +63,7 @@ def _stack_histograms(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, nu
                     d = live - below
                     if d > dmax:
                         dmax = d
-            hist[dmax] += 1
-            tok_hist[dmax] += ntok[i]
+            dist[i] = dmax
         for i in range(e - 1, s - 1, -1):
             x = blk[i]
             t = last[x]
@@ -82,7 +80,7 @@ def _stack_histograms(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, nu
             while j <= num_refs:
                 tree[j] += 1
                 j += j & (-j)
-    return hist, tok_hist
+    return dist
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,8 @@ class LruCurve:
     num_refs: int
     num_tokens: int
     elapsed_s: float
+    ref_dist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    # int64[R]: each reference's max-prefix stack distance: it hits in an LRU cache of C blocks iff <= C
 
     def hits(self, capacity_blocks: int) -> int:
         """Block hits of LRU with CAPACITY_BLOCKS."""
@@ -120,7 +120,8 @@ class LruCurve:
 def lru_curve(stream: Stream) -> LruCurve:
     """The exact LRU curve of STREAM for all capacities (prefix rule, pinning, head most recent)."""
     t0 = time.perf_counter()
-    hist, tok_hist = _stack_histograms(stream.req_off, stream.blk, stream.ntok, stream.num_ids)
-    cum = np.cumsum(hist[: stream.num_ids + 1])
-    cum_tok = np.cumsum(tok_hist[: stream.num_ids + 1])
-    return LruCurve(cum, cum_tok, stream.num_refs, int(stream.req_tokens.sum()), time.perf_counter() - t0)
+    dist = _stack_distances(stream.req_off, stream.blk, stream.num_ids)
+    cum = np.cumsum(np.bincount(dist, minlength=stream.num_ids + 2)[: stream.num_ids + 1])
+    cum_tok = np.cumsum(np.bincount(dist, weights=stream.ntok, minlength=stream.num_ids + 2)[: stream.num_ids + 1])
+    return LruCurve(cum, cum_tok.astype(np.int64), stream.num_refs, int(stream.req_tokens.sum()),
+                    time.perf_counter() - t0, dist)

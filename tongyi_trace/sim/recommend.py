@@ -28,6 +28,7 @@ import numpy as np
 
 from tongyi_trace.models import GIB, PRESETS, ModelPreset
 from tongyi_trace.schemas import RECOMMENDATION_SCHEMA
+from tongyi_trace.sim.bootstrap import Interval, significant_best
 from tongyi_trace.sim.registry import VARIANTS
 
 TARGETS = (0.80, 0.90, 0.95)
@@ -77,6 +78,7 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
             "utilization": best.get("utilization"), "saturated": best.get("saturated"),
             "instances_needed": best.get("instances_needed"), "fitted": None,
         }
+        entry.update(_answer(here, lru))
         f = cell.get((fitted, label)) if fitted else None
         if f is not None and lru is not None:
             vs = 100 * (f["hit_ratio"] - lru["hit_ratio"])
@@ -93,8 +95,10 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         lru_row: dict[str, Any] | None = next((cell[("lru", lab)] for b, lab in caps
                         if lru_blocks is not None and b >= lru_blocks and ("lru", lab) in cell), None)
         reach: dict[str, Any] | None = next((e for e in per_cap if e["best_hit_ratio"] >= need), None)
+        spread = _target_intervals(summary, t)
         targets.append({
-            "target": t, "hit_ratio": t * ideal,
+            "target": t, "hit_ratio": t * ideal, "lru_capacity_blocks_interval": spread.get("lru_capacity_blocks"),
+            "best_capacity_interval": spread.get("best_capacity"),
             "lru": {"capacity_blocks": lru_blocks, "size": size(lru_blocks),
                     "qttft_mean_s": lru_row.get("qttft_mean_s") if lru_row else None,
                     "qttft_at": lru_row["capacity"] if lru_row else None},
@@ -105,6 +109,7 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         })
     return {
         "schema": RECOMMENDATION_SCHEMA, "ideal_hit_ratio": ideal, "block_size": block_size,
+        "intervals": {k: v for k, v in (summary.get("intervals") or {}).items() if k != "targets"} or None,
         "sweep_model": summary.get("model"),
         "models": [{"name": m.name, "kv_bytes_per_block": m.kv_bytes_per_block(block_size),
                     "gpu_mem_bytes": m.gpu_mem_bytes} for m in models],
@@ -115,6 +120,45 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
                                    default=None),
         "fleet": recommend_fleet(fleet_rows) if fleet_rows else None,
     }
+
+
+def _interval(row: dict[str, Any] | None, key: str = "gain_vs_lru", unit: str = "pp") -> Interval | None:
+    """ROW's KEY_UNIT with its interval (KEY_lo_UNIT, KEY_hi_UNIT), None when the sweep had none."""
+    if row is None:
+        return None
+    vals = [float(v) for part in ("", "_lo", "_hi") if (v := row.get(f"{key}{part}_{unit}")) is not None]
+    if len(vals) < 3 or any(math.isnan(v) for v in vals):
+        return None
+    return Interval(vals[0], vals[1], vals[2], math.nan)
+
+
+def _answer(here: Sequence[dict[str, Any]], lru: dict[str, Any] | None) -> dict[str, Any]:
+    """What to run at one capacity by the rule `kvtrace fit` chooses by (sim.bootstrap.significant_best):
+    LRU unless a deployable policy's gain over LRU is significant, then the one with the highest lower
+    bound; with its gain and QTTFT change over LRU and their intervals, and the closest other policy.
+    All None when the sweep has no intervals (--no-intervals) or no LRU row."""
+    gains = {str(r["policy"]): g for r in here if r["policy"] != "lru" and (g := _interval(r)) is not None}
+    if lru is None or not gains:
+        return {"run_policy": None, "run_gain_pp": None, "run_qttft_change_pct": None, "closest": None}
+    run = significant_best(gains) or "lru"
+    by = {str(r["policy"]): r for r in here}
+    closest = max(gains, key=lambda p: (gains[p].point, p))
+    q = _interval(by[run], "qttft_change", "pct") if run != "lru" else None
+    return {"run_policy": run, "run_gain_pp": _pm(gains[run]) if run != "lru" else None,
+            "run_qttft_change_pct": _pm(q) if q else None,
+            "closest": {"policy": closest, "gain_pp": _pm(gains[closest])}}
+
+
+def _pm(g: Interval) -> dict[str, float]:
+    return {"point": g.point, "lo": g.lo, "hi": g.hi}
+
+
+def _target_intervals(summary: dict[str, Any], target: float) -> dict[str, Any]:
+    """The sweep's intervals (summary.json `intervals`) of the sizes reaching TARGET; {} without them."""
+    for t in (summary.get("intervals") or {}).get("targets") or []:
+        if math.isclose(float(t["target"]), target):
+            return dict(t)
+    return {}
 
 
 def max_utilization(row: dict[str, Any]) -> float | None:
@@ -196,34 +240,74 @@ def _sec(v: float | None) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:,.2f} s"
 
 
+def answer_lines(rec: dict[str, Any], model: str) -> list[str]:
+    """The answer per simulated capacity in plain words, sizes for MODEL: 'At 1L (13.0 GiB, ...) run s3fifo:
+    +5.70 +- 1.10 points over LRU, QTTFT -41% +- 6%.' or 'At ... run LRU: no policy is significantly better
+    here (best: s3fifo +0.40 +- 0.60 points).' Without intervals (--no-intervals): the best policy by its
+    point gain, said to be without intervals."""
+    iv = rec.get("intervals") or {}
+    level = f"{100 * float(iv.get('confidence') or 0.95):g}%"
+    lines = []
+    for e in rec["capacities"]:
+        at = f"At {e['capacity']} = {_gib(e['size'], model)}"
+        if e.get("run_policy") is None:
+            gain = "" if e["gain_over_lru_pp"] is None else f": {e['gain_over_lru_pp']:+.2f} points over LRU"
+            lines.append(f"{at} the best policy is {e['best_policy']}{gain} (no intervals: --no-intervals).")
+        elif e["run_policy"] == "lru" and e["closest"]["gain_pp"]["point"] <= 0:
+            c = e["closest"]
+            lines.append(f"{at} run LRU: no policy beats it here (best: {c['policy']} {_pm_text(c['gain_pp'])} "
+                         "points).")
+        elif e["run_policy"] == "lru":
+            c = e["closest"]
+            lines.append(f"{at} run LRU: no policy is significantly better here at {level} (best: {c['policy']} "
+                         f"{_pm_text(c['gain_pp'])} points).")
+        else:
+            q = e.get("run_qttft_change_pct")
+            qt = "" if q is None else f", QTTFT {q['point']:+.1f}% +- {(q['hi'] - q['lo']) / 2:.1f}%"
+            lines.append(f"{at} run {e['run_policy']}: {_pm_text(e['run_gain_pp'])} points over LRU{qt}.")
+    return lines
+
+
+def _pm_text(g: dict[str, float], spec: str = "+.2f") -> str:
+    """'+0.40 +- 0.60' from {point, lo, hi}."""
+    return Interval(g["point"], g["lo"], g["hi"], math.nan).text(spec)
+
+
+def _blocks_range(iv: dict[str, Any] | None) -> str:
+    """' (95%: 598-695 blocks)' from a size interval's JSON, '' without one."""
+    if not iv or iv.get("lo") is None:
+        return ""
+    hi = "never" if iv.get("hi") is None else f"{iv['hi']:,.0f}"
+    return f" (interval {iv['lo']:,.0f}-{hi} blocks)"
+
+
 def describe(rec: dict[str, Any], model: str | None = None) -> list[str]:
-    """The recommendation as plain sentences (one per line), sizes for MODEL (default: the sweep's model,
-    else the first preset)."""
+    """The recommendation as plain sentences (one per line), the answer per capacity first, sizes for MODEL
+    (default: the sweep's model, else the first preset)."""
     names = [m["name"] for m in rec["models"]]
     m = str(model if model in names else (rec["sweep_model"] if rec["sweep_model"] in names else names[0]))
-    lines = [f"Ideal hit ratio {rec['ideal_hit_ratio']:.4f}; sizes for {m} ({rec['block_size']}-token blocks; "
-             "other presets in --json)."]
+    lines = answer_lines(rec, m)
+    lines.append(f"Ideal hit ratio {rec['ideal_hit_ratio']:.4f}; sizes for {m} ({rec['block_size']}-token blocks; "
+                 "other presets in --json).")
     for t in rec["targets"]:
         pct = f"{100 * t['target']:.0f}% of ideal ({t['hit_ratio']:.4f})"
         lru = t["lru"]
         lru_txt = ("LRU never reaches it" if lru["capacity_blocks"] is None else
-                   f"LRU needs {lru['capacity_blocks']:,} blocks = {_gib(lru['size'], m)}"
+                   f"LRU needs {lru['capacity_blocks']:,} blocks{_blocks_range(t.get('lru_capacity_blocks_interval'))}"
+                   f" = {_gib(lru['size'], m)}"
                    + (f", QTTFT mean {_sec(lru['qttft_mean_s'])} (at {lru['qttft_at']})" if lru["qttft_at"] else ""))
         b = t["best"]
+        spread = t.get("best_capacity_interval") or {}
+        rng = ("" if not spread or spread.get("lo") == spread.get("hi") == (b or {}).get("capacity") else
+               f" (interval {spread.get('lo') or 'none'} to {spread.get('hi') or 'none of the simulated'})")
         best_txt = ("no simulated capacity reaches it" if b is None else
-                    f"the smallest simulated capacity reaching it: {b['capacity']} = {b['capacity_blocks']:,} blocks "
-                    f"= {_gib(b['size'], m)} with {b['policy']}, QTTFT mean {_sec(b['qttft_mean_s'])}")
+                    f"the smallest simulated capacity reaching it: {b['capacity']}{rng} = {b['capacity_blocks']:,} "
+                    f"blocks = {_gib(b['size'], m)} with {b['policy']}, QTTFT mean {_sec(b['qttft_mean_s'])}")
         lines.append(f"{pct}: {lru_txt}; {best_txt}.")
     for e in rec["capacities"]:
-        gain = "" if e["gain_over_lru_pp"] is None else f" ({e['gain_over_lru_pp']:+.2f} points over LRU)"
-        line = (f"at {e['capacity']} ({_gib(e['size'], m)}): run {e['best_policy']}, hit {e['best_hit_ratio']:.4f}"
-                f"{gain}, QTTFT mean {_sec(e['best_qttft_mean_s'])}")
-        if e["utilization"] is not None:
-            line += f", utilization {e['utilization']:.2f}"
-            if e["saturated"]:
-                line += (f" >= 1: one instance cannot keep up (QTTFT grows with the trace); "
-                         f"{e['instances_needed']} instances keep it below 1")
-        lines.append(line + ".")
+        if e["utilization"] is not None and e["saturated"]:
+            lines.append(f"at {e['capacity']}: utilization {e['utilization']:.2f} >= 1: one instance cannot keep up "
+                         f"(QTTFT grows with the trace); {e['instances_needed']} instances keep it below 1.")
     lines.append(_fleet_line(rec))
     if rec["fitted_loses_at"]:
         lines.append(f"WARNING: the fitted policy ({rec['fitted_policy']}) loses to LRU at "

@@ -29,8 +29,10 @@ from tongyi_trace.guard.simulate import pop_guard_tables, simulate_guarded, writ
 from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
 from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
+from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
-from tongyi_trace.sim.cost_model import CostModel, queue_summary
+from tongyi_trace.sim.cost_model import CostModel, qttft_s, queue_summary
+from tongyi_trace.sim.intervals import HITS, QTTFT, sweep_intervals
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import (
     BASELINES,
@@ -63,6 +65,8 @@ class SweepConfig:
     executor: str = "local"  # local | ray (tongyi_trace/executor.py)
     ray_address: str | None = None  # default $RAY_ADDRESS, else a local Ray instance
     name: str | None = None  # RUN/sim/NAME/, then copied to RUN/sim/ (the latest, which the report reads)
+    intervals: bool = True  # the bootstrap intervals of every gain, QTTFT change and target size (sim/intervals.py)
+    confidence: float = DEFAULT_CONFIDENCE
 
 
 @dataclass
@@ -174,21 +178,28 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
              for name, (base, over) in zip(cfg.policies, variants, strict=True) for cap in caps]
     rows, failed = sink.rows, sink.failed
     guard_tables: list[dict[str, list[dict[str, Any]]]] = []
+    per_request: dict[tuple[str, str], dict[str, Any]] = {}  # (policy, capacity) -> its per-request arrays
     queue = _by_cost(tasks)
 
     def done(out: TaskOutcome) -> None:
         name, base, _, cap = queue[out.index]
         row = out.value if out.ok else {"policy": name, "base_policy": base, "capacity": cap.label,
                                         "capacity_blocks": cap.num_blocks, "error": out.error}
+        arrays = {k: row.pop(k) for k in (HITS, QTTFT) if k in row}
+        if arrays:
+            per_request[(name, cap.label)] = arrays
         guard_tables.append(pop_guard_tables(row))
         sink.add(row, out.ok, len(tasks))
 
     t0 = time.perf_counter()
-    map_tasks(_worker_task, queue, _shared(stream, next_req, fit, hbm, cfg.cost, cfg.hbm_policy), done,
-              ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
+    shared = _shared(stream, next_req, fit, hbm, cfg.cost, cfg.hbm_policy) | {"intervals": cfg.intervals}
+    map_tasks(_worker_task, queue, shared, done, ExecutorOptions(cfg.executor, cfg.ray_address, cfg.jobs))
     order = {(n, c.label): i for i, (n, _, _, c) in enumerate(tasks)}
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])
     failed.sort(key=lambda r: order[(r["policy"], r["capacity"])])
+    intervals = (sweep_intervals(stream, run.requests()["session_id"].to_numpy(), rows, per_request, curve,
+                                 cfg.confidence) if cfg.intervals else None)
+    per_request.clear()
     summary = {
         "schema": SIM_SCHEMA, "run_dir": str(run.path.resolve()), "num_requests": stream.num_requests,
         "num_refs": stream.num_refs,
@@ -204,6 +215,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         "num_failed": len(failed),
         "num_saturated": sum(bool(r.get("saturated")) for r in rows),
         "failed": failed,
+        "intervals": intervals,
     }
     steps = curve.steps()
     if out_dir:
@@ -267,6 +279,8 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
     res = guarded.result
     row = guarded.summary()
     row.update(policy=name, base_policy=base, capacity=cap.label, refs_per_s=res.refs_per_s)
+    if shared.get("intervals"):
+        row[HITS] = res.req_hit_blocks
     if cost is not None:
         hit_tok, loaded = res.req_hit_tokens, None
         if hbm is not None and hbm.num_blocks < cap.num_blocks:  # two tiers (sim/simulate.py): exact
@@ -276,6 +290,8 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
                        hbm_hit_ratio=tiers.hbm_hit_ratio, dram_hit_ratio=tiers.dram_hit_ratio)
             hit_tok, loaded = tiers.hbm.req_hit_tokens, tiers.req_dram_hit_tokens
         row.update(queue_summary(cost, stream.req_time_s, stream.req_tokens - hit_tok, loaded))
+        if shared.get("intervals"):
+            row[QTTFT] = qttft_s(cost, stream.req_time_s, stream.req_tokens - hit_tok, loaded)
     return row
 
 
@@ -359,6 +375,8 @@ class SimulateOptions:
     executor: str = "local"
     ray_address: str | None = None
     name: str | None = None
+    intervals: bool = True  # --no-intervals turns them off
+    confidence: float = DEFAULT_CONFIDENCE
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict[str, dict[str, str]]:
@@ -406,7 +424,8 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
                        params_path=opts.params_path, engine_block_size=opts.engine_block_size,
                        hbm_capacity=opts.hbm_capacity, hbm_policy=hbm_policy(opts), cost=cost, jobs=opts.jobs,
                        executor=opts.executor,
-                       ray_address=opts.ray_address, name=opts.name)
+                       ray_address=opts.ray_address, name=opts.name, intervals=opts.intervals,
+                       confidence=check_confidence(opts.confidence))
 
 
 def hbm_policy(opts: SimulateOptions) -> str | None:

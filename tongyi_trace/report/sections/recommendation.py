@@ -22,6 +22,12 @@ def build(run: RunDir) -> list[Section]:
     rec = recommend_sim_dir(run.path / "sim")
     if rec is None or not rec["capacities"]:
         return []
+    iv = rec.get("intervals") or {}
+    level = f"{100 * float(iv.get('confidence') or 0.95):g}%"
+    how = (f" Intervals ({level}): a paired block bootstrap over {iv.get('num_groups')} {iv.get('resampled')} "
+           f"({iv.get('num_resamples')} resamples; tongyi_trace/sim/bootstrap.py); a policy other than LRU is "
+           "recommended only when its gain over LRU is significant, the one with the highest lower bound."
+           if iv else " No intervals (simulated with --no-intervals): the best policy by its point value.")
     s = Section(key="recommendation", title="Recommendation: how much cache, which policy",
                 definition="Targets are shares of the ideal (infinite cache) hit ratio. LRU's sizes are exact (the "
                            "one-pass LRU curve, any capacity); the best policy's are the smallest simulated "
@@ -29,13 +35,14 @@ def build(run: RunDir) -> list[Section]:
                            "deployable policies (not the oracle, not the WA ablations), LRU on ties. GiB = blocks x "
                            "the model's KV bytes per block; x HBM = GiB over one GPU's memory. QTTFT and "
                            "utilization: one instance under the cost model of 'kvtrace simulate' (utilization = "
-                           "prefill time / arrival span; >= 1 means the queue grows without bound).")
+                           "prefill time / arrival span; >= 1 means the queue grows without bound)." + how)
     models = [m["name"] for m in rec["models"]]
     s.tables["targets"] = Table(
         columns=["target (of ideal)", "hit ratio", "model", "LRU needs", "best policy reaches it at", "QTTFT mean "
                  "(LRU / best)"],
         rows=[[fmt.pct(t["target"], 0), fmt.ratio(t["hit_ratio"]), m,
-               _size(t["lru"]["size"], m, t["lru"]["capacity_blocks"]),
+               _size(t["lru"]["size"], m, t["lru"]["capacity_blocks"])
+               + _blocks_iv(t.get("lru_capacity_blocks_interval")),
                "not reached in the sweep" if t["best"] is None else f"{t['best']['policy']} at "
                f"{t['best']['capacity']}: {_size(t['best']['size'], m, t['best']['capacity_blocks'])}",
                f"{fmt.seconds(t['lru']['qttft_mean_s'])} / {fmt.seconds((t['best'] or {}).get('qttft_mean_s'))}"]
@@ -44,10 +51,11 @@ def build(run: RunDir) -> list[Section]:
                 "simulated capacity at or above its size.")
     main = rec["sweep_model"] if rec["sweep_model"] in models else models[0]
     s.tables["capacities"] = Table(
-        columns=["capacity", f"size ({main})", "best policy", "hit ratio", "gain over LRU (points)",
+        columns=["capacity", f"size ({main})", "run", f"gain over LRU (points, {level})",
+                 f"QTTFT vs LRU (%, {level})", "best policy (point)", "hit ratio", "gain over LRU (points)",
                  "fitted policy vs LRU (points)", "QTTFT mean", "utilization", "instances for < 1"],
-        rows=[[e["capacity"], _size(e["size"], main, e["capacity_blocks"]), e["best_policy"],
-               fmt.ratio(e["best_hit_ratio"]), _pp(e["gain_over_lru_pp"]), _fitted(e["fitted"]),
+        rows=[[e["capacity"], _size(e["size"], main, e["capacity_blocks"]), *_run(e), e["best_policy"],
+               fmt.ratio(e["best_hit_ratio"]), _best_gain(e), _fitted(e["fitted"]),
                fmt.seconds(e["best_qttft_mean_s"]), _util(e), fmt.count(e["instances_needed"])]
               for e in rec["capacities"]])
     s.values = {"lines": describe(rec, main), "fitted_loses_at": ", ".join(rec["fitted_loses_at"]),
@@ -75,6 +83,36 @@ def _size(size: dict[str, Any] | None, model: str, blocks: int | None) -> str:
 
 def _pp(v: float | None) -> str:
     return fmt.NA if v is None else f"{v:+.2f}"
+
+
+def _pm(g: dict[str, float] | None, spec: str = ".2f") -> str:
+    """'+0.40 +- 0.60' from {point, lo, hi}."""
+    if g is None:
+        return fmt.NA
+    return f"{format(g['point'], '+' + spec)} +- {format((g['hi'] - g['lo']) / 2, spec)}"
+
+
+def _run(e: dict[str, Any]) -> list[str]:
+    """What to run, its gain over LRU and QTTFT change with intervals (LRU: the closest policy's gain)."""
+    if e.get("run_policy") is None:
+        return [fmt.NA, fmt.NA, fmt.NA]
+    if e["run_policy"] == "lru":
+        c = e["closest"]
+        return ["lru", f"best {c['policy']} {_pm(c['gain_pp'])}: not significant", fmt.NA]
+    return [e["run_policy"], _pm(e["run_gain_pp"]), _pm(e.get("run_qttft_change_pct"), ".1f")]
+
+
+def _best_gain(e: dict[str, Any]) -> str:
+    """The best policy's point gain over LRU."""
+    return _pp(e["gain_over_lru_pp"])
+
+
+def _blocks_iv(iv: dict[str, Any] | None) -> str:
+    """' (interval 598-695 blocks)' for a size interval, '' without one."""
+    if not iv or iv.get("lo") is None:
+        return ""
+    hi = "never" if iv.get("hi") is None else fmt.count(round(iv["hi"]))
+    return f" (interval {fmt.count(round(iv['lo']))}-{hi} blocks)"
 
 
 def _fitted(f: dict[str, Any] | None) -> str:

@@ -68,12 +68,14 @@ def build(run: RunDir) -> list[Section]:
         s.tables["gain"] = Table(
             columns=["capacity", "blocks", exported, "- LRU", "best baseline", f"{exported} - best",
                      "oracle - LRU (headroom)", "gap closed", f"{DEAD_ORACLE} - LRU"],
-            rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["hit"]), f"{100 * g['vs_lru']:+.2f}",
+            rows=[[g["capacity"], fmt.count(g["blocks"]), fmt.ratio(g["hit"]), _vs_lru(g),
                    g["best"], f"{100 * g['vs_best']:+.2f}", fmt.NA if g["headroom"] is None else
                    f"{100 * g['headroom']:.2f}", fmt.NA if g["closed"] is None else f"{100 * g['closed']:.0f}%",
                    fmt.NA if g["dead_headroom"] is None else f"{100 * g['dead_headroom']:.2f}"]
                   for g in policy_gain],
-            caption="Hit-ratio points (1.0 = 100 points). Gap closed = share of the LRU-to-oracle gap the exported "
+            caption="Hit-ratio points (1.0 = 100 points); '- LRU' with its 95% interval (+- half its width) from "
+                    "the paired session bootstrap when the sweep has intervals. Gap closed = share of the "
+                    "LRU-to-oracle gap the exported "
                     f"policy closes. {DEAD_ORACLE} - LRU (with -p {DEAD_ORACLE}): what knowing which blocks are "
                     "never used again would add to LRU, the most any predictor of dead blocks can give; the rest "
                     "of the headroom needs to know when a block returns.")
@@ -254,6 +256,8 @@ def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> l
     from tongyi_trace.fit.tune import lru_gap_closed
 
     cell = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in results.iter_rows(named=True)}
+    spread = {(r["policy"], r["capacity"]): (r["gain_vs_lru_lo_pp"], r["gain_vs_lru_hi_pp"])
+              for r in results.iter_rows(named=True) if r.get("gain_vs_lru_lo_pp") is not None}
     out = []
     for c in caps.iter_rows(named=True):
         cap = str(c["capacity"])
@@ -267,8 +271,16 @@ def _policy_gains(results: pl.DataFrame, caps: pl.DataFrame, exported: str) -> l
         out.append({"capacity": cap, "blocks": c["capacity_blocks"], "hit": hit, "vs_lru": hit - lru,
                     "best": best, "vs_best": hit - best_hit, "headroom": None if orc is None else orc - lru,
                     "closed": None if closed is None or not np.isfinite(closed) else closed,
-                    "dead_headroom": None if dead is None else dead - lru})
+                    "dead_headroom": None if dead is None else dead - lru,
+                    "vs_lru_interval_pp": spread.get((exported, cap))})
     return out
+
+
+def _vs_lru(g: dict[str, Any]) -> str:
+    """The exported policy's gain over LRU in points, '+1.20 +- 0.31' when the sweep has its interval."""
+    iv = g.get("vs_lru_interval_pp")
+    point = f"{100 * g['vs_lru']:+.2f}"
+    return point if iv is None else f"{point} +- {(iv[1] - iv[0]) / 2:.2f}"
 
 
 def _gain_figure(gains: list[dict[str, Any]], exported: str) -> Fig:
