@@ -12,7 +12,9 @@ import random
 import time
 from dataclasses import dataclass
 
-from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.policy.names import EVICTION_MODES
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 
 NUM_BLOCKS = 16_384
 REQ_BLOCKS = 64

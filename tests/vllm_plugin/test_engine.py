@@ -19,7 +19,7 @@ import pytest
 
 from tongyi_trace import engine
 from tongyi_trace.engine import process
-from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_settled_stats, read_stats
 
 pytestmark = pytest.mark.engine
@@ -230,8 +230,8 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
     (255 blocks of 32 tokens = 510 trace blocks) and both context classes in its categories: (run folder,
     policy file)."""
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
     from tongyi_trace.trace.ingest import ingest_trace
     from tongyi_trace.trace.synth import synth_to_file
 
@@ -258,13 +258,13 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     defaults (the guard on), one request at a time on trace time: the engine's cached tokens equal the
     simulator's prediction (WA's defaults: predict_guarded) for every request."""
     require_engine()
-    from tongyi_trace.fit.params import load_policy
-    from tongyi_trace.guard.simulate import predict_guarded
+    from tongyi_trace.policy.file import load_policy
     from tongyi_trace.replay.dispatch import request_body
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.schedule import ScheduledRequest
     from tongyi_trace.run import open_run
     from tongyi_trace.sim.engine_model import predict_request_hits
+    from tongyi_trace.sim.guarded import predict_guarded
 
     probe = request_body("m", np.zeros(1, np.int64), ScheduledRequest(0, 0.0, 1, 1, "text-1", 0, None, 12.5))
     assert json.loads(probe)["vllm_xargs"] == {"kv_category": "text-1", "kv_time_s": 12.5}
@@ -303,8 +303,8 @@ def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Pa
     in vLLM while the simulator gives each an id of its own; and vLLM takes a request's partial block after
     its other blocks, which the simulator's kernel follows (both fail this test when undone)."""
     require_engine()
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
     from tongyi_trace.replay.reconcile import predict_hits
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.run import open_run

@@ -1,6 +1,6 @@
 """The guard inside the real CPU vLLM engine: the plugin runs WA with the guard on (KVTRACE_GUARD*), a
 to-C slice is replayed one request at a time on trace time, and the engine's cached tokens and the guard's
-counters equal the simulator's guarded prediction (tongyi_trace.guard.simulate.predict_guarded, the
+counters equal the simulator's guarded prediction (tongyi_trace.sim.guarded.predict_guarded, the
 engine's guard: one step per request, both orders on their shadows)."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _wa_policy(fitted: Path, out: Path) -> Path:
     """FITTED's reuse models with one choice: prefix-closed WA (exp model) at this engine's capacity."""
     from dataclasses import replace
 
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
 
     pol = load_policy(fitted)
     capacity = (NUM_BLOCKS - 1) * BLOCK_SIZE // pol.block_size
@@ -83,12 +83,12 @@ def _start(policy: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
 def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[Path, Path],  # noqa: F811
                                                                tmp_path: Path) -> None:
     require_engine()
-    from tongyi_trace.fit.params import load_policy
-    from tongyi_trace.guard.simulate import predict_guarded
+    from tongyi_trace.policy.file import load_policy
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
     from tongyi_trace.replay.schedule import ScheduleOptions
     from tongyi_trace.run import open_run
+    from tongyi_trace.sim.guarded import predict_guarded
 
     run, fitted = toc_slice
     policy = _wa_policy(fitted, tmp_path / "policy.json")

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
-from tongyi_trace.guard.decide import LRU, GuardSettings
-from tongyi_trace.guard.sampling import is_sampled, threshold
+from tongyi_trace.policy.guard import LRU, GuardSettings
+from tongyi_trace.policy.sampling import is_sampled, threshold
 from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
 from tongyi_trace.vllm_plugin.guard import block_key
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PROM_FILE, STATS_FILE, PluginStats
 
@@ -46,7 +47,8 @@ def test_shadow_lru_equals_simulated_lru() -> None:
     from tongyi_trace.sim.simulate import simulate_policy
 
     st = shifted()
-    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryPriority(0, 0, 0)))
+    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryPriority(0, 0, 0)),
+                         PolicyFreeQueue)
     hits = [shadow.serve([int(k) for k in st.blk[st.req_off[r]:st.req_off[r + 1]]], "a", float(st.req_time_s[r]))
             for r in range(st.num_requests)]
     assert hits == simulate_policy(st, "lru", CAPACITY).req_hit_blocks.tolist()

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.guard.decide import LRU, GuardSettings
-from tongyi_trace.guard.simulate import simulate_guarded
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
+from tongyi_trace.policy.guard import LRU, GuardSettings
+from tongyi_trace.sim.guarded import simulate_guarded
 from tongyi_trace.sim.stream import Stream
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 
 

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
-from tongyi_trace.wa_priority import (
+from tongyi_trace.policy.wa_priority import (
     MODEL_EXP,
     MODEL_KM,
     evicts_before,
@@ -19,6 +18,8 @@ from tongyi_trace.wa_priority import (
     log_reuse_prob,
     reuse_prob,
 )
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 
 
 @dataclass

@@ -23,9 +23,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
-from tongyi_trace.wa_priority import km_grid_s
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
+from tongyi_trace.policy.wa_priority import km_grid_s
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 
 # km tables: hot is reused late (F rises from 10 s), cold early and flat after 5 s
 _HOT_KM = tuple(min(0.8, 0.8 * max(t - 10.0, 0.0) / 60.0) for t in km_grid_s())

@@ -144,7 +144,7 @@ def _missing_run() -> None:
 def _table(result: SweepResult) -> Table:
     from rich.table import Table
 
-    from tongyi_trace.guard.simulate import guard_cell
+    from tongyi_trace.sim.guarded import guard_cell
 
     t = Table(title="prefix-cache simulation")
     cols = ("policy", "capacity", "blocks", "hit ratio", "token hit", "evictions", "ns/evict",

@@ -26,7 +26,7 @@ from tongyi_trace.engine.install import Log, is_installed, no_log
 from tongyi_trace.engine.model import SERVED_MODEL_NAME, write_model_dir
 from tongyi_trace.engine.paths import engine_dir, tail_text, venv_dir, venv_python
 from tongyi_trace.errors import EngineError, UsageError
-from tongyi_trace.vllm_plugin import EVICTION_MODES
+from tongyi_trace.policy.names import EVICTION_MODES
 
 EVICTION_CHOICES = EVICTION_MODES
 DEFAULT_ENGINE_NAME = "default"
@@ -143,7 +143,7 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     if not time_scale > 0:
         raise UsageError(f"--time-scale {time_scale} must be > 0 (trace seconds per wall second)")
     if policy is not None:
-        from tongyi_trace.fit.params import load_policy
+        from tongyi_trace.policy.file import load_policy
         load_policy(policy)  # a malformed policy file is refused here, not inside the engine
         if eviction is None:
             eviction = "fitted"

@@ -31,8 +31,8 @@ from numba.typed import List
 
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
+from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.kernel import cached_prefix_len
 from tongyi_trace.sim.simulate import Cache, EngineShape, TieredCache, tier_policies

@@ -11,7 +11,7 @@ For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
   `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
   WA and `fitted` with the guard and refit the plugin was started with (`guard_params`: its stats'
   `guard_settings`; WA's defaults, the guard on, without the plugin) through
-  `tongyi_trace.guard.simulate.predict_guarded`;
+  `tongyi_trace.sim.guarded.predict_guarded`;
 - TTFT mean / P50 / P99 (ms, QTTFT: queueing included) over the same records (P = linear
   interpolation between order statistics);
 - the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
@@ -30,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.replay.reconcile import guard_params, predict_hits
 from tongyi_trace.run import RunDir, check_identity, open_run, write_json

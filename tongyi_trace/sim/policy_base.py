@@ -35,7 +35,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.sim.structs import G_POLICY, MAX_HEAP_IDS, MAX_HEAP_PUSHES, POLICY_COL0, POLICY_COLUMNS
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import PolicyParams
+    from tongyi_trace.policy.file import PolicyParams
     from tongyi_trace.sim.stream import Stream
 
 NUM_PARAMS = 8  # ip and fp slots

@@ -15,7 +15,7 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import RequestContext
+    from tongyi_trace.policy.file import RequestContext
 
 NO_CATEGORY = "all"
 

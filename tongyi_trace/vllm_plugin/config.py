@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.fit.params import CategoryParams, load_policy
-from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.vllm_plugin import EVICTION_MODES
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, QueuePolicy
-from tongyi_trace.wa_priority import MODELS
+from tongyi_trace.policy.file import CategoryParams, load_policy
+from tongyi_trace.policy.guard import GuardSettings
+from tongyi_trace.policy.names import EVICTION_MODES
+from tongyi_trace.policy.wa_priority import MODELS
+from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
 
 
 class PluginConfigError(Exception):

@@ -1,5 +1,5 @@
 """WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
-to evict, compare only the W queue heads in the total order of tongyi_trace.wa_priority
+to evict, compare only the W queue heads in the total order of tongyi_trace.policy.wa_priority
 (log ReuseProb_w(t, life), -offset, last access, block key = the block id) and drop the first.
 
     release(x) by a request of category w at time now: cat[x] = w; offset[x] = pos; append x to queue w
@@ -7,7 +7,7 @@ to evict, compare only the W queue heads in the total order of tongyi_trace.wa_p
                 nearer the head)
     access(x):  unlink x (pinned while the request runs)
     evict(now): for each non-empty queue w: h = its head (its lowest priority: ReuseProb falls with t)
-                    prio = log ReuseProb_w(now - last[h], life_w)   (tongyi_trace.wa_priority)
+                    prio = log ReuseProb_w(now - last[h], life_w)   (tongyi_trace.policy.wa_priority)
                 victim = the head first in the total order (lowest prio, then deeper, older, smaller id)
     Reuse model per category (`model`): exp, F_w(d) = p_w (1 - e^(-lambda_w d)), or km, the censored
     Kaplan-Meier CDF tabulated by `kvtrace fit`; `conditional` divides by 1 - F_w(t); `life_s` > 0
@@ -16,7 +16,7 @@ to evict, compare only the W queue heads in the total order of tongyi_trace.wa_p
     (--wa-no-offset) drops the depth key. Categories unknown to the fit use its `default`.
     Prefix closure (leaf_only, on by default for WA) is the kernel's: see kernel.py.
 
-The priority functions are the plain-Python ones of tongyi_trace/wa_priority.py compiled here with
+The priority functions are the plain-Python ones of tongyi_trace/policy/wa_priority.py compiled here with
 numba, the same definitions the vLLM plugin runs.
 
 Cost: the W heads' priorities change with `now` only, so they are computed once per request that evicts
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
-from tongyi_trace import wa_priority
-from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.policy import wa_priority
+from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import G_EPOCH, LAST, QID, q_append, q_head, q_unlink
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import PolicyParams
+    from tongyi_trace.policy.file import PolicyParams
 
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 exp_terms = njit(cache=True, inline="always")(wa_priority.exp_terms)
@@ -87,10 +87,10 @@ class WaParams:
         "help": "life window for every category, s (0 = each category's fitted life_s)"})
     use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
     use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
-    # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them);
-    # defaults and validation: tongyi_trace.guard.decide.GuardSettings
+    # the guard and the online refit (tongyi_trace.policy.guard; the kernel ignores them, a driver reads them);
+    # defaults and validation: tongyi_trace.policy.guard.GuardSettings
     guard: bool = field(default=_GUARD.guard, metadata={
-        "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
+        "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.policy.guard)"})
     guard_margin: float = field(default=_GUARD.guard_margin, metadata={
         "help": "guard: the lead, in hit-ratio points, that held for guard_window_s switches the order "
                 "(margin x window point-seconds and two standard errors; four times that to return)"})

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from tongyi_trace.fit.params import PolicyParams
-from tongyi_trace.guard.decide import LRU, Guard, Switch
-from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
-from tongyi_trace.guard.sampling import sampled_mask, shadow_rate, threshold
+from tongyi_trace.policy.file import PolicyParams
+from tongyi_trace.policy.guard import LRU, Guard, Switch
+from tongyi_trace.policy.refit import CategoryFit, ReuseWindow, refit
+from tongyi_trace.policy.sampling import sampled_mask, shadow_rate, threshold
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS

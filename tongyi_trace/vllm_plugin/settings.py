@@ -1,0 +1,63 @@
+"""What the plugin's free-block queue runs: the eviction mode, the categories' reuse models and the WA
+switches, with the guard's settings (read from the server's environment by config.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tongyi_trace.policy.guard import GuardSettings
+
+
+@dataclass(frozen=True)
+class CategoryPriority:
+    """The WA parameters of one category, as read from a kvtrace.policy file."""
+
+    reuse_prob: float
+    rate_per_s: float
+    life_s: float
+    km_cdf: tuple[float, ...] = ()  # F at wa_priority.km_grid_s() (the km model)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """What the queue needs to decide: the mode, the categories and the WA switches.
+
+    `time_scale` converts the engine's wall seconds into the trace seconds the policy was fitted on
+    (a replay at speed x runs x trace seconds per wall second). `life_s` > 0 replaces every category's
+    life window; `leaf_only` None = on for WA, off otherwise."""
+
+    mode: str
+    categories: dict[str, CategoryPriority]
+    default: CategoryPriority
+    use_life: bool = True
+    conditional: bool = False
+    use_offset: bool = True
+    time_scale: float = 1.0
+    model: str = "exp"
+    life_s: float = 0.0
+    leaf_only: bool | None = None
+    # mode "fitted": (capacity_tokens, policy, params) chosen by `kvtrace fit --capacity`
+    choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
+    block_size: int = 16  # tokens per engine block (the plugin is told by KVTRACE_BLOCK_SIZE)
+    guard: GuardSettings | None = None  # the shadow-LRU guard and the online refit (guard.py), WA only
+
+    @property
+    def prefix_closed(self) -> bool:
+        """Whether leaf_only applies."""
+        return self.leaf_only if self.leaf_only is not None else self.mode == "wa"
+
+    def for_pool(self, capacity_blocks: int) -> QueuePolicy:
+        """The policy to run on a cache of CAPACITY_BLOCKS engine blocks: mode "fitted" takes the choice
+        whose capacity in tokens is nearest (by ratio; WA with its defaults when there is none); any other
+        mode is itself."""
+        if self.mode != "fitted":
+            return self
+        if not self.choices:
+            return replace(self, mode="wa")
+        c = max(capacity_blocks * self.block_size, 1)
+        _, mode, params = min(self.choices, key=lambda ch: (abs(math.log(max(ch[0], 1) / c)), ch[0]))
+        known = {f for f in ("model", "conditional", "life_s", "use_life", "use_offset", "leaf_only")
+                 if f in params}
+        return replace(self, mode=mode, **{k: params[k] for k in known})
