@@ -99,7 +99,7 @@ def simulate(
         ablation=ablation, sets=tuple(set_), jobs=jobs, executor=executor, ray_address=ray_address, name=name)
     if instances is not None or router is not None or remote_capacity is not None \
             or remote_load_s_per_token is not None:
-        from tongyi_trace.fleet.cli import simulate_fleet_cli
+        from tongyi_trace.cli._fleet import simulate_fleet_cli
 
         simulate_fleet_cli(run_dir, opts, instances, router, remote_capacity, remote_load_s_per_token,
                            quiet=quiet, json_out=json_out)

@@ -15,8 +15,8 @@ from tongyi_trace.errors import UsageError
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from tongyi_trace.calibration.profiles import CheckRow
     from tongyi_trace.trace.synth import SynthSummary
-    from tongyi_trace.trace.synth_check import CheckRow
 
 
 @app.command()
@@ -96,7 +96,7 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
             raise UsageError("--check takes --profile P (and --seed, --scale), not --like or -o")
         if profile not in PROFILES:
             raise UsageError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
-        from tongyi_trace.trace.synth_check import check_profile
+        from tongyi_trace.calibration.profiles import check_profile
 
         with progress(quiet or json_out) as bar:
             bar.add_task(f"generating, ingesting and analyzing {profile} seed {seed}", total=None)

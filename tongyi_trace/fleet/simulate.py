@@ -11,7 +11,7 @@ through by every instance) is a cache of `remote_blocks` serving every request; 
 max(local prefix, remote prefix), the part beyond the local prefix loaded at `remote_s_per_token`.
 With one instance and one tier this is exactly `simulate_policy` (tested). With an `EngineShape`
 (sim/engine_model.py) every instance models a vLLM engine, as `kvtrace replay` across several servers
-routes and reconciles (fleet/replay.py).
+routes and reconciles (replay/fleet.py).
 
 A block table holds a row per distinct block of the stream (~0.5 s to allocate on the default to-C
 trace): a `CachePool` keeps the caches of one configuration between simulations and resets each by
