@@ -110,7 +110,7 @@ def test_wa_params_validate_guard_fields() -> None:
     with pytest.raises(UsageError, match="refit_s"):
         spec.make_params({"refit_s": "-1"})
     typed, _ = spec.make_params({"guard": "true", "refit_s": "60"})
-    assert typed.guarded
+    assert typed.active
 
 
 def test_stale_fit_loses_guard_recovers(first_hour_fit) -> None:

@@ -148,7 +148,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                   timing=timing)
     n = stream.num_requests
     wa = _wa_params(cache)
-    if wa is None or not wa.guarded or n == 0:
+    if wa is None or not wa.active or n == 0:
         cache.serve(0, n)
         return GuardedRun(cache.result())
     rate = shadow_rate(wa.sample_rate, capacity_blocks)

@@ -95,7 +95,7 @@ class PolicyFreeQueue:
         self._held: dict[int, Any] = {}     # held back, still with cached children
         self.trace_now_s: float | None = None
         self._fifo_heap: list[tuple[int, int]] = []
-        self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
+        self._s3 = S3FifoOrder(max(1, len(blocks) - 1), policy.s3fifo) if policy.mode == "s3fifo" else None
         self._next_seq = 0
         self.guard_ctl: Any = None
         if policy.mode == "wa" and policy.guard is not None and policy.guard.active:

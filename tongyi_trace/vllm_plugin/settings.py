@@ -4,10 +4,12 @@ switches, with the guard's settings (read from the server's environment by confi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tongyi_trace.policy.guard import GuardSettings
+from tongyi_trace.policy.names import Policy
+from tongyi_trace.policy.settings import WA_SWITCHES, S3FifoSettings
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class QueuePolicy:
     choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
     block_size: int = 16  # tokens per engine block (the plugin is told by KVTRACE_BLOCK_SIZE)
     guard: GuardSettings | None = None  # the shadow-LRU guard and the online refit (guard.py), WA only
+    s3fifo: S3FifoSettings = field(default_factory=S3FifoSettings)  # mode s3fifo (a fitted choice may set them)
 
     @property
     def prefix_closed(self) -> bool:
@@ -58,6 +61,8 @@ class QueuePolicy:
             return replace(self, mode="wa")
         c = max(capacity_blocks * self.block_size, 1)
         _, mode, params = min(self.choices, key=lambda ch: (abs(math.log(max(ch[0], 1) / c)), ch[0]))
-        known = {f for f in ("model", "conditional", "life_s", "use_life", "use_offset", "leaf_only")
-                 if f in params}
+        known = {f for f in (*WA_SWITCHES, "leaf_only") if f in params}
+        if mode == Policy.S3FIFO:
+            return replace(self, mode=mode, s3fifo=S3FifoSettings.of(params),
+                           **{k: params[k] for k in known & {"leaf_only"}})
         return replace(self, mode=mode, **{k: params[k] for k in known})
