@@ -18,7 +18,6 @@ import polars as pl
 import pytest
 
 from tongyi_trace import engine
-from tongyi_trace.engine import process
 from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_settled_stats, read_stats
 
@@ -123,32 +122,14 @@ def test_wrong_schema_policy_serves_with_lru_and_says_why_once(tmp_path: Path) -
     require_engine()
     bad = tmp_path / "policy.json"
     bad.write_text(json.dumps({**HAND_POLICY, "schema": "kvtrace.policy/0"}))
-    log_path = tmp_path / "engine.log"
-    port = engine.free_port()
-    cmd = [str(engine.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(engine.write_model_dir(1024)), "--served-model-name", "m",
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
-           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", "32",
-           "--max-model-len", "1024", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-           "--host", "127.0.0.1", "--port", str(port)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_")}
-    env.update(KVTRACE_POLICY=str(bad), KVTRACE_STATS_DIR=str(tmp_path / "stats"), VLLM_CPU_KVCACHE_SPACE="1")
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    with log_path.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    # the plugin's own refusal: the policy file goes to the engine unread (engine.start would refuse it)
+    st = engine.start(num_blocks=NUM_BLOCKS, block_size=32, max_model_len=1024, policy=bad,
+                      name=f"bad-policy-{os.getpid()}", stats_dir=tmp_path / "stats", check_policy=False)
     try:
-        for _ in range(1200):
-            assert proc.poll() is None, f"engine died: {engine.tail_text(log_path)}"
-            if process._healthy(url):
-                break
-            subprocess.run(["sleep", "0.5"], check=True)
-        hits = cyclic_workload(url, "m")
+        hits = cyclic_workload(st.url, st.served_model_name)
     finally:
-        process._kill_group(proc.pid)
-        proc.wait(timeout=120)
+        engine.stop(st.name)
+    log_path = Path(st.log_path)
     assert hits["text-2"] == [0] * 4, "LRU on a cyclic pattern: every repeat misses"
     lines = _plugin_lines(log_path.read_text())
     assert len(lines) == 1, lines

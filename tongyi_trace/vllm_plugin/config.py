@@ -44,6 +44,25 @@ GUARD_ENV = {"KVTRACE_GUARD": "guard", "KVTRACE_GUARD_MARGIN": "guard_margin",
              "KVTRACE_REFIT_WINDOW_S": "window_s", "KVTRACE_SAMPLE_RATE": "sample_rate"}
 
 
+def plugin_env(policy: Path | None, eviction: str | None, guard: GuardSettings, time_scale: float,
+               block_size: int, stats_dir: Path | None) -> dict[str, str]:
+    """The KVTRACE_* variables that make a vLLM server run the plugin with these settings: the one writer of
+    what `load_config` and `guard_settings` read (engine.start sets them)."""
+    env: dict[str, str] = {}
+    if policy is not None:
+        env["KVTRACE_POLICY"] = str(policy.resolve())
+    if eviction is not None:
+        env["KVTRACE_EVICTION"] = eviction
+    if stats_dir is not None:
+        env["KVTRACE_STATS_DIR"] = str(stats_dir)
+    env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
+    env["KVTRACE_BLOCK_SIZE"] = str(block_size)
+    for var, name in GUARD_ENV.items():
+        value = getattr(guard, name)
+        env[var] = ("1" if value else "0") if isinstance(value, bool) else repr(float(value))
+    return env
+
+
 def guard_settings(env: Mapping[str, str]) -> GuardSettings:
     """The guard's and the refit's settings from ENV (GUARD_ENV), WA's defaults and validation (the
     simulator's WaParams uses the same GuardSettings; importing it here would load numba into vLLM)."""
