@@ -215,7 +215,7 @@ class JsonlReader:
                 return
             rec = None
         self.first_line = self.first_line or line_no
-        if quick_ok(rec, bailian, line):
+        if quick_ok(rec, self.spec, bailian, line):
             c.add(line_no, rec, bailian, rec["hash_ids"])
             return
         c.settle()  # the id domain of the earlier lines is noted first

@@ -39,7 +39,14 @@ class _Int:
     def __init__(self, desc: str, lo: int = INT64[0], hi: int = INT64[1]) -> None:
         self.desc, self.lo, self.hi = desc, lo, hi
 
+    def ok(self, v: Any) -> bool:
+        """Whether V passes (check's test without its message)."""
+        return type(v) is int and self.lo <= v <= self.hi
+
     def check(self, v: Any) -> str | None:
+        """None when V passes, else what is wrong with it."""
+        if self.ok(v):
+            return None
         if type(v) is not int:
             return f"must be {self.desc}, got {show(v)}"
         if v < 0 <= self.lo:
@@ -54,8 +61,16 @@ class _Time:
 
     def __init__(self, desc: str, scale: float) -> None:
         self.desc, self.scale = desc, scale
+        self.lim = MAX_ABS_TIME_S * scale
+
+    def ok(self, v: Any) -> bool:
+        """Whether V passes (check's test without its message; NaN fails)."""
+        return (type(v) is float or type(v) is int) and -self.lim <= v <= self.lim
 
     def check(self, v: Any) -> str | None:
+        """None when V passes, else what is wrong with it."""
+        if self.ok(v):
+            return None
         if type(v) not in (int, float):
             return f"must be {self.desc}, got {show(v)}"
         if not (-MAX_ABS_TIME_S * self.scale <= v <= MAX_ABS_TIME_S * self.scale):  # also refuses NaN
@@ -64,13 +79,19 @@ class _Time:
 
 
 class _Str:
+    def ok(self, v: Any) -> bool:
+        return type(v) is str
+
     def check(self, v: Any) -> str | None:
-        return None if type(v) is str else f"must be a string, got {show(v)}"
+        return None if self.ok(v) else f"must be a string, got {show(v)}"
 
 
 class _List:
+    def ok(self, v: Any) -> bool:
+        return type(v) is list
+
     def check(self, v: Any) -> str | None:
-        return None if type(v) is list else f"must be a list of integers, got {show(v)}"
+        return None if self.ok(v) else f"must be a list of integers, got {show(v)}"
 
 
 _ID = _Int("an integer")
@@ -239,26 +260,21 @@ def _int_text(line: bytes) -> bool:
             and not line[k + 1:j].translate(None, _INT_LIST_CHARS) and line.find(b'"hash_ids"', j) < 0)
 
 
-def quick_ok(rec: Any, bailian: bool, line: bytes) -> bool:
+def quick_ok(rec: Any, spec: dict[str, Any], bailian: bool, line: bytes) -> bool:
     """True when REC (decoded from LINE) certainly passes check_record and mixed_format except for the
-    range of the ids in hash_ids (checked per chunk, see ChunkBuilder), which are integers; anything else
-    goes through the precise checks, which name the problem."""
+    range of the ids in hash_ids (checked per chunk, see jsonl_reader.ChunkBuilder), which are integers:
+    the same field checks (SPEC's `ok`), without their messages; anything else goes through the precise
+    checks, which name the problem."""
     if type(rec) is not dict or (not bailian and any(k in rec for k in BAILIAN_ONLY)):
         return False
-    try:
-        ts, inp, out, hashes = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
-        if bailian:
-            cid, par, typ, turn = rec["chat_id"], rec["parent_chat_id"], rec["type"], rec["turn"]
-    except KeyError:
+    for name, check in spec.items():
+        v = rec.get(name, _MISSING)
+        if v is _MISSING or not check.ok(v):
+            return False
+    if not (_int_text(line) or set(map(type, rec["hash_ids"])) <= _INT_TYPES):
         return False
-    lim = MAX_ABS_TIME_S if bailian else MAX_ABS_TIME_S * 1000.0
-    if not (type(inp) is int and type(out) is int and (type(ts) is float or type(ts) is int)
-            and 0 <= inp <= MAX_TOKENS and 0 <= out <= MAX_TOKENS and -lim <= ts <= lim
-            and type(hashes) is list and (_int_text(line) or set(map(type, hashes)) <= _INT_TYPES)):
-        return False
-    if not bailian:
-        return True
-    uid = rec.get("user_id")
-    return (type(cid) is int and type(par) is int and type(turn) is int and type(typ) is str
-            and INT64[0] <= cid <= INT64[1] and INT64[0] <= par <= INT64[1] and 0 <= turn <= MAX_TURN
-            and (uid is None or type(uid) is str or type(uid) is int))
+    uid = rec.get("user_id") if bailian else None
+    return uid is None or type(uid) is str or type(uid) is int
+
+
+_MISSING = object()
