@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +126,29 @@ def test_guard_settings_from_the_environment() -> None:
         guard_settings({"KVTRACE_SAMPLE_RATE": "2"})
     with pytest.raises(PluginConfigError, match="KVTRACE_REFIT_S"):
         guard_settings({"KVTRACE_REFIT_S": "soon"})
+
+
+def test_the_plugins_settings_written_by_engine_start_read_back(tmp_path: Path) -> None:
+    """plugin_env (what engine.start puts in the server's environment) and load_config (what the plugin
+    reads there) agree on every setting: the policy, the mode, the clock, the block size, the stats folder
+    and each of the guard's settings."""
+    from tongyi_trace.policy.file import CategoryParams, PolicyParams, save_policy
+    from tongyi_trace.vllm_plugin.config import load_config, plugin_env
+
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"text-1": CategoryParams(0.5, 0.1, 10.0, 9.0)},
+                             default=CategoryParams(0.2, 0.1, 10.0, 9.0)), policy)
+    guard = GuardSettings(guard=True, guard_margin=2.5, guard_window_s=30.0, refit_s=90.0, window_s=240.0,
+                          sample_rate=0.125)
+    env = plugin_env(policy, "wa", guard, 4.0, 32, tmp_path / "stats")
+    assert env["KVTRACE_GUARD_MARGIN"] == "2.5" and env["KVTRACE_REFIT_WINDOW_S"] == "240.0"
+    cfg = load_config(env)
+    assert cfg.policy.guard == guard
+    assert (cfg.policy.mode, cfg.policy.time_scale, cfg.policy.block_size) == ("wa", 4.0, 32)
+    assert cfg.policy_path == policy.resolve() and cfg.stats_dir == tmp_path / "stats"
+    assert cfg.policy.categories["text-1"].reuse_prob == 0.5
+    off = load_config(plugin_env(policy, "lru", GuardSettings(guard=False), 1.0, 16, None))
+    assert off.policy.guard == GuardSettings(guard=False) and off.stats_dir == policy.resolve().parent
 
 
 def test_refit_on_vllm_block_hashes(tmp_path) -> None:

@@ -237,6 +237,25 @@ def test_fitted_mode_runs_the_choice_nearest_the_pool(chosen: str) -> None:
         assert plugin == simulated_hits(requests, times, cats, capacity, chosen, params)
 
 
+def test_a_fitted_s3fifo_choice_runs_with_its_settings() -> None:
+    """S3-FIFO's settings are one type (policy/settings.py, S3FifoSettings) that the simulator and the plugin
+    both read: a fitted choice's s3fifo settings reach the plugin's queues (they were once ignored there),
+    which then give the simulator's hits with the same settings, and other hits than the defaults'."""
+    capacity = 24
+    params: dict[str, object] = {"leaf_only": True, "small_ratio": 0.3, "move_to_main_threshold": 2, "freq_cap": 2}
+    differs = 0
+    for seed in range(6):
+        requests, times, cats = workload(seed, num_sessions=12, max_turns=5, shared=True)
+        pool = MiniPool(capacity, "fitted", {"choices": ((capacity * 16, "s3fifo", params),)})
+        s3 = pool.queue._s3
+        assert s3 is not None and (s3.settings.small_ratio, s3.settings.freq_cap) == (0.3, 2)
+        plugin = plugin_hits(pool, requests, times, cats)
+        assert pool.num_orphans == 0
+        assert plugin == simulated_hits(requests, times, cats, capacity, "s3fifo", params)
+        differs += plugin != simulated_hits(requests, times, cats, capacity, "s3fifo", {"leaf_only": True})
+    assert differs > 0
+
+
 def test_fifo_and_s3fifo_differ_from_lru_on_these_workloads() -> None:
     """The FIFO and S3-FIFO cases above are not vacuous: on streams they are compared on (no orphan for
     FIFO's default; prefix closure for S3-FIFO) they hit differently from LRU."""
