@@ -38,6 +38,26 @@ DEFAULT_MIN_SAMPLES = 200
 KS_STALE = 6.0  # sqrt(n) x the KS distance beyond which a model is stale (see the module doc)
 
 
+@dataclass
+class RefitClock:
+    """When the online refit runs, one schedule for the simulator (sim/guarded.py) and the engine
+    (vllm_plugin/guard.py): every REFIT_S seconds of the policy clock from the first request (NEXT_S: the
+    first due time, None = REFIT_S after the first time asked); a check past several due times refits once
+    and moves to the first due time after it."""
+
+    refit_s: float
+    next_s: float | None = None
+
+    def due(self, time_s: float) -> bool:
+        """Whether a refit is due at TIME_S (then the next due time moves past it)."""
+        if self.next_s is None:
+            self.next_s = time_s + self.refit_s
+        if time_s < self.next_s:
+            return False
+        self.next_s += self.refit_s * (int((time_s - self.next_s) // self.refit_s) + 1)
+        return True
+
+
 @dataclass(frozen=True)
 class CategoryFit:
     """One category's reuse model: exponential p and rate, and the km table (F at km_grid_s())."""

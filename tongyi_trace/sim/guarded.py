@@ -35,7 +35,7 @@ import numpy as np
 
 from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.policy.guard import LRU, Guard, Switch
-from tongyi_trace.policy.refit import CategoryFit, ReuseWindow, refit
+from tongyi_trace.policy.refit import CategoryFit, RefitClock, ReuseWindow, refit
 from tongyi_trace.policy.sampling import sampled_mask, shadow_rate, threshold
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.engine_model import engine_case
@@ -178,7 +178,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                                 side="left")
         edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
-    next_refit_s = start_s + wa.refit_s
+    clock = RefitClock(wa.refit_s, start_s + wa.refit_s)
     fed = 0  # requests whose sampled accesses are in the reuse window
     for a, b in itertools.pairwise(edges):
         end_s = float(times[a]) if per_request else start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
@@ -202,12 +202,11 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
             cache.changed()
         refitted = False
-        if window is not None and end_s >= next_refit_s:
+        if window is not None and clock.due(end_s):
             _feed(window, sub, fed, int(b), for_refit)  # the accesses since the last refit, in one batch
             fed = int(b)
             run.refits.extend(_refit(window, end_s, stream.categories, (cache, pol), int(cache.ip[IP_MODEL])))
             refitted = True
-            next_refit_s += wa.refit_s * max(1, int((end_s - next_refit_s) // wa.refit_s) + 1)
         est = guard.estimates() if guard is not None else (ph / refs if refs else 0.0, lh / refs if refs else 0.0, refs)
         num_refs = int(lens[a:b].sum())
         run.timeline.append({

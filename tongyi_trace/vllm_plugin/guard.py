@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.policy.guard import LRU, Guard, GuardSettings, Switch
-from tongyi_trace.policy.refit import CategoryFit, ReuseWindow, refit
+from tongyi_trace.policy.refit import CategoryFit, RefitClock, ReuseWindow, refit
 from tongyi_trace.policy.sampling import is_sampled, shadow_rate, threshold
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PluginStats
@@ -61,7 +61,7 @@ class GuardControl:
         self.names = names
         self.stats = stats
         self.model = self.pol.queue._model
-        self.next_refit_s: float | None = None
+        self.clock = RefitClock(settings.refit_s)
         self.refits = 0
         self.refit_log: list[dict[str, Any]] = []
         self.category_metrics: dict[str, dict[str, float]] = {}
@@ -94,14 +94,8 @@ class GuardControl:
                 mine = [k for k in sampled if is_sampled(k, self.refit_cut)]
                 n = len(mine)
                 self.window.add(np.array(mine, np.int64), np.full(n, category_index), np.full(n, time_s))
-        if self.window is None:
+        if self.window is None or not self.clock.due(time_s):
             return {}
-        if self.next_refit_s is None:
-            self.next_refit_s = time_s + self.settings.refit_s
-        if time_s < self.next_refit_s:
-            return {}
-        while self.next_refit_s <= time_s:
-            self.next_refit_s += self.settings.refit_s
         current = current_fits()
         fits, metrics = refit(self.window.samples(time_s), current, self.model)
         self.refits += 1
