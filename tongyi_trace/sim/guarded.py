@@ -1,9 +1,9 @@
 """WA with the guard and the online refit in the simulator: the stream is served in slices of `slice_s`
 trace seconds by a sim.simulate.Cache, beside two shadow Caches (LRU, and WA with the same settings) of
-R x the capacity over the hash-sampled sub-stream (sampling.py; R = shadow_rate: sample_rate, raised so a
+R x the capacity over the hash-sampled sub-stream (policy/sampling.py; R = shadow_rate: sample_rate, raised so a
 shadow holds at least MIN_SHADOW_BLOCKS). After each slice the guard
-(decide.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
-`refit_s` seconds the reuse window of the sampled accesses (refit.py) is refitted and the new parameters
+(policy/guard.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
+`refit_s` seconds the reuse window of the sampled accesses (policy/refit.py) is refitted and the new parameters
 overwrite the per-category columns of `Cache.cw` in the cache and in the WA shadow.
 
 The guard compares the order that runs, measured exactly (the cache's own hits on the sampled
@@ -166,7 +166,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     t0 = time.perf_counter()  # the serving loop: the three caches, the guard and the refits (as Cache.serve)
     guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None
     window = ReuseWindow(wa.window_s, sub.num_ids) if wa.refit_s > 0 else None
-    # the refit reads the blocks of sample_rate only (a subset of the shadows' sample): see guard.refit
+    # the refit reads the blocks of sample_rate only (a subset of the shadows' sample): see policy/refit.py
     for_refit = sampled_refs(stream, wa.sample_rate)[keep] if window is not None and rate > wa.sample_rate else None
     run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
     times = stream.req_time_s
@@ -191,7 +191,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         refs = int(sub.req_off[b] - sub.req_off[a])
         switch = None
         if per_request:
-            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see guard.decide
+            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see policy/guard.py
                 switch = guard.observe(end_s, refs, ph, lh)
         elif guard is not None and lru.stats[S_EVICTIONS] > 0:
             # the running order is measured exactly, the other one by its shadow

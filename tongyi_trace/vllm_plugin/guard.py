@@ -4,7 +4,7 @@ Each request the plugin sees released (`PolicyFreeQueue.note_request`) is reduce
 blocks (tongyi_trace.policy.sampling on a block's identity: the first 8 bytes of vLLM's block hash, or,
 when the request carries kv_block_keys, the simulator's id of the block, which `kvtrace replay` sends so
 that the engine and the simulator sample the same blocks at any rate) and served by two shadow
-caches of R x the pool (R = guard.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
+caches of R x the pool (R = policy.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
 MIN_SHADOW_BLOCKS blocks; shadow.py: the plugin's own queue in LRU order and in the policy's);
 the guard (tongyi_trace.policy.guard) compares them and the queue evicts in LRU order while the guard
 says so. In the engine both sides come from shadows (the simulator measures the running order on the
@@ -51,7 +51,7 @@ class GuardControl:
         self.settings = settings
         self.sample_rate = shadow_rate(settings.sample_rate, capacity_blocks)
         self.cut = threshold(self.sample_rate)
-        self.refit_cut = threshold(settings.sample_rate)  # the refit's sample: see guard.refit
+        self.refit_cut = threshold(settings.sample_rate)  # the refit's sample: see policy/refit.py
         self.shadow_capacity_blocks = max(1, round(self.sample_rate * capacity_blocks))
         self.lru = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="lru", leaf_only=False, guard=None),
                                queue_class)
@@ -86,7 +86,7 @@ class GuardControl:
             self.sampled_refs += len(sampled)
             self.shadow_hits["policy"] += ph
             self.shadow_hits[LRU] += lh
-            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (guard.decide)
+            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (policy/guard.py)
                 sw = self.guard.observe(time_s, len(sampled), ph, lh)
                 if sw is not None:
                     self._log_switch(sw)
