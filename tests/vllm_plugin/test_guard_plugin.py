@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
+from tongyi_trace.policy.file import CategoryParams
 from tongyi_trace.policy.guard import LRU, GuardSettings
 from tongyi_trace.policy.sampling import is_sampled, threshold
 from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
 from tongyi_trace.vllm_plugin.guard import block_key
 from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
-from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PROM_FILE, STATS_FILE, PluginStats
 
@@ -28,9 +29,9 @@ class Block:
 
 def _policy(guard: GuardSettings | None) -> QueuePolicy:
     """What the first half says (tests/guard/conftest.py): "a" is reused, "b" almost never."""
-    return QueuePolicy(mode="wa", categories={"a": CategoryPriority(0.9, 0.01, 30.0),
-                                              "b": CategoryPriority(0.01, 0.001, 30.0)},
-                       default=CategoryPriority(0.5, 0.01, 30.0), guard=guard)
+    return QueuePolicy(mode="wa", categories={"a": CategoryParams(0.9, 0.01, 100.0, 30.0),
+                                              "b": CategoryParams(0.01, 0.001, 1000.0, 30.0)},
+                       default=CategoryParams(0.5, 0.01, 100.0, 30.0), guard=guard)
 
 
 def _replay(queue: PolicyFreeQueue, capacity: int) -> list[int]:
@@ -48,7 +49,7 @@ def test_shadow_lru_equals_simulated_lru() -> None:
     from tongyi_trace.sim.simulate import simulate_policy
 
     st = shifted()
-    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryPriority(0, 0, 0)),
+    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryParams(0, 0, 0, 0)),
                          PolicyFreeQueue)
     hits = [shadow.serve([int(k) for k in st.blk[st.req_off[r]:st.req_off[r + 1]]], "a", float(st.req_time_s[r]))
             for r in range(st.num_requests)]

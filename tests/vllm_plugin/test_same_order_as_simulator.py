@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from tongyi_trace.policy.file import CategoryParams, PolicyParams
 from tongyi_trace.policy.wa_priority import km_grid_s
 from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
-from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 # km tables: hot is reused late (F rises from 10 s), cold early and flat after 5 s
 _HOT_KM = tuple(min(0.8, 0.8 * max(t - 10.0, 0.0) / 60.0) for t in km_grid_s())
@@ -53,11 +53,8 @@ class MiniPool:
 
     def __init__(self, capacity_blocks: int, mode: str, variant: dict[str, object] | None = None,
                  params: dict[str, CategoryParams] = PARAMS) -> None:
-        def prio(c: CategoryParams) -> CategoryPriority:
-            return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
-
-        policy = QueuePolicy(mode=mode, categories={k: prio(v) for k, v in params.items()},
-                             default=prio(DEFAULT), **(variant or {}))  # type: ignore[arg-type]
+        policy = QueuePolicy(mode=mode, categories=dict(params),
+                             default=DEFAULT, **(variant or {}))  # type: ignore[arg-type]
         self.queue = PolicyFreeQueue([Block(i) for i in range(capacity_blocks + 1)], policy)
         self.queue.popleft()  # vLLM's null block
         self.cached: dict[int, Block] = {}

@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.policy.file import CategoryParams, load_policy
+from tongyi_trace.policy.file import load_policy
 from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.policy.names import EVICTION_MODES
 from tongyi_trace.policy.wa_priority import MODELS
-from tongyi_trace.vllm_plugin.settings import CategoryPriority, QueuePolicy
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 
 class PluginConfigError(Exception):
@@ -105,10 +105,6 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
     if not scale > 0:
         raise PluginConfigError(f"KVTRACE_TIME_SCALE={scale} must be > 0")
 
-    def prio(c: CategoryParams) -> CategoryPriority:
-        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s, life_s=c.life_s,
-                                km_cdf=tuple(c.km_cdf_table()))
-
     model = (env.get("KVTRACE_WA_MODEL") or "exp").lower()
     if model not in MODELS:
         raise PluginConfigError(f"KVTRACE_WA_MODEL={model!r} is not one of {', '.join(MODELS)}")
@@ -124,8 +120,8 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         raise PluginConfigError(f"KVTRACE_BLOCK_SIZE={raw_bs!r} must be a positive number of tokens")
     policy = QueuePolicy(
         mode=mode,
-        categories={k: prio(v) for k, v in params.categories.items()},
-        default=prio(params.default),
+        categories=dict(params.categories),
+        default=params.default,
         use_life=_flag(env, "KVTRACE_WA_USE_LIFE", True),
         conditional=_flag(env, "KVTRACE_WA_CONDITIONAL", False),
         use_offset=_flag(env, "KVTRACE_WA_USE_OFFSET", True),

@@ -73,7 +73,7 @@ class PolicyFreeQueue:
         self._p = [c.reuse_prob for c in params]
         self._rate = [c.rate_per_s for c in params]
         self._life = [policy.life_s if policy.life_s > 0 else c.life_s for c in params]
-        self._table = [c.km_cdf for c in params]
+        self._table = [tuple(c.km_cdf_table()) for c in params]
         self._model = MODELS.index(policy.model)
         self._leaf_only = policy.prefix_closed
         self._queues: list[OrderedDict[int, Any]] = [OrderedDict() for _ in self._names]

@@ -7,19 +7,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tongyi_trace.policy.file import CategoryParams
 from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.policy.names import Policy
 from tongyi_trace.policy.settings import WA_SWITCHES, S3FifoSettings
-
-
-@dataclass(frozen=True)
-class CategoryPriority:
-    """The WA parameters of one category, as read from a kvtrace.policy file."""
-
-    reuse_prob: float
-    rate_per_s: float
-    life_s: float
-    km_cdf: tuple[float, ...] = ()  # F at wa_priority.km_grid_s() (the km model)
 
 
 @dataclass(frozen=True)
@@ -31,8 +22,8 @@ class QueuePolicy:
     life window; `leaf_only` None = on for WA, off otherwise."""
 
     mode: str
-    categories: dict[str, CategoryPriority]
-    default: CategoryPriority
+    categories: dict[str, CategoryParams]  # the policy file's reuse models (policy/file.py)
+    default: CategoryParams
     use_life: bool = True
     conditional: bool = False
     use_offset: bool = True
