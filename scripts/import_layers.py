@@ -3,7 +3,9 @@
 Prints the import circles (modules that import each other in a loop, lazy imports inside functions
 included), the pairs of packages that import each other, and every import from a lower layer to a higher
 one. Each layer row of the table in docs/architecture.md ("## The house") names its packages and
-modules in backticks (`sim/`, `study.py`); a module belongs to the row naming its longest prefix.
+modules in backticks (`sim/`, `study.py`); a module belongs to the row naming its longest prefix. An
+import of a package that holds the importer (`from tongyi_trace import __version__`) is not counted:
+Python loads it before the importer anyway.
 
     python scripts/import_layers.py            # the sheet in words; exit 1 when a circle is found
     python scripts/import_layers.py --json     # the same as JSON
