@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 from _common import ingested_run, kvtrace
 
-from tongyi_trace.fit.params import load_policy
-from tongyi_trace.guard.simulate import simulate_guarded
+from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import open_run
+from tongyi_trace.sim.guarded import simulate_guarded
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 from _common import KVTRACE, synthetic_trace, timed_child
 
-from tongyi_trace.trace.reader import CHUNK_REFS
+from tongyi_trace.trace.records import CHUNK_REFS
 
 FLOOR_POLARS = "import polars as pl, sys; pl.read_ndjson(sys.argv[1])"
 FLOOR_ORJSON = ("import orjson, sys\n"

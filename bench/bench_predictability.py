@@ -31,8 +31,8 @@ from scipy.optimize import minimize
 from scipy.stats import rankdata
 
 from tongyi_trace.fit.events import Window
-from tongyi_trace.fit.params import RequestContext
 from tongyi_trace.fit.policy_fit import fit_context
+from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.trace.categories import context_categories
 
 SHRINK = 5.0  # prior weight of the overall share in a cell's rate

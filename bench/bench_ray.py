@@ -105,7 +105,7 @@ def probe(run: Path, policy: Path, name: str, capacity: str) -> dict[str, Any]:
     """One simulation in this (fresh) process: seconds, RSS of the loaded stream, peak RSS of the task."""
     import psutil
 
-    from tongyi_trace.fit.params import load_policy
+    from tongyi_trace.policy.file import load_policy
     from tongyi_trace.sim.capacity import parse_capacities, peak_live_blocks
     from tongyi_trace.sim.simulate import simulate_policy
     from tongyi_trace.sim.stream import load_stream, next_request_of_refs

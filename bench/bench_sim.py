@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from _common import fitted_policy, ingested_run
 
-from tongyi_trace.fit.params import load_policy
+from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.simulate import simulate_policy

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from _common import KVTRACE, timed_child
 
+from tongyi_trace.calibration.profiles import check_profile
 from tongyi_trace.trace.synth import PROFILES, generate
-from tongyi_trace.trace.synth_check import check_profile
 from tongyi_trace.trace.synth_core import write_jsonl
 
 SEED = 1

@@ -12,7 +12,10 @@ import random
 import time
 from dataclasses import dataclass
 
-from tongyi_trace.vllm_plugin.queue import EVICTION_MODES, CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.policy.file import CategoryParams
+from tongyi_trace.policy.names import EVICTION_MODES
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 NUM_BLOCKS = 16_384
 REQ_BLOCKS = 64
@@ -29,7 +32,7 @@ class Block:
 
 def run(mode: str) -> tuple[float, float, int]:
     rng = random.Random(1)
-    cats = {c: CategoryPriority(rng.uniform(0.1, 0.9), rng.uniform(0.001, 0.1), rng.uniform(10, 900))
+    cats = {c: CategoryParams(rng.uniform(0.1, 0.9), rate := rng.uniform(0.001, 0.1), 1 / rate, rng.uniform(10, 900))
             for c in CATS}
     blocks = [Block(i) for i in range(NUM_BLOCKS)]
     t_s = [0.0]

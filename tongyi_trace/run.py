@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import polars as pl
 import pyarrow as pa
@@ -181,6 +181,14 @@ def check_identity(path: Path, doc: dict[str, Any]) -> None:
         what = f"was made from another ingest (run_id {found})" if found else "carries no run_id (older kvtrace)"
         raise InputError(f"{path}: {what}, the run folder is run_id {expected}; re-run the command that "
                          "writes it, or re-ingest with --overwrite to clear stale results")
+
+
+@overload
+def read_artifact(path: Path, schema: str | None = None, required: Literal[True] = True) -> dict[str, Any]: ...
+
+
+@overload
+def read_artifact(path: Path, schema: str | None = None, required: bool = True) -> dict[str, Any] | None: ...
 
 
 def read_artifact(path: Path, schema: str | None = None, required: bool = True) -> dict[str, Any] | None:

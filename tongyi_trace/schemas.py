@@ -8,9 +8,9 @@ dependencies). docs/artifacts/ describes each document.
 RUN_SCHEMA = "kvtrace.run/1"  # RUN/provenance.json, written by `kvtrace ingest`, checked by run.open_run
 ANALYSIS_SCHEMA = "kvtrace.analysis/1"  # RUN/analysis/NAME.json (analysis/common.py), read by the report
 FIT_TABLE_SCHEMA = "kvtrace.fit-table/1"  # RUN/fit/train_test.json (fit/policy_fit.py), read by the report
-POLICY_SCHEMA = "kvtrace.policy/2"  # the policy file (fit/params.py), read by the simulator and the plugin
+POLICY_SCHEMA = "kvtrace.policy/2"  # the policy file (policy/file.py), read by the simulator and the plugin
 POLICY_SCHEMA_V1 = "kvtrace.policy/1"  # the earlier policy file, still read
-WORKLOAD_SCHEMA = "kvtrace.workload/2"  # RUN/fit/workload.json (trace/synth_like.py), read by `synth --like`
+WORKLOAD_SCHEMA = "kvtrace.workload/2"  # RUN/fit/workload.json (fit/synth_like.py), read by `synth --like`
 SIM_SCHEMA = "kvtrace.sim/1"  # RUN/sim/[NAME/]summary.json (sim/sweep.py), read by the report
 RECOMMENDATION_SCHEMA = "kvtrace.recommendation/1"  # a sweep's recommendation (sim/recommend.py)
 FLEET_SCHEMA = "kvtrace.fleet/1"  # RUN/sim/fleet/summary.json (fleet/sweep.py), read by the report

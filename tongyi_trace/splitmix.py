@@ -1,7 +1,7 @@
 """splitmix64's finalizer (Steele, Lea, Flood, OOPSLA 2014): kvtrace's one stable 64-bit mix.
 
 It makes prefix-chained block ids (trace/chain.py), prompt tokens (replay/prompts.py), the replay's
-sampled requests (replay/schedule.py), spatial sampling (guard/sampling.py) and session routing.
+sampled requests (replay/schedule.py), spatial sampling (policy/sampling.py) and session routing.
 `splitmix64_inplace` is the definition, on numpy uint64 arrays with wrapping arithmetic, in place (no
 temporaries over millions of ids: trace/chain.py mixes block ids with it); `splitmix64` applies it to a
 copy. `mix64` is its python-integer form, for one key at a time without numpy (the vLLM plugin, once per

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from tongyi_trace.calibration.twin import check_twin
 from tongyi_trace.cli import app
+from tongyi_trace.fit.synth_like import synth_like_to_file
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import synth_to_file
-from tongyi_trace.trace.synth_like import synth_like_to_file
 
 runner = CliRunner()
 SHAPES = {"ideal_hit", "ks_arrival", "ks_input", "ks_output"}

@@ -46,7 +46,9 @@ def test_closed_zst_is_one_complete_frame(tmp_path: Path) -> None:
     w.close()
     params = zstandard.get_frame_parameters(path.read_bytes())
     assert params.window_size > 0
-    from tongyi_trace.trace.reader import ReadStats, detect_format, read_chunks
+    from tongyi_trace.trace.formats import detect_format
+    from tongyi_trace.trace.reader import read_chunks
+    from tongyi_trace.trace.records import ReadStats
 
     assert detect_format(path) == "bailian"
     chunks = list(read_chunks(path, "bailian", "fail", ReadStats()))

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.reader import PROGRESS_LINES
+from tongyi_trace.trace.parquet_reader import PROGRESS_LINES
 
 NUM_LINES = 25_000  # more than one chunk (20,000 lines) and many 4,096-line position updates
 

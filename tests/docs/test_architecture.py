@@ -75,3 +75,39 @@ def test_the_check_finds_missing_and_misplaced_names() -> None:
         "run_identity (tongyi_trace.trace.ingest): defined in tongyi_trace.run",
         "RunDir.unlock (tongyi_trace.run): not defined there",
     ]
+
+
+PACKAGE = DOC.parents[1] / "tongyi_trace"
+_MAP_TOKEN = re.compile(r"(tongyi_trace/(?:[\w]+/)*)|\b(\w+\.py)\b")
+
+
+def unnamed_modules(text: str, package: Path) -> list[str]:
+    """Every module file of PACKAGE that TEXT does not name: neither by its path (tongyi_trace/x/y.py) nor,
+    in the section "## Module map", by its file name after its folder (tongyi_trace/x/: y.py, ...)."""
+    named = set(re.findall(r"tongyi_trace/[\w/]+\.py", text))
+    _, _, rest = text.partition("## Module map")
+    for bullet in re.split(r"\n(?=- )", rest.split("\n## ", 1)[0]):
+        folder = None
+        for m in _MAP_TOKEN.finditer(bullet):
+            if m.group(1):
+                folder = m.group(1)
+            elif folder is not None:
+                named.add(folder + m.group(2))
+    root = package.parent
+    return sorted(p.relative_to(root).as_posix() for p in package.rglob("*.py")
+                  if (p.relative_to(root).as_posix() not in named and p.name != "__init__.py") or
+                  (p == package / "__init__.py" and "tongyi_trace/__init__.py" not in named))
+
+
+def test_architecture_names_every_module() -> None:
+    assert unnamed_modules(DOC.read_text(encoding="utf-8"), PACKAGE) == []
+
+
+def test_the_module_check_finds_an_unnamed_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "tongyi_trace"
+    (pkg / "sim").mkdir(parents=True)
+    for name in ("__init__.py", "run.py", "sim/__init__.py", "sim/kernel.py", "sim/stream.py"):
+        (pkg / name).write_text("")
+    text = ("## Code layout\n- `tongyi_trace/run.py`: `RunDir`.\n"
+            "## Module map\n- tongyi_trace/ (the top): __init__.py\n- tongyi_trace/sim/: kernel.py\n")
+    assert unnamed_modules(text, pkg) == ["tongyi_trace/sim/stream.py"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
-from tongyi_trace.fit.params import load_policy
+from tongyi_trace.policy.file import load_policy
 
 runner = CliRunner()
 

@@ -12,8 +12,8 @@ import pytest
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.events import Window
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
 from tongyi_trace.fit.policy_fit import fit_context, fit_policy
+from tongyi_trace.policy.file import CategoryParams, PolicyParams, RequestContext, load_policy, save_policy
 from tongyi_trace.replay.schedule import tagged_requests
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.stream import load_stream

@@ -13,8 +13,8 @@ import pytest
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.fit.events import load_accesses, parse_window, window_samples
-from tongyi_trace.fit.params import POLICY_SCHEMA, load_policy
 from tongyi_trace.fit.policy_fit import fit_policy
+from tongyi_trace.policy.file import POLICY_SCHEMA, load_policy
 from tongyi_trace.run import open_run
 
 KNOWN = {  # the generator's parameters (tests/fit/conftest.py KNOWN_SPEC): p, lambda
@@ -297,8 +297,8 @@ def test_mooncake_conversation_counts_match_the_readme(mooncake_conversation_run
 
 
 def test_version_1_policy_files_still_load(tmp_path: Path) -> None:
-    from tongyi_trace.fit.params import POLICY_SCHEMA_V1
-    from tongyi_trace.wa_priority import exp_cdf, km_grid_s
+    from tongyi_trace.policy.file import POLICY_SCHEMA_V1
+    from tongyi_trace.policy.wa_priority import exp_cdf, km_grid_s
 
     p = tmp_path / "v1.json"
     p.write_text(json.dumps({"schema": POLICY_SCHEMA_V1, "turn_buckets": [1, 2, 3],

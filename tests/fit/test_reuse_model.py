@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
-from tongyi_trace.fit.reuse_model import Samples, fit_reuse, kaplan_meier_cdf, km_curve, ks_distance, model_cdf
+from tongyi_trace.policy.reuse_model import Samples, fit_reuse, kaplan_meier_cdf, km_curve, ks_distance, model_cdf
 
 
 def samples(observed: list[float], censored: list[float] = (), counts: list[int] | None = None) -> Samples:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import choice_table, load_policy
 from tongyi_trace.fit.policy_fit import fit_policy
 from tongyi_trace.fit.tune import Candidate, CapacityTuning, WindowBootstrap, choice_answer
+from tongyi_trace.policy.file import choice_table, load_policy
 from tongyi_trace.sim.bootstrap import make_resampler
 from tongyi_trace.sim.capacity import Capacity
 
@@ -102,7 +102,7 @@ def test_a_bad_confidence_is_refused(make_run: Callable[..., Path], tmp_path: Pa
 
 def test_a_policy_file_without_intervals_still_reads() -> None:
     """Files written before the intervals (same schema kvtrace.policy/2, fewer keys in `train`): the point gain."""
-    from tongyi_trace.fit.params import PolicyChoice
+    from tongyi_trace.policy.file import PolicyChoice
 
     old = PolicyChoice(capacity="1L", capacity_blocks=100, policy="s3fifo", params={},
                        train={"hit_ratio": 0.5, "lru_hit_ratio": 0.45, "gain_vs_lru": 0.05, "best_baseline": "s3fifo",

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, save_policy
+from tongyi_trace.policy.file import CategoryParams, PolicyParams, save_policy
 
 POLICIES = "lru,fifo,lfu,s3fifo,gdsf,wa,oracle"
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
 from tongyi_trace.fleet.routers import ROUTERS, get_router, parse_routers
 from tongyi_trace.fleet.routers.session import SessionAffinity
 from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.registry import REGISTRY
 from tongyi_trace.sim.simulate import Cache, simulate_policy, simulate_tiered

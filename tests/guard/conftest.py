@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
 from tongyi_trace.sim.stream import Stream, stream_from_lists
 
 T_SHIFT_S = 600.0

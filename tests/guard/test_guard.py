@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.guard.decide import BACK_FACTOR, LRU, POLICY, Z_CRIT, Guard, Switch
-from tongyi_trace.guard.sampling import MIN_SHADOW_BLOCKS, is_sampled, sampled_mask, shadow_rate, threshold
-from tongyi_trace.guard.simulate import sampled_stream, simulate_guarded
+from tongyi_trace.policy.guard import BACK_FACTOR, LRU, POLICY, Z_CRIT, Guard, Switch
+from tongyi_trace.policy.sampling import MIN_SHADOW_BLOCKS, is_sampled, sampled_mask, shadow_rate, threshold
+from tongyi_trace.sim.guarded import sampled_stream, simulate_guarded
 from tongyi_trace.sim.registry import get_policy
 from tongyi_trace.sim.simulate import simulate_policy
 
@@ -110,7 +110,7 @@ def test_wa_params_validate_guard_fields() -> None:
     with pytest.raises(UsageError, match="refit_s"):
         spec.make_params({"refit_s": "-1"})
     typed, _ = spec.make_params({"guard": "true", "refit_s": "60"})
-    assert typed.guarded
+    assert typed.active
 
 
 def test_stale_fit_loses_guard_recovers(first_hour_fit) -> None:
@@ -172,7 +172,7 @@ def test_plain_policies_run_plain(first_hour_fit) -> None:
 def test_reuse_window_matches_the_fit_definition() -> None:
     """ReuseWindow's samples (fed in batches, dict or array keys) equal the definition of
     tongyi_trace.fit.events: accesses in [T - window, T), observed when the next access is by T."""
-    from tongyi_trace.guard.refit import ReuseWindow
+    from tongyi_trace.policy.refit import ReuseWindow
 
     rng = np.random.default_rng(3)
     n = 1500

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from tongyi_trace.guard.simulate import guard_cell, pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.report.sections import guard as guard_section
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.guarded import guard_cell, pop_guard_tables, simulate_guarded, write_guard_tables
 
 from .conftest import CAPACITY, shifted
 from .test_guard import BASE

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tongyi_trace.fit.params import CategoryParams, PolicyChoice, PolicyParams
-from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.guard.simulate import predict_guarded
+from tongyi_trace.policy.file import CategoryParams, PolicyChoice, PolicyParams
+from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.replay.reconcile import guard_params
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.engine_model import predict_request_hits
+from tongyi_trace.sim.guarded import predict_guarded
 from tongyi_trace.sim.policies.wa import WaParams
 
 

@@ -1,6 +1,6 @@
 """Replay across two REAL CPU vLLM engines (the session fixture `cpu_engine`, tests/conftest.py, and a second
 one started here alike), one request at a time, `prefix` router: every request's engine hit must be what
-the fleet simulator predicted for it before the replay (fleet/replay.py). If vLLM behaves differently, fix
+the fleet simulator predicted for it before the replay (replay/fleet.py). If vLLM behaves differently, fix
 tongyi_trace/sim/engine_model.py, not this test."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
 from tongyi_trace.sim.policies.wa import CW_P
 from tongyi_trace.sim.simulate import Cache, simulate_policy
 from tongyi_trace.sim.stream import stream_from_lists
@@ -132,7 +132,7 @@ def test_wa_km_model_golden() -> None:
     # flat): at t=10 a block of a is dead (-inf). b's says reuse comes late (F rises from 20 s to 0.5 at 60 s):
     # b's block is alive (life 100 s: F(110) - F(10) = 0.5) -> 1 (category a) goes, and r3 (b, t=30) [2]
     # hits. The exponential model with these categories' p and rate (a: 0.8, fast; b: 0.5, slow) agrees.
-    from tongyi_trace.wa_priority import km_grid_s
+    from tongyi_trace.policy.wa_priority import km_grid_s
 
     a_km = tuple(min(0.8, 0.8 * t / 5.0) for t in km_grid_s())
     b_km = tuple(min(0.5, 0.5 * max(t - 20.0, 0.0) / 40.0) for t in km_grid_s())

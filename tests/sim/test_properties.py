@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tests.lanes import examples
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
 from tongyi_trace.sim.kernel import S_EVICT_CYCLES
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import Policy, get_policy

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from tests.lanes import examples
 from tongyi_trace.errors import InputError
-from tongyi_trace.trace import jsonl_scan, reader
-from tongyi_trace.trace.reader import ReadStats, read_chunks
+from tongyi_trace.trace import jsonl_reader, jsonl_scan, source
+from tongyi_trace.trace.reader import read_chunks
+from tongyi_trace.trace.records import ReadStats
 
 _BASE = {"chat_id": 7, "parent_chat_id": -1, "timestamp": 12.5, "input_length": 40, "output_length": 3,
          "type": "text", "turn": 1, "hash_ids": [4, 5, 6], "user_id": "u1"}
@@ -120,12 +121,12 @@ def _same(a: object, b: object) -> bool:
 def precise_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The line numbers that reach the precise checks, as the read goes."""
     seen: list[int] = []
-    line = reader._JsonlReader.line
+    line = jsonl_reader.JsonlReader.line
 
-    def counted(self: reader._JsonlReader, line_no: int, text: bytes) -> None:
+    def counted(self: jsonl_reader.JsonlReader, line_no: int, text: bytes) -> None:
         seen.append(line_no)
         line(self, line_no, text)
-    monkeypatch.setattr(reader._JsonlReader, "line", counted)
+    monkeypatch.setattr(jsonl_reader.JsonlReader, "line", counted)
     return seen
 
 
@@ -169,11 +170,11 @@ def test_the_scan_takes_the_usual_lines_and_leaves_the_others(tmp_path: Path, pr
 
 def test_chunks_split_alike_across_scan_calls_and_precise_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  ) -> None:
-    monkeypatch.setattr(reader, "CHUNK_LINES", 5)
-    monkeypatch.setattr(reader, "CHUNK_REFS", 7)
-    monkeypatch.setattr(reader, "_SCAN_RECORDS", 2)
-    monkeypatch.setattr(reader, "_SCAN_IDS", 3)
-    monkeypatch.setattr(reader, "BLOCK_BYTES", 300)
+    monkeypatch.setattr(jsonl_reader, "CHUNK_LINES", 5)
+    monkeypatch.setattr(jsonl_reader, "CHUNK_REFS", 7)
+    monkeypatch.setattr(jsonl_reader, "_SCAN_RECORDS", 2)
+    monkeypatch.setattr(jsonl_reader, "_SCAN_IDS", 3)
+    monkeypatch.setattr(source, "BLOCK_BYTES", 300)
     rng = np.random.default_rng(5)
     rows = []
     for i in range(60):
@@ -247,10 +248,10 @@ def test_number_verdicts(text: str, verdict: int) -> None:
 
 
 def test_a_line_longer_than_a_block_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(source, "BLOCK_BYTES", 64)
     rows = [_line(_BASE, chat_id=i, hash_ids=list(range(100 * i, 100 * i + 50 * (i % 3)))) for i in range(9)]
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(rows))  # no newline at the end
-    assert [s.count(b"\n") for s in reader.line_segments(path)] == [1] * 8 + [0]
+    assert [s.count(b"\n") for s in source.line_segments(path)] == [1] * 8 + [0]
     chunks = list(read_chunks(path, "bailian", "fail", ReadStats()))
     assert [int(n) for n in np.diff(chunks[0].offsets)] == [50 * (i % 3) for i in range(9)]

@@ -1,4 +1,4 @@
-"""The synthetic profiles land in their bands (tongyi_trace/trace/synth_check.py), measured through the
+"""The synthetic profiles land in their bands (tongyi_trace/calibration/profiles.py), measured through the
 real ingest, analyses and LRU curve at a quarter of the default size (users scale with requests, so
 the scale-free figures keep their values; counts are checked scaled). The bands asserted here are the
 ones the profiles meet at every seed tried; docs/synth.md lists every band with its measured value and
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tongyi_trace.trace.synth_check import check_profile, judge
+from tongyi_trace.calibration.profiles import check_profile, judge
 
 HOLDING = {
     # to-C at a quarter size: one long chat (about 4 at full size) weighs 4x, so the turn quantiles,

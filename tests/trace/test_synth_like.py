@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 from tongyi_trace.cli import app
 from tongyi_trace.errors import InputError
-from tongyi_trace.run import RunDir
-from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth_like import (
+from tongyi_trace.fit.synth_like import (
     WORKLOAD_SCHEMA,
     synth_like,
     workload_summary,
 )
+from tongyi_trace.run import RunDir
+from tongyi_trace.trace.ingest import ingest_trace
 
 runner = CliRunner()
 

@@ -18,8 +18,7 @@ import polars as pl
 import pytest
 
 from tongyi_trace import engine
-from tongyi_trace.engine import process
-from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_settled_stats, read_stats
 
 pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make test-all only (tests/lanes.py)
@@ -123,32 +122,14 @@ def test_wrong_schema_policy_serves_with_lru_and_says_why_once(tmp_path: Path) -
     require_engine()
     bad = tmp_path / "policy.json"
     bad.write_text(json.dumps({**HAND_POLICY, "schema": "kvtrace.policy/0"}))
-    log_path = tmp_path / "engine.log"
-    port = engine.free_port()
-    cmd = [str(engine.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(engine.write_model_dir(1024)), "--served-model-name", "m",
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
-           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", "32",
-           "--max-model-len", "1024", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-           "--host", "127.0.0.1", "--port", str(port)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_")}
-    env.update(KVTRACE_POLICY=str(bad), KVTRACE_STATS_DIR=str(tmp_path / "stats"), VLLM_CPU_KVCACHE_SPACE="1")
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    with log_path.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    # the plugin's own refusal: the policy file goes to the engine unread (engine.start would refuse it)
+    st = engine.start(num_blocks=NUM_BLOCKS, block_size=32, max_model_len=1024, policy=bad,
+                      name=f"bad-policy-{os.getpid()}", stats_dir=tmp_path / "stats", check_policy=False)
     try:
-        for _ in range(1200):
-            assert proc.poll() is None, f"engine died: {engine.tail_text(log_path)}"
-            if process._healthy(url):
-                break
-            subprocess.run(["sleep", "0.5"], check=True)
-        hits = cyclic_workload(url, "m")
+        hits = cyclic_workload(st.url, st.served_model_name)
     finally:
-        process._kill_group(proc.pid)
-        proc.wait(timeout=120)
+        engine.stop(st.name)
+    log_path = Path(st.log_path)
     assert hits["text-2"] == [0] * 4, "LRU on a cyclic pattern: every repeat misses"
     lines = _plugin_lines(log_path.read_text())
     assert len(lines) == 1, lines
@@ -230,8 +211,8 @@ def toc_slice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small to-C synthetic trace, ingested, with its own capacity-aware fit at the engine's cache size
     (255 blocks of 32 tokens = 510 trace blocks) and both context classes in its categories: (run folder,
     policy file)."""
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
     from tongyi_trace.trace.ingest import ingest_trace
     from tongyi_trace.trace.synth import synth_to_file
 
@@ -258,13 +239,13 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     defaults (the guard on), one request at a time on trace time: the engine's cached tokens equal the
     simulator's prediction (WA's defaults: predict_guarded) for every request."""
     require_engine()
-    from tongyi_trace.fit.params import load_policy
-    from tongyi_trace.guard.simulate import predict_guarded
+    from tongyi_trace.policy.file import load_policy
     from tongyi_trace.replay.dispatch import request_body
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.schedule import ScheduledRequest
     from tongyi_trace.run import open_run
     from tongyi_trace.sim.engine_model import predict_request_hits
+    from tongyi_trace.sim.guarded import predict_guarded
 
     probe = request_body("m", np.zeros(1, np.int64), ScheduledRequest(0, 0.0, 1, 1, "text-1", 0, None, 12.5))
     assert json.loads(probe)["vllm_xargs"] == {"kv_category": "text-1", "kv_time_s": 12.5}
@@ -303,8 +284,8 @@ def test_engine_s3fifo_with_identical_requests_equals_the_simulator(tmp_path: Pa
     in vLLM while the simulator gives each an id of its own; and vLLM takes a request's partial block after
     its other blocks, which the simulator's kernel follows (both fail this test when undone)."""
     require_engine()
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
     from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
     from tongyi_trace.replay.reconcile import predict_hits
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.run import open_run

@@ -1,12 +1,11 @@
 """The guard inside the real CPU vLLM engine: the plugin runs WA with the guard on (KVTRACE_GUARD*), a
 to-C slice is replayed one request at a time on trace time, and the engine's cached tokens and the guard's
-counters equal the simulator's guarded prediction (tongyi_trace.guard.simulate.predict_guarded, the
+counters equal the simulator's guarded prediction (tongyi_trace.sim.guarded.predict_guarded, the
 engine's guard: one step per request, both orders on their shadows)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from tests.vllm_plugin.test_engine import SIM_SPEEDUP, require_engine, toc_slice  # noqa: F401 (fixture)
 from tongyi_trace import engine
-from tongyi_trace.engine.process import _healthy, _kill_group
+from tongyi_trace.policy.guard import GuardSettings
 from tongyi_trace.vllm_plugin.stats import read_settled_stats
 
 pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make test-all only (tests/lanes.py)
@@ -30,15 +29,13 @@ pytestmark = [pytest.mark.engine, pytest.mark.full]  # own engine boots: make te
 NUM_BLOCKS, BLOCK_SIZE = 640, 32
 GUARD = {"guard": True, "guard_margin": 0.0, "guard_window_s": 10.0, "sample_rate": 0.25, "refit_s": 60.0,
          "window_s": 120.0}
-GUARD_ENV = {"KVTRACE_GUARD": "1", "KVTRACE_GUARD_MARGIN": "0", "KVTRACE_GUARD_WINDOW_S": "10",
-             "KVTRACE_SAMPLE_RATE": "0.25", "KVTRACE_REFIT_S": "60", "KVTRACE_REFIT_WINDOW_S": "120"}
 
 
 def _wa_policy(fitted: Path, out: Path) -> Path:
     """FITTED's reuse models with one choice: prefix-closed WA (exp model) at this engine's capacity."""
     from dataclasses import replace
 
-    from tongyi_trace.fit.params import PolicyChoice, load_policy, save_policy
+    from tongyi_trace.policy.file import PolicyChoice, load_policy, save_policy
 
     pol = load_policy(fitted)
     capacity = (NUM_BLOCKS - 1) * BLOCK_SIZE // pol.block_size
@@ -47,61 +44,34 @@ def _wa_policy(fitted: Path, out: Path) -> Path:
     return out
 
 
-def _start(policy: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The server as `kvtrace engine start` runs it, with the guard's variables set (engine.start passes
-    no KVTRACE_GUARD*); its url once healthy."""
-    port = engine.free_port()
-    cmd = [str(engine.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(engine.write_model_dir(4096)), "--served-model-name", "m",
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
-           "--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", str(BLOCK_SIZE),
-           "--max-model-len", "4096", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-           "--host", "127.0.0.1", "--port", str(port)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTRACE_") or k == "KVTRACE_CACHE_DIR"}
-    for k in ("PYTHONPATH", "VIRTUAL_ENV"):
-        env.pop(k, None)
-    env.update(KVTRACE_POLICY=str(policy), KVTRACE_STATS_DIR=str(state / "stats"),
-               KVTRACE_TIME_SCALE=repr(SIM_SPEEDUP), KVTRACE_BLOCK_SIZE=str(BLOCK_SIZE),
-               VLLM_CPU_KVCACHE_SPACE="1", **GUARD_ENV)
-    env["PATH"] = f"{engine.venv_python().parent}{os.pathsep}{env.get('PATH', '')}"
-    (state / "cwd").mkdir(parents=True)
-    with (state / "engine.log").open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=state / "cwd", env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(1200):
-            if proc.poll() is not None or _healthy(url):
-                break
-            subprocess.run(["sleep", "0.5"], check=True)
-    except BaseException:
-        _kill_group(proc.pid)
-        raise
-    return proc, url
+def _start(policy: Path, state: Path) -> engine.EngineState:
+    """The engine with the guard's settings (GUARD) and the plugin's counters in STATE/stats."""
+    return engine.start(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=4096, policy=policy,
+                        name=f"guard-{os.getpid()}", time_scale=SIM_SPEEDUP, guard=GuardSettings(**GUARD),
+                        stats_dir=state / "stats")
 
 
 def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[Path, Path],  # noqa: F811
                                                                tmp_path: Path) -> None:
     require_engine()
-    from tongyi_trace.fit.params import load_policy
-    from tongyi_trace.guard.simulate import predict_guarded
+    from tongyi_trace.policy.file import load_policy
     from tongyi_trace.replay.records import read_records
     from tongyi_trace.replay.runner import ReplayOptions, run_replay
     from tongyi_trace.replay.schedule import ScheduleOptions
     from tongyi_trace.run import open_run
+    from tongyi_trace.sim.guarded import predict_guarded
 
     run, fitted = toc_slice
     policy = _wa_policy(fitted, tmp_path / "policy.json")
-    proc, url = _start(policy, tmp_path)
+    st = _start(policy, tmp_path)
+    url = st.url
     try:
-        assert proc.poll() is None, f"engine died: {engine.tail_text(tmp_path / 'engine.log')}"
         opts = ReplayOptions(name="guard", schedule=ScheduleOptions(speedup=SIM_SPEEDUP, max_output_tokens=2),
                              max_in_flight=1, overwrite=True, policy_file=policy)
         run_replay(run, url, opts)
         stats = read_settled_stats(tmp_path / "stats")  # once the engine wrote its last counts
     finally:
-        _kill_group(proc.pid)
-        proc.wait(timeout=120)
+        engine.stop(st.name)
     assert stats is not None and stats["mode"] == "fitted" and stats["fallbacks"] == 0
     recs = read_records(run / "replay" / "guard" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     assert recs.height > 100

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
-from tongyi_trace.guard.decide import LRU, GuardSettings
-from tongyi_trace.guard.sampling import is_sampled, threshold
+from tongyi_trace.policy.file import CategoryParams
+from tongyi_trace.policy.guard import LRU, GuardSettings
+from tongyi_trace.policy.sampling import is_sampled, threshold
 from tongyi_trace.vllm_plugin.config import PluginConfigError, guard_settings
 from tongyi_trace.vllm_plugin.guard import block_key
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PROM_FILE, STATS_FILE, PluginStats
 
@@ -26,9 +29,9 @@ class Block:
 
 def _policy(guard: GuardSettings | None) -> QueuePolicy:
     """What the first half says (tests/guard/conftest.py): "a" is reused, "b" almost never."""
-    return QueuePolicy(mode="wa", categories={"a": CategoryPriority(0.9, 0.01, 30.0),
-                                              "b": CategoryPriority(0.01, 0.001, 30.0)},
-                       default=CategoryPriority(0.5, 0.01, 30.0), guard=guard)
+    return QueuePolicy(mode="wa", categories={"a": CategoryParams(0.9, 0.01, 100.0, 30.0),
+                                              "b": CategoryParams(0.01, 0.001, 1000.0, 30.0)},
+                       default=CategoryParams(0.5, 0.01, 100.0, 30.0), guard=guard)
 
 
 def _replay(queue: PolicyFreeQueue, capacity: int) -> list[int]:
@@ -46,7 +49,8 @@ def test_shadow_lru_equals_simulated_lru() -> None:
     from tongyi_trace.sim.simulate import simulate_policy
 
     st = shifted()
-    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryPriority(0, 0, 0)))
+    shadow = ShadowCache(CAPACITY, QueuePolicy(mode="lru", categories={}, default=CategoryParams(0, 0, 0, 0)),
+                         PolicyFreeQueue)
     hits = [shadow.serve([int(k) for k in st.blk[st.req_off[r]:st.req_off[r + 1]]], "a", float(st.req_time_s[r]))
             for r in range(st.num_requests)]
     assert hits == simulate_policy(st, "lru", CAPACITY).req_hit_blocks.tolist()
@@ -123,6 +127,29 @@ def test_guard_settings_from_the_environment() -> None:
         guard_settings({"KVTRACE_SAMPLE_RATE": "2"})
     with pytest.raises(PluginConfigError, match="KVTRACE_REFIT_S"):
         guard_settings({"KVTRACE_REFIT_S": "soon"})
+
+
+def test_the_plugins_settings_written_by_engine_start_read_back(tmp_path: Path) -> None:
+    """plugin_env (what engine.start puts in the server's environment) and load_config (what the plugin
+    reads there) agree on every setting: the policy, the mode, the clock, the block size, the stats folder
+    and each of the guard's settings."""
+    from tongyi_trace.policy.file import CategoryParams, PolicyParams, save_policy
+    from tongyi_trace.vllm_plugin.config import load_config, plugin_env
+
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"text-1": CategoryParams(0.5, 0.1, 10.0, 9.0)},
+                             default=CategoryParams(0.2, 0.1, 10.0, 9.0)), policy)
+    guard = GuardSettings(guard=True, guard_margin=2.5, guard_window_s=30.0, refit_s=90.0, window_s=240.0,
+                          sample_rate=0.125)
+    env = plugin_env(policy, "wa", guard, 4.0, 32, tmp_path / "stats")
+    assert env["KVTRACE_GUARD_MARGIN"] == "2.5" and env["KVTRACE_REFIT_WINDOW_S"] == "240.0"
+    cfg = load_config(env)
+    assert cfg.policy.guard == guard
+    assert (cfg.policy.mode, cfg.policy.time_scale, cfg.policy.block_size) == ("wa", 4.0, 32)
+    assert cfg.policy_path == policy.resolve() and cfg.stats_dir == tmp_path / "stats"
+    assert cfg.policy.categories["text-1"].reuse_prob == 0.5
+    off = load_config(plugin_env(policy, "lru", GuardSettings(guard=False), 1.0, 16, None))
+    assert off.policy.guard == GuardSettings(guard=False) and off.stats_dir == policy.resolve().parent
 
 
 def test_refit_on_vllm_block_hashes(tmp_path) -> None:

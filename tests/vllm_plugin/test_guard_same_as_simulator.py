@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from tests.guard.conftest import CAPACITY, T_SHIFT_S, shifted
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.guard.decide import LRU, GuardSettings
-from tongyi_trace.guard.simulate import simulate_guarded
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
+from tongyi_trace.policy.guard import LRU, GuardSettings
+from tongyi_trace.sim.guarded import simulate_guarded
 from tongyi_trace.sim.stream import Stream
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 
 
@@ -38,11 +39,8 @@ def _plugin(stream: Stream, settings: GuardSettings, hash_salt: int = 0,
     """STREAM through the plugin's queue; hits per request and the queue. A block's hash is the stream's
     dense id (+ HASH_SALT: then it is like vLLM's, another identity than the simulator samples on); with
     SEND_KEYS each request also carries its dense ids, as `kvtrace replay` sends them (kv_block_keys)."""
-    def prio(c: CategoryParams) -> CategoryPriority:
-        return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
-
-    policy = QueuePolicy(mode="wa", categories={k: prio(v) for k, v in FIT.categories.items()},
-                         default=prio(FIT.default), guard=settings)
+    policy = QueuePolicy(mode="wa", categories=dict(FIT.categories),
+                         default=FIT.default, guard=settings)
     queue = PolicyFreeQueue([Block(i) for i in range(CAPACITY + 1)], policy)
     pool = ShadowCache.over(queue)
     hits = []

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
-from tongyi_trace.wa_priority import (
+from tongyi_trace.policy.file import CategoryParams
+from tongyi_trace.policy.wa_priority import (
     MODEL_EXP,
     MODEL_KM,
     evicts_before,
@@ -20,6 +20,8 @@ from tongyi_trace.wa_priority import (
     log_reuse_prob,
     reuse_prob,
 )
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 
 @dataclass
@@ -38,11 +40,11 @@ class Clock:
         return self.now_s
 
 
-HOT = CategoryPriority(reuse_prob=0.9, rate_per_s=0.1, life_s=10.0)
-COLD = CategoryPriority(reuse_prob=0.1, rate_per_s=0.1, life_s=10.0)
+HOT = CategoryParams(reuse_prob=0.9, rate_per_s=0.1, mean_reuse_s=10.0, life_s=10.0)
+COLD = CategoryParams(reuse_prob=0.1, rate_per_s=0.1, mean_reuse_s=10.0, life_s=10.0)
 
 
-def make(mode: str, num_blocks: int = 8, cats: dict[str, CategoryPriority] | None = None,
+def make(mode: str, num_blocks: int = 8, cats: dict[str, CategoryParams] | None = None,
          **kw: object) -> tuple[PolicyFreeQueue, list[Block], Clock]:
     clock = Clock()
     blocks = [Block(i) for i in range(num_blocks)]

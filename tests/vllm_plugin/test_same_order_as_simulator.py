@@ -24,9 +24,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
-from tongyi_trace.fit.params import CategoryParams, PolicyParams
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, PolicyFreeQueue, QueuePolicy
-from tongyi_trace.wa_priority import km_grid_s
+from tongyi_trace.policy.file import CategoryParams, PolicyParams
+from tongyi_trace.policy.wa_priority import km_grid_s
+from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 # km tables: hot is reused late (F rises from 10 s), cold early and flat after 5 s
 _HOT_KM = tuple(min(0.8, 0.8 * max(t - 10.0, 0.0) / 60.0) for t in km_grid_s())
@@ -53,11 +54,8 @@ class MiniPool:
 
     def __init__(self, capacity_blocks: int, mode: str, variant: dict[str, object] | None = None,
                  params: dict[str, CategoryParams] = PARAMS) -> None:
-        def prio(c: CategoryParams) -> CategoryPriority:
-            return CategoryPriority(c.reuse_prob, c.rate_per_s, c.life_s, tuple(c.km_cdf_table()))
-
-        policy = QueuePolicy(mode=mode, categories={k: prio(v) for k, v in params.items()},
-                             default=prio(DEFAULT), **(variant or {}))  # type: ignore[arg-type]
+        policy = QueuePolicy(mode=mode, categories=dict(params),
+                             default=DEFAULT, **(variant or {}))  # type: ignore[arg-type]
         self.queue = PolicyFreeQueue([Block(i) for i in range(capacity_blocks + 1)], policy)
         self.queue.popleft()  # vLLM's null block
         self.cached: dict[int, Block] = {}
@@ -235,6 +233,25 @@ def test_fitted_mode_runs_the_choice_nearest_the_pool(chosen: str) -> None:
         plugin = plugin_hits(pool, requests, times, cats)
         assert pool.num_orphans == 0
         assert plugin == simulated_hits(requests, times, cats, capacity, chosen, params)
+
+
+def test_a_fitted_s3fifo_choice_runs_with_its_settings() -> None:
+    """S3-FIFO's settings are one type (policy/settings.py, S3FifoSettings) that the simulator and the plugin
+    both read: a fitted choice's s3fifo settings reach the plugin's queues (they were once ignored there),
+    which then give the simulator's hits with the same settings, and other hits than the defaults'."""
+    capacity = 24
+    params: dict[str, object] = {"leaf_only": True, "small_ratio": 0.3, "move_to_main_threshold": 2, "freq_cap": 2}
+    differs = 0
+    for seed in range(6):
+        requests, times, cats = workload(seed, num_sessions=12, max_turns=5, shared=True)
+        pool = MiniPool(capacity, "fitted", {"choices": ((capacity * 16, "s3fifo", params),)})
+        s3 = pool.queue._s3
+        assert s3 is not None and (s3.settings.small_ratio, s3.settings.freq_cap) == (0.3, 2)
+        plugin = plugin_hits(pool, requests, times, cats)
+        assert pool.num_orphans == 0
+        assert plugin == simulated_hits(requests, times, cats, capacity, "s3fifo", params)
+        differs += plugin != simulated_hits(requests, times, cats, capacity, "s3fifo", {"leaf_only": True})
+    assert differs > 0
 
 
 def test_fifo_and_s3fifo_differ_from_lru_on_these_workloads() -> None:

@@ -8,7 +8,6 @@ Artifact layout: docs/artifacts/analysis.md.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from tongyi_trace.analysis.spatial import spatial
 from tongyi_trace.analysis.turn_hits import turn_hits
 from tongyi_trace.analysis.user_heatmap import user_heatmap
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.run import RunDir, check_identity, load_provenance, write_json, write_parquet_atomic
+from tongyi_trace.run import RunDir, load_provenance, read_artifact, write_json, write_parquet_atomic
 
 AnalysisFn = Callable[[AnalysisContext], AnalysisResult]
 
@@ -160,16 +159,10 @@ def summary_doc(run: RunDir, results: dict[str, AnalysisResult], elapsed_s: floa
 
 def _previous_summary(out_dir: Path) -> dict[str, Any]:
     """The summary already in OUT_DIR (analyses run earlier with --only are kept), or {}."""
-    p = out_dir / SUMMARY_FILE
     try:
-        doc: dict[str, Any] = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return {}
-    try:
-        check_identity(p, doc)
+        return read_artifact(out_dir / SUMMARY_FILE, ANALYSIS_SCHEMA, required=False) or {}
     except InputError:
-        return {}  # made from another ingest: nothing of it is kept
-    return doc if doc.get("schema") == ANALYSIS_SCHEMA else {}
+        return {}  # unreadable, of another schema or made from another ingest: nothing of it is kept
 
 
 def models_doc(opts: AnalysisOptions, block_size: int) -> list[dict[str, Any]]:

@@ -1,1 +1,3 @@
-"""Calibration checks: a synthetic trace measured through ingest, the analyses and the simulator."""
+"""Calibration of the synthetic traces against their targets: drivers that run ingest, the analyses and the
+simulator over a generated trace (profiles.py: a profile's figures against its bands; twin.py: a twin
+against the run it follows)."""

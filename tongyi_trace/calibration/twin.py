@@ -1,6 +1,6 @@
 """`kvtrace synth --like RUN --check`: the twin of a run measured against the run, figure by figure.
 
-The twin is drawn (trace/synth_like.py), written, ingested (`kvtrace ingest`), characterized
+The twin is drawn (fit/synth_like.py), written, ingested (`kvtrace ingest`), characterized
 (`kvtrace analyze`'s hit_ratio and reuse_time) and replayed through the exact LRU curve of the
 simulator (tongyi_trace.sim.lru_curve), exactly as the run is; nothing is recomputed here. Tolerances
 (issue 38 item 4): ideal hit ratio +-0.02; prefix-LRU hit ratio +-0.03 at 1, 5, 10 and 25% of each
@@ -22,13 +22,13 @@ from scipy.stats import ks_2samp
 
 from tongyi_trace.analysis.runner import run_analyses
 from tongyi_trace.errors import UsageError
+from tongyi_trace.fit.synth_like import synth_like_to_file
 from tongyi_trace.run import RunDir, open_run
 from tongyi_trace.schemas import ALL_CATEGORIES
 from tongyi_trace.sim.capacity import parse_capacities
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.stream import load_stream
 from tongyi_trace.trace.ingest import ingest_trace
-from tongyi_trace.trace.synth_like import synth_like_to_file
 
 LRU_POINTS = ("1%", "5%", "10%", "25%")
 IDEAL_TOL = 0.02

@@ -102,10 +102,10 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
-    """The answer per capacity: the setting the policy file runs there (fit.params.choice_table)."""
+    """The answer per capacity: the setting the policy file runs there (policy.file.choice_table)."""
     from rich.table import Table
 
-    from tongyi_trace.fit.params import choice_table
+    from tongyi_trace.policy.file import choice_table
 
     where = (f"the last {holdout:.0%} of the train window, parameters fitted on the rest" if holdout > 0
              else "the train window")

@@ -105,7 +105,7 @@ def simulate(
         intervals=not no_intervals, confidence=confidence)
     if instances is not None or router is not None or remote_capacity is not None \
             or remote_load_s_per_token is not None:
-        from tongyi_trace.fleet.cli import simulate_fleet_cli
+        from tongyi_trace.cli._fleet import simulate_fleet_cli
 
         simulate_fleet_cli(run_dir, opts, instances, router, remote_capacity, remote_load_s_per_token,
                            quiet=quiet, json_out=json_out)
@@ -150,7 +150,7 @@ def _missing_run() -> None:
 def _table(result: SweepResult) -> Table:
     from rich.table import Table
 
-    from tongyi_trace.guard.simulate import guard_cell
+    from tongyi_trace.sim.guarded import guard_cell
 
     t = Table(title="prefix-cache simulation")
     iv = result.summary.get("intervals")

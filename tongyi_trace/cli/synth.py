@@ -15,9 +15,9 @@ from tongyi_trace.errors import UsageError
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from tongyi_trace.calibration.profiles import CheckRow
     from tongyi_trace.calibration.twin import TwinRow
     from tongyi_trace.trace.synth import SynthSummary
-    from tongyi_trace.trace.synth_check import CheckRow
 
 
 @app.command()
@@ -64,7 +64,7 @@ def synth(
         with progress(quiet or json_out) as bar:
             bar.add_task("generating", total=None)
             if like is not None:
-                from tongyi_trace.trace.synth_like import synth_like_to_file
+                from tongyi_trace.fit.synth_like import synth_like_to_file
 
                 return synth_like_to_file(like, seed, out, requests, duration, scale)
             return synth_to_file(profile, seed, out, requests, duration, scale)
@@ -100,7 +100,7 @@ def _check(profile: str | None, like: Path | None, out: Path | None, seed: int, 
             raise UsageError("--check takes --profile P (and --seed, --scale) or --like RUN (and --seed), not -o")
         if profile not in PROFILES:
             raise UsageError(f"unknown profile {profile!r}; use one of: {', '.join(PROFILES)}")
-        from tongyi_trace.trace.synth_check import check_profile
+        from tongyi_trace.calibration.profiles import check_profile
 
         with progress(quiet or json_out) as bar:
             bar.add_task(f"generating, ingesting and analyzing {profile} seed {seed}", total=None)

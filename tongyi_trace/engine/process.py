@@ -26,7 +26,8 @@ from tongyi_trace.engine.install import Log, is_installed, no_log
 from tongyi_trace.engine.model import SERVED_MODEL_NAME, write_model_dir
 from tongyi_trace.engine.paths import engine_dir, tail_text, venv_dir, venv_python
 from tongyi_trace.errors import EngineError, UsageError
-from tongyi_trace.vllm_plugin import EVICTION_MODES
+from tongyi_trace.policy.guard import GuardSettings
+from tongyi_trace.policy.names import EVICTION_MODES
 
 EVICTION_CHOICES = EVICTION_MODES
 DEFAULT_ENGINE_NAME = "default"
@@ -137,17 +138,25 @@ def _check_start_args(num_blocks: int, block_size: int, max_model_len: int,
 def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096,
           eviction: str | None = None, policy: Path | None = None, name: str = DEFAULT_ENGINE_NAME,
           timeout_s: float = 600.0, port: int | None = None, time_scale: float = 1.0,
-          guard: bool = True, log: Log = no_log, tokenizer: bool = False) -> EngineState:
-    """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state. GUARD:
-    the plugin's shadow-LRU guard when it runs WA (KVTRACE_GUARD; on by default, docs/guard.md). TOKENIZER:
-    serve with the small local tokenizer of engine/tokenizer.py (text prompts, chat, /tokenize) instead of
-    --skip-tokenizer-init (token-id prompts only)."""
+          guard: bool | GuardSettings = True, stats_dir: Path | None = None, check_policy: bool = True,
+          log: Log = no_log, tokenizer: bool = False) -> EngineState:
+    """Start the CPU vLLM server and wait until GET /health answers 200; return its recorded state.
+
+    The plugin's settings: POLICY (a policy file) and EVICTION (a mode), TIME_SCALE, GUARD (the shadow-LRU
+    guard and the online refit when it runs WA: on/off with their defaults, or all their settings;
+    docs/guard.md), STATS_DIR (default: the engine's state folder). CHECK_POLICY=False hands a policy file
+    to the plugin unread (a test of the plugin's own refusal). TOKENIZER: serve with the small local tokenizer
+    of engine/tokenizer.py (text prompts, chat, /tokenize) instead of --skip-tokenizer-init (token-id prompts
+    only)."""
     _check_start_args(num_blocks, block_size, max_model_len, eviction, policy)
     if not time_scale > 0:
         raise UsageError(f"--time-scale {time_scale} must be > 0 (trace seconds per wall second)")
+    guard_settings = guard if isinstance(guard, GuardSettings) else GuardSettings(guard=guard)
+    guard_settings.check()
     if policy is not None:
-        from tongyi_trace.fit.params import load_policy
-        load_policy(policy)  # a malformed policy file is refused here, not inside the engine
+        if check_policy:
+            from tongyi_trace.policy.file import load_policy
+            load_policy(policy)  # a malformed policy file is refused here, not inside the engine
         if eviction is None:
             eviction = "fitted"
     if not is_installed():
@@ -186,18 +195,13 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
     env["PATH"] = f"{venv_dir() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     if tokenizer:  # the tokenizer is local: never look it up on the Hugging Face hub
         env["HF_HUB_OFFLINE"] = "1"
-    if eviction is not None:
-        env["KVTRACE_EVICTION"] = eviction
-    if policy is not None:
-        env["KVTRACE_POLICY"] = str(policy.resolve())
-    stats_dir = None
-    if eviction is not None:  # the plugin runs: its counters go to STATE/plugin_stats.json
-        stats_dir = str(sdir)
-        env["KVTRACE_STATS_DIR"] = stats_dir
-        env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
-        env["KVTRACE_BLOCK_SIZE"] = str(block_size)
-        env["KVTRACE_GUARD"] = "1" if guard else "0"
-        (sdir / "plugin_stats.json").unlink(missing_ok=True)
+    plugin_stats_dir = None
+    if eviction is not None:  # the plugin runs: its counters go to STATS_DIR (default STATE)/plugin_stats.json
+        from tongyi_trace.vllm_plugin.config import plugin_env
+
+        plugin_stats_dir = stats_dir or sdir
+        env.update(plugin_env(policy, eviction, guard_settings, time_scale, block_size, plugin_stats_dir))
+        (plugin_stats_dir / "plugin_stats.json").unlink(missing_ok=True)
     log_path = sdir / "engine.log"
     url = f"http://127.0.0.1:{port}"
     with log_path.open("w") as fh:
@@ -210,7 +214,8 @@ def start(num_blocks: int = 512, block_size: int = 32, max_model_len: int = 4096
                      model_dir=str(model_dir), served_model_name=SERVED_MODEL_NAME, num_blocks=num_blocks,
                      block_size=block_size, max_model_len=max_model_len, eviction=eviction,
                      policy=str(policy.resolve()) if policy else None, started_at=time.time(), command=cmd,
-                     stats_dir=stats_dir, time_scale=float(time_scale),
+                     stats_dir=None if plugin_stats_dir is None else str(plugin_stats_dir),
+                     time_scale=float(time_scale),
                      tokenizer_file=str(model_dir / "tokenizer.json") if tokenizer else None)
     atomic_write_text(_state_path(name), json.dumps(asdict(st), indent=2) + "\n")
     log(f"engine start: pid {proc.pid}, waiting for {url}/health (log {log_path})")

@@ -25,8 +25,8 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import RequestContext
-from tongyi_trace.fit.reuse_model import Samples
+from tongyi_trace.policy.file import RequestContext
+from tongyi_trace.policy.reuse_model import Samples
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
 

@@ -3,7 +3,7 @@
 For each category w (`<type>-<turn bucket>` of the accessing request), every block access inside the
 train window is a sample of the time until that block's next access, right-censored at the window end
 (tongyi_trace.fit.events). F_w(d) = p_w (1 - exp(-lambda_w d)) is fitted by maximum likelihood
-(tongyi_trace.fit.reuse_model); source: paper section 3 "Reuse time" (Fig 12-15) and section 4.2 (WA).
+(tongyi_trace.policy.reuse_model); source: paper section 3 "Reuse time" (Fig 12-15) and section 4.2 (WA).
 
 Fallback: a category with fewer than `min_samples` samples takes the pooled fit of all categories of
 its type when that pool has enough samples, else the pooled fit over all categories (`default`), and is
@@ -42,15 +42,15 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import Window, block_lifespans, load_accesses, parse_window, window_samples
-from tongyi_trace.fit.params import CategoryParams, PolicyParams, RequestContext, save_policy
-from tongyi_trace.fit.reuse_model import ReuseFit, Samples, fit_reuse, km_curve, km_table, ks_distance, model_cdf
+from tongyi_trace.fit.synth_like import workload_summary
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
+from tongyi_trace.policy.file import CategoryParams, PolicyParams, RequestContext, save_policy
+from tongyi_trace.policy.reuse_model import ReuseFit, Samples, fit_reuse, km_curve, km_table, ks_distance, model_cdf
 from tongyi_trace.run import check_not_run_table, open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
 from tongyi_trace.trace.categories import follow_up_gaps_s
-from tongyi_trace.trace.synth_like import workload_summary
 
 DEFAULT_MIN_SAMPLES = 1000
 DEFAULT_LIFE_QUANTILE = 0.9

@@ -39,8 +39,9 @@ import numpy as np
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks, sized_for
 from tongyi_trace.fit.events import Window
-from tongyi_trace.fit.params import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.models import ModelPreset
+from tongyi_trace.policy.file import PolicyChoice, PolicyParams, RequestContext, setting_label
+from tongyi_trace.policy.names import PLUGIN_BASELINES as BASELINE_CANDIDATES
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
@@ -57,7 +58,6 @@ from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
 LIFE_FACTORS = (0.05, 0.25, 1.0)
-BASELINE_CANDIDATES = ("lru", "fifo", "s3fifo")
 
 
 @dataclass(frozen=True)

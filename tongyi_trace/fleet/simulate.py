@@ -11,7 +11,7 @@ through by every instance) is a cache of `remote_blocks` serving every request; 
 max(local prefix, remote prefix), the part beyond the local prefix loaded at `remote_s_per_token`.
 With one instance and one tier this is exactly `simulate_policy` (tested). With an `EngineShape`
 (sim/engine_model.py) every instance models a vLLM engine, as `kvtrace replay` across several servers
-routes and reconciles (fleet/replay.py).
+routes and reconciles (replay/fleet.py).
 
 A block table holds a row per distinct block of the stream (~0.5 s to allocate on the default to-C
 trace): a `CachePool` keeps the caches of one configuration between simulations and resets each by
@@ -31,8 +31,8 @@ from numba.typed import List
 
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import PolicyParams
 from tongyi_trace.fleet.routers import Router, get_router
+from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, summarize_qttft
 from tongyi_trace.sim.kernel import cached_prefix_len
 from tongyi_trace.sim.simulate import Cache, EngineShape, TieredCache, tier_policies

@@ -11,7 +11,7 @@ For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
   `tongyi_trace.sim.engine_model.predict_request_hits` with the policy file the plugin ran (or --policy);
   WA and `fitted` with the guard and refit the plugin was started with (`guard_params`: its stats'
   `guard_settings`; WA's defaults, the guard on, without the plugin) through
-  `tongyi_trace.guard.simulate.predict_guarded`;
+  `tongyi_trace.sim.guarded.predict_guarded`;
 - TTFT mean / P50 / P99 (ms, QTTFT: queueing included) over the same records (P = linear
   interpolation between order statistics);
 - the plugin's counters over the replay window (summary.plugin, else plugin_stats.json in the replay
@@ -22,7 +22,6 @@ and B - A for each figure. The paper's comparison: QTTFT and hit ratio, WA vs ba
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ from typing import Any
 import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.replay.reconcile import guard_params, predict_hits
-from tongyi_trace.run import RunDir, check_identity, open_run, write_json
+from tongyi_trace.run import RunDir, open_run, read_artifact, write_json
 from tongyi_trace.schemas import COMPARE_SCHEMA
 from tongyi_trace.vllm_plugin.stats import read_stats
 
@@ -96,19 +95,6 @@ def resolve_replay(path: str | Path) -> Path:
                      "run 'kvtrace replay' first")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from e
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
-    if not isinstance(doc, dict):
-        raise InputError(f"{path}: not a JSON object")
-    check_identity(path, doc)
-    return doc
-
-
 def _plugin_stats(replay_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
     got = summary.get("plugin")
     if isinstance(got, dict) and got:
@@ -143,7 +129,7 @@ def _ttft(recs: pl.DataFrame) -> dict[str, float | None]:
 def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySide:
     """Read one replay's figures and add the simulator's predictions for LRU and WA."""
     replay_dir = resolve_replay(path)
-    summary = _read_json(replay_dir / "summary.json")
+    summary = read_artifact(replay_dir / "summary.json")
     run_dir = replay_dir.parent.parent
     notes: list[str] = []
     engine_info = summary.get("engine") or {}
@@ -200,7 +186,7 @@ def compare_replays(replay_a: str | Path, replay_b: str | Path, policy: Path | N
     a = load_side(replay_a, policy)
     b = load_side(replay_b, policy)
     notes: list[str] = []
-    sa, sb = _read_json(Path(a.replay_dir) / "summary.json"), _read_json(Path(b.replay_dir) / "summary.json")
+    sa, sb = read_artifact(Path(a.replay_dir) / "summary.json"), read_artifact(Path(b.replay_dir) / "summary.json")
     if (sa.get("trace") or {}).get("source") != (sb.get("trace") or {}).get("source"):
         notes.append("the two replays come from different traces: the comparison is not like for like")
     if a.num_requests != b.num_requests:

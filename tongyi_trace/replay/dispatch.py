@@ -7,7 +7,7 @@ prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": categor
 "kv_block_keys": the simulator's ids of the request's engine blocks}` (arrives in the engine as
 SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as the simulator does, and its
 guard samples the blocks the simulator samples). TTFT = first chunk with a choice - send time.
-With several servers (a fleet replay), each request goes to the server of its instance (fleet/replay.py
+With several servers (a fleet replay), each request goes to the server of its instance (replay/fleet.py
 routes them) and its record says which.
 A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
 (a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).

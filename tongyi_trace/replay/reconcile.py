@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.fit.params import PolicyParams, load_policy
+from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.run import RunDir
 
 RECONCILE_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -79,7 +79,7 @@ def predict_hits(run: RunDir, recs: pl.DataFrame, engine_block_size: int, num_gp
         hits = predict_request_hits(run, req_idx, engine_block_size, num_gpu_blocks, policy="lru",
                                     output_tokens=out_tok)
     else:
-        from tongyi_trace.guard.simulate import predict_guarded
+        from tongyi_trace.sim.guarded import predict_guarded
 
         hits = predict_guarded(run, req_idx, engine_block_size, num_gpu_blocks, policy, params, guard or {},
                                out_tok).result.req_hit_tokens

@@ -7,7 +7,7 @@ requests finish), scrape /metrics again, then write the reconciliation against t
 status "running" first and rewritten at the end ("complete", "interrupted" after Ctrl-C, "failed" after a
 crash), so every outcome leaves the finished records and a summary. Artifacts: docs/artifacts/replay.md.
 Several servers (--server URL1,URL2,... --router R): each request goes to the engine the fleet simulator's
-router picks (fleet/replay.py, routing.parquet), and the reconciliation is per instance.
+router picks (replay/fleet.py, routing.parquet), and the reconciliation is per instance.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tongyi_trace.stops import stop_signals_interrupt
 from tongyi_trace.vllm_plugin.stats import STATS_FILE, read_settled_stats, read_stats, stats_delta
 
 if TYPE_CHECKING:
-    from tongyi_trace.fleet.replay import FleetRouting
+    from tongyi_trace.replay.fleet import FleetRouting
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,16 @@ def run_replay(run_dir: str | Path, server: str, opts: ReplayOptions,
 def _replay(run: RunDir, server: str, opts: ReplayOptions,
             on_start: Callable[[Schedule, ServerInfo], None] | None,
             on_update: Callable[[DispatchState], None] | None) -> ReplayResult:
-    prov = run.provenance()
+    """Options, probe, plan, dispatch: nothing on disk changes before the servers answered and the plan holds
+    a request."""
+    out_dir, replacing = _check_options(run, opts)
+    urls, infos = _probe(server, opts)
+    plan = _plan(run, opts, urls, infos)
+    return _dispatch(run, opts, plan, out_dir, replacing, on_start, on_update)
+
+
+def _check_options(run: RunDir, opts: ReplayOptions) -> tuple[Path, bool]:
+    """OPTS checked (a UsageError names the first bad one); the replay's folder and whether it replaces one."""
     if not opts.name or "/" in opts.name or opts.name.startswith("."):
         raise UsageError(f"--name {opts.name!r}: use a plain folder name")
     if opts.max_in_flight is not None and opts.max_in_flight < 1:
@@ -228,14 +237,39 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     replacing = out_dir.exists() and any(out_dir.iterdir())
     if replacing and not opts.overwrite:
         raise UsageError(f"{out_dir} already holds a replay; pick another --name or pass --overwrite")
+    return out_dir, replacing
+
+
+def _probe(server: str, opts: ReplayOptions) -> tuple[list[str], list[ServerInfo]]:
+    """The servers' urls (several for a fleet replay) and what each says about itself: an unreachable server
+    is an error before anything on disk changes (the old replay stays)."""
     urls = [server]
     if opts.router is not None or "," in server:
-        from tongyi_trace.fleet.replay import parse_servers
+        from tongyi_trace.replay.fleet import parse_servers
 
         urls = parse_servers(server, opts.router)
-    # validate and connect before touching anything on disk: unreachable -> error, the old replay stays
     info = probe_server(urls[0], opts.model, opts.api_key, opts.reset_cache)
     infos = [info] + [probe_server(u, info.model, opts.api_key, opts.reset_cache) for u in urls[1:]]
+    return urls, infos
+
+
+@dataclass
+class ReplayPlan:
+    """What the dispatch sends: the schedule, the fleet's routing (None: one server), each request's prompt
+    and kv_block_keys, and the summary's opening fields."""
+
+    urls: list[str]
+    infos: list[ServerInfo]
+    sched: Schedule
+    routing: FleetRouting | None
+    prompt_of: Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]
+    summary: dict[str, Any]
+
+
+def _plan(run: RunDir, opts: ReplayOptions, urls: list[str], infos: list[ServerInfo]) -> ReplayPlan:
+    """The schedule (within the servers' length limit), the routing, the prompts and the summary's opening."""
+    prov = run.provenance()
+    info = infos[0]
     sched = build_schedule(tagged_requests(run, opts.policy_file), opts.schedule,
                            min((i.max_model_len for i in infos if i.max_model_len is not None), default=None))
     if not sched.requests:
@@ -251,10 +285,6 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
         sent, unique_from = keys.get(sr.req_idx, (None, None))
         return synth.prompt(sr.req_idx, ids, ntok, sr.input_tokens, unique_from), sent
 
-    if replacing:
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records_path = out_dir / "records.jsonl"
     summary: dict[str, Any] = {
         "schema": REPLAY_SCHEMA, "name": opts.name, "status": "running", "error": None,
         "created_by": f"kvtrace {__version__}", "server": info.url, "model": info.model,
@@ -268,23 +298,36 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
     }
     if routing is not None:
         summary.update(servers=urls, fleet=routing.summary())
+    return ReplayPlan(urls, infos, sched, routing, prompt_of, summary)
+
+
+def _dispatch(run: RunDir, opts: ReplayOptions, plan: ReplayPlan, out_dir: Path, replacing: bool,
+              on_start: Callable[[Schedule, ServerInfo], None] | None,
+              on_update: Callable[[DispatchState], None] | None) -> ReplayResult:
+    """Write the replay's folder (the old one cleared), send PLAN's requests, and finalize the summary however
+    the dispatch ends (complete, interrupted or failed)."""
+    info, routing, summary = plan.infos[0], plan.routing, plan.summary
+    if replacing:
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if routing is not None:
         write_parquet_atomic(routing.table, out_dir / "routing.parquet")
     run.write_artifact(out_dir / "summary.json", summary)
     if on_start is not None:
-        on_start(sched, info)
+        on_start(plan.sched, info)
     stats_path = _plugin_stats_path(info.url, opts.plugin_stats) if routing is None else opts.plugin_stats
     stats_before = read_stats(stats_path) if stats_path else None
     summary["plugin_stats_path"] = str(stats_path) if stats_path else None
-    state = DispatchState(num_scheduled=len(sched.requests))
+    state = DispatchState(num_scheduled=len(plan.sched.requests))
     dopts = DispatchOptions(model=info.model, api_key=opts.api_key, max_in_flight=opts.max_in_flight,
                             closed_sessions=opts.schedule.closed_sessions,
                             request_timeout_s=opts.request_timeout_s)
-    writer = RecordWriter(records_path)
+    writer = RecordWriter(out_dir / "records.jsonl")
     t_start = time.monotonic()
     status, error = "complete", None
     try:
         with stop_signals_interrupt():
-            asyncio.run(dispatch(urls, sched.requests, prompt_of, dopts, writer, state, on_update,
+            asyncio.run(dispatch(plan.urls, plan.sched.requests, plan.prompt_of, dopts, writer, state, on_update,
                                  routing.instance_of() if routing is not None else None))
     except KeyboardInterrupt as e:
         status, error = "interrupted", (str(e) or None)
@@ -293,7 +336,7 @@ def _replay(run: RunDir, server: str, opts: ReplayOptions,
         raise
     finally:
         writer.close()
-        _finalize(run, out_dir, infos, opts, summary, status, error, time.monotonic() - t_start,
+        _finalize(run, out_dir, plan.infos, opts, summary, status, error, time.monotonic() - t_start,
                   stats_path, stats_before)
     return ReplayResult(out_dir, summary)
 
@@ -322,8 +365,8 @@ def _block_keys(run: RunDir, sched: Schedule, block_sizes: set[int | None]) -> d
 
 def _fleet_routing(run: RunDir, sched: Schedule, infos: list[ServerInfo],
                    opts: ReplayOptions) -> FleetRouting:
-    """The fleet router's instance for every scheduled request (fleet/replay.py)."""
-    from tongyi_trace.fleet.replay import engine_shape_of, route_requests
+    """The fleet router's instance for every scheduled request (replay/fleet.py)."""
+    from tongyi_trace.replay.fleet import engine_shape_of, route_requests
 
     shapes = [(i.url, e["block_size"], e["num_gpu_blocks"]) for i in infos for e in [_engine_figures(i, opts)]]
     bs, nb = engine_shape_of(shapes)
@@ -493,7 +536,7 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, A
         return None, ("the server reported no cached_tokens: start vLLM with --enable-prompt-tokens-details")
     try:
         if servers is not None and len(servers) > 1:
-            from tongyi_trace.fleet.replay import reconcile_fleet
+            from tongyi_trace.replay.fleet import reconcile_fleet
 
             routing = pl.read_parquet(out_dir / "routing.parquet")
             rec = reconcile_fleet(run, ok, routing, servers, int(bs), int(nb))

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import load_policy
+from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import RunDir
 from tongyi_trace.splitmix import splitmix64
 from tongyi_trace.trace.categories import context_categories

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import PolicyParams
+from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.simulate import EngineShape, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, regroup

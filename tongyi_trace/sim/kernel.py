@@ -398,7 +398,7 @@ def _sources_digest() -> str:
     """8 hex digits over the sources compiled into the kernels."""
     here = Path(__file__).parent
     files = [here / "kernel.py", here / "structs.py", here / "policy_base.py",
-             *sorted((here / "policies").glob("*.py")), here.parent / "wa_priority.py"]
+             *sorted((here / "policies").glob("*.py")), here.parent / "policy" / "wa_priority.py"]
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())

@@ -35,7 +35,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.sim.structs import G_POLICY, MAX_HEAP_IDS, MAX_HEAP_PUSHES, POLICY_COL0, POLICY_COLUMNS
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import PolicyParams
+    from tongyi_trace.policy.file import PolicyParams
     from tongyi_trace.sim.stream import Stream
 
 NUM_PARAMS = 8  # ip and fp slots
@@ -155,9 +155,15 @@ class PolicySpec:
         return self.params_cls(**typed), leaf_only
 
     def describe(self) -> list[dict[str, Any]]:
-        """Each parameter: name, type, default, help (from the dataclass field metadata)."""
+        """Each parameter: name, type, default, help (from the dataclass field metadata); a policy's own
+        parameters first, then those its settings inherit (WA's switches, then the guard's)."""
+        mro = self.params_cls.__mro__
+
+        def depth(f: dataclasses.Field[Any]) -> int:
+            return next(i for i, c in enumerate(mro) if f.name in getattr(c, "__annotations__", {}))
+
         out = []
-        for f in dataclasses.fields(self.params_cls):
+        for f in sorted(dataclasses.fields(self.params_cls), key=depth):
             out.append({"name": f.name, "type": str(f.type), "default": f.default,
                         "help": f.metadata.get("help", "")})
         out.append({"name": "leaf_only", "type": "bool", "default": self.leaf_only_default,

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.models import GIB, PRESETS, ModelPreset
-from tongyi_trace.schemas import RECOMMENDATION_SCHEMA
+from tongyi_trace.run import read_artifact
+from tongyi_trace.schemas import RECOMMENDATION_SCHEMA, SIM_SCHEMA
 from tongyi_trace.sim.bootstrap import Interval, significant_best
 from tongyi_trace.sim.registry import VARIANTS
 
@@ -209,7 +210,7 @@ def recommend_sim_dir(sim_dir: Path, models: Sequence[ModelPreset] = tuple(PRESE
     paths = [sim_dir / n for n in ("summary.json", "results.parquet", "lru_curve.parquet")]
     if not all(p.is_file() for p in paths):
         return None
-    summary = json.loads(paths[0].read_text())
+    summary = read_artifact(paths[0], SIM_SCHEMA) or {}
     rows = pl.read_parquet(paths[1]).to_dicts()
     curve = pl.read_parquet(paths[2])
     return recommend(rows, {c: curve[c].to_numpy() for c in curve.columns}, summary, models,

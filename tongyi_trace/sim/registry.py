@@ -1,31 +1,19 @@
-"""The policy registry: one entry per policy file, keyed by the `Policy` enum (no string if-chains), and
-what reports and the CLI show of the policies (names, baselines, colours, the paper's figure).
+"""The policy registry: one entry per policy file, keyed by the `Policy` enum of policy/names.py (no
+string if-chains), and what reports and the CLI show of the policies (names, baselines, colours, the paper's figure).
 
 The names and colours load without the policies (no numba): REGISTRY and get_policy import them on first
 use."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from tongyi_trace.errors import UsageError
+from tongyi_trace.policy.names import FITTED, Policy
 
 if TYPE_CHECKING:
     from tongyi_trace.sim.policy_base import PolicySpec
-
-
-class Policy(StrEnum):
-    """The simulated eviction policies."""
-
-    LRU = "lru"
-    FIFO = "fifo"
-    LFU = "lfu"
-    S3FIFO = "s3fifo"
-    GDSF = "gdsf"
-    WA = "wa"
-    ORACLE = "oracle"
 
 
 BASELINES = (Policy.LRU, Policy.FIFO, Policy.LFU, Policy.S3FIFO, Policy.GDSF)
@@ -46,7 +34,6 @@ ORACLE_VARIANTS: dict[str, dict[str, str]] = {"oracle-dead": {"knows": "dead"}}
 VARIANTS: dict[str, tuple[Policy, dict[str, Any]]] = {
     **{name: (Policy.WA, over) for name, over in WA_ABLATION.items()},
     **{name: (Policy.ORACLE, over) for name, over in ORACLE_VARIANTS.items()}}
-FITTED = "fitted"
 # WA's gain over the best baseline the paper reports (hit-ratio points, smallest to largest capacity):
 # Wang et al., "KVCache Cache in the Wild", USENIX ATC'25, section 5
 PAPER_WA_GAIN_POINTS = (1.5, 3.9)

@@ -29,7 +29,7 @@ import numpy as np
 from numba import typeof
 
 from tongyi_trace.errors import UsageError
-from tongyi_trace.fit.params import PolicyParams
+from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.sim.kernel import (
     NUM_STATS,
     S_BYPASS,

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from tongyi_trace.errors import InputError, UsageError
-from tongyi_trace.fit.params import RequestContext
+from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.run import RunDir
 from tongyi_trace.trace.categories import context_categories
 from tongyi_trace.trace.dense import DenseIds

@@ -24,14 +24,14 @@ import polars as pl
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
-from tongyi_trace.fit.params import PolicyParams, load_policy
-from tongyi_trace.guard.simulate import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
+from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.cost_model import CostModel, qttft_s, queue_summary
+from tongyi_trace.sim.guarded import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.sim.intervals import HITS, QTTFT, sweep_intervals
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.registry import (

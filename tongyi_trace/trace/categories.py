@@ -7,15 +7,12 @@ Turn buckets are ascending lower bounds: [1, 2, 3] labels turn 1 -> "1", 2 -> "2
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import UsageError
-
-if TYPE_CHECKING:
-    from tongyi_trace.fit.params import RequestContext
 
 NO_CATEGORY = "all"
 
@@ -59,7 +56,21 @@ SEP = "|"
 CONTEXT_COLUMNS = ("req_idx", "chat_id", "parent_chat_id", "user_id", "arrival_s", "category")
 
 
-def context_categories(requests: pl.DataFrame, context: RequestContext | None) -> pl.Series:
+class ContextSplits(Protocol):
+    """What context_categories reads of a policy file's context (tongyi_trace.policy.file.RequestContext is
+    one: the trace layer names its fields, not the policy layer's type, so it imports nothing above it)."""
+
+    @property
+    def gap_splits_s(self) -> tuple[float, ...]: ...
+
+    @property
+    def pace_split_s(self) -> float | None: ...
+
+    @property
+    def pace_min_gaps(self) -> int: ...
+
+
+def context_categories(requests: pl.DataFrame, context: ContextSplits | None) -> pl.Series:
     """The category a workload-aware policy fitted with CONTEXT keys on, per request (REQUESTS' row order;
     needs CONTEXT_COLUMNS): the run's category, then with CONTEXT.gap_splits_s the conversation's gap class
     and with CONTEXT.pace_split_s the user's pace class:

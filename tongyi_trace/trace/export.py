@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.run import RunDir, check_not_run_table
-from tongyi_trace.trace.reader import PARQUET_BLOCK_SIZE_KEY
+from tongyi_trace.trace.parquet_reader import PARQUET_BLOCK_SIZE_KEY
 
 
 def trace_table(run: RunDir) -> pl.DataFrame:

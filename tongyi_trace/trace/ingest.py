@@ -46,16 +46,11 @@ from tongyi_trace.run import (
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
 from tongyi_trace.trace.dense import ChainNumbers
-from tongyi_trace.trace.reader import (
-    Chunk,
-    ReadStats,
-    check_options,
-    check_trace_path,
-    default_block_size,
-    detect_format,
-    read_chunks,
-)
+from tongyi_trace.trace.formats import check_options, default_block_size, detect_format
+from tongyi_trace.trace.reader import read_chunks
+from tongyi_trace.trace.records import Chunk, ReadStats
 from tongyi_trace.trace.sessions import link_sessions
+from tongyi_trace.trace.source import check_trace_path
 
 # blocks.parquet's encoding: delta-packed integers (runs and counters shrink to a few bits), the chain ids
 # (uniform 64-bit hashes, incompressible) stored plain: 3x faster to write and 2x faster to read than

@@ -1,4 +1,4 @@
-"""The compiled fast path of the JSONL reader (trace/reader.py): records of the usual shape are parsed here,
+"""The compiled fast path of the JSONL reader (trace/jsonl_reader.py): records of the usual shape are parsed here,
 straight from the file's bytes into columns, and every other line is left to the reader's precise
 per-line checks, which accept or name the problem exactly as before.
 

@@ -4,7 +4,7 @@ chatbot) and Trace B (`to-b`, API), and the public release's `thinking` and `cod
 Source: "KVCache Cache in the Wild" (Wang et al., USENIX ATC 2025) and the public
 qwen-bailian-usagetraces-anon sizes (paper-notes "The traces"). The generators are
 synth_chat.py (conversations: to-c, thinking, coder) and synth_api.py (to-b); docs/synth.md gives each
-profile's model, every parameter and the figure or assumption it comes from, and synth_check.py
+profile's model, every parameter and the figure or assumption it comes from, and calibration/profiles.py
 measures the calibrated figures through the real ingest, analyses and simulator
 (`kvtrace synth --profile P --check`). Everything is vectorized with numpy and deterministic for a seed.
 """

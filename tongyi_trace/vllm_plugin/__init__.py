@@ -4,7 +4,7 @@ vLLM loads `register` (entry point `kvtrace_wa` in group `vllm.general_plugins`)
 processes. It does nothing unless the server runs with
 
     KVTRACE_POLICY=/path/policy.json     a kvtrace.policy/1 file written by `kvtrace fit`
-    KVTRACE_EVICTION=wa|lru|fifo|s3fifo|fitted  optional (default wa; EVICTION_MODES); baselines run
+    KVTRACE_EVICTION=wa|lru|fifo|s3fifo|fitted  optional (default fitted; policy.names.EVICTION_MODES); baselines run
                                          through the same code, fitted = the policy file's choice for the cache
     KVTRACE_STATS_DIR=/folder            optional (default: the policy's folder): plugin_stats.json
     KVTRACE_TIME_SCALE=x                 optional (default 1): trace seconds per wall second of replay
@@ -23,7 +23,6 @@ import logging
 import os
 
 SUPPORTED_VLLM = "0.32.0"
-EVICTION_MODES = ("wa", "lru", "fifo", "s3fifo", "fitted")  # KVTRACE_EVICTION
 _REPORTED_ENV = "KVTRACE_PLUGIN_REPORTED"  # set after logging once; child processes inherit it
 
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.fit.params import CategoryParams, load_policy
-from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.vllm_plugin import EVICTION_MODES
-from tongyi_trace.vllm_plugin.queue import CategoryPriority, QueuePolicy
-from tongyi_trace.wa_priority import MODELS
+from tongyi_trace.policy.file import load_policy
+from tongyi_trace.policy.guard import GuardSettings
+from tongyi_trace.policy.names import EVICTION_MODES
+from tongyi_trace.policy.wa_priority import MODELS
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 
 
 class PluginConfigError(Exception):
@@ -42,6 +42,25 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 GUARD_ENV = {"KVTRACE_GUARD": "guard", "KVTRACE_GUARD_MARGIN": "guard_margin",
              "KVTRACE_GUARD_WINDOW_S": "guard_window_s", "KVTRACE_REFIT_S": "refit_s",
              "KVTRACE_REFIT_WINDOW_S": "window_s", "KVTRACE_SAMPLE_RATE": "sample_rate"}
+
+
+def plugin_env(policy: Path | None, eviction: str | None, guard: GuardSettings, time_scale: float,
+               block_size: int, stats_dir: Path | None) -> dict[str, str]:
+    """The KVTRACE_* variables that make a vLLM server run the plugin with these settings: the one writer of
+    what `load_config` and `guard_settings` read (engine.start sets them)."""
+    env: dict[str, str] = {}
+    if policy is not None:
+        env["KVTRACE_POLICY"] = str(policy.resolve())
+    if eviction is not None:
+        env["KVTRACE_EVICTION"] = eviction
+    if stats_dir is not None:
+        env["KVTRACE_STATS_DIR"] = str(stats_dir)
+    env["KVTRACE_TIME_SCALE"] = repr(float(time_scale))
+    env["KVTRACE_BLOCK_SIZE"] = str(block_size)
+    for var, name in GUARD_ENV.items():
+        value = getattr(guard, name)
+        env[var] = ("1" if value else "0") if isinstance(value, bool) else repr(float(value))
+    return env
 
 
 def guard_settings(env: Mapping[str, str]) -> GuardSettings:
@@ -86,10 +105,6 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
     if not scale > 0:
         raise PluginConfigError(f"KVTRACE_TIME_SCALE={scale} must be > 0")
 
-    def prio(c: CategoryParams) -> CategoryPriority:
-        return CategoryPriority(reuse_prob=c.reuse_prob, rate_per_s=c.rate_per_s, life_s=c.life_s,
-                                km_cdf=tuple(c.km_cdf_table()))
-
     model = (env.get("KVTRACE_WA_MODEL") or "exp").lower()
     if model not in MODELS:
         raise PluginConfigError(f"KVTRACE_WA_MODEL={model!r} is not one of {', '.join(MODELS)}")
@@ -105,8 +120,8 @@ def load_config(env: Mapping[str, str]) -> PluginConfig:
         raise PluginConfigError(f"KVTRACE_BLOCK_SIZE={raw_bs!r} must be a positive number of tokens")
     policy = QueuePolicy(
         mode=mode,
-        categories={k: prio(v) for k, v in params.categories.items()},
-        default=prio(params.default),
+        categories=dict(params.categories),
+        default=params.default,
         use_life=_flag(env, "KVTRACE_WA_USE_LIFE", True),
         conditional=_flag(env, "KVTRACE_WA_CONDITIONAL", False),
         use_offset=_flag(env, "KVTRACE_WA_USE_OFFSET", True),

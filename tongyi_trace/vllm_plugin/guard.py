@@ -1,15 +1,15 @@
-"""The guard and the online refit inside the engine (the shared logic is tongyi_trace.guard).
+"""The guard and the online refit inside the engine (the shared logic is tongyi_trace.policy.guard).
 
 Each request the plugin sees released (`PolicyFreeQueue.note_request`) is reduced to its hash-sampled
-blocks (tongyi_trace.guard.sampling on a block's identity: the first 8 bytes of vLLM's block hash, or,
+blocks (tongyi_trace.policy.sampling on a block's identity: the first 8 bytes of vLLM's block hash, or,
 when the request carries kv_block_keys, the simulator's id of the block, which `kvtrace replay` sends so
 that the engine and the simulator sample the same blocks at any rate) and served by two shadow
-caches of R x the pool (R = guard.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
+caches of R x the pool (R = policy.sampling.shadow_rate: sample_rate, raised so a shadow holds at least
 MIN_SHADOW_BLOCKS blocks; shadow.py: the plugin's own queue in LRU order and in the policy's);
-the guard (tongyi_trace.guard.decide) compares them and the queue evicts in LRU order while the guard
+the guard (tongyi_trace.policy.guard) compares them and the queue evicts in LRU order while the guard
 says so. In the engine both sides come from shadows (the simulator measures the running order on the
 cache itself). With refit_s > 0 the sampled accesses feed a ReuseWindow and the policy's per-category
-parameters are refitted every refit_s seconds of the policy clock (tongyi_trace.guard.refit).
+parameters are refitted every refit_s seconds of the policy clock (tongyi_trace.policy.refit).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tongyi_trace.guard.decide import LRU, Guard, GuardSettings, Switch
-from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
-from tongyi_trace.guard.sampling import is_sampled, shadow_rate, threshold
+from tongyi_trace.policy.guard import LRU, Guard, GuardSettings, Switch
+from tongyi_trace.policy.refit import CategoryFit, RefitClock, ReuseWindow, refit
+from tongyi_trace.policy.sampling import is_sampled, shadow_rate, threshold
 from tongyi_trace.vllm_plugin.shadow import ShadowCache
 from tongyi_trace.vllm_plugin.stats import PluginStats
 
@@ -47,20 +47,21 @@ class GuardControl:
     """Shadows, guard and refit of one PolicyFreeQueue (see the module doc)."""
 
     def __init__(self, settings: GuardSettings, policy: Any, capacity_blocks: int, names: list[str],
-                 stats: PluginStats) -> None:
+                 stats: PluginStats, queue_class: type[Any]) -> None:
         self.settings = settings
         self.sample_rate = shadow_rate(settings.sample_rate, capacity_blocks)
         self.cut = threshold(self.sample_rate)
-        self.refit_cut = threshold(settings.sample_rate)  # the refit's sample: see guard.refit
+        self.refit_cut = threshold(settings.sample_rate)  # the refit's sample: see policy/refit.py
         self.shadow_capacity_blocks = max(1, round(self.sample_rate * capacity_blocks))
-        self.lru = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="lru", leaf_only=False, guard=None))
-        self.pol = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="wa", guard=None))
+        self.lru = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="lru", leaf_only=False, guard=None),
+                               queue_class)
+        self.pol = ShadowCache(self.shadow_capacity_blocks, replace(policy, mode="wa", guard=None), queue_class)
         self.guard = Guard(settings.guard_margin, settings.guard_window_s) if settings.guard else None
         self.window = ReuseWindow(settings.window_s) if settings.refit_s > 0 else None
         self.names = names
         self.stats = stats
         self.model = self.pol.queue._model
-        self.next_refit_s: float | None = None
+        self.clock = RefitClock(settings.refit_s)
         self.refits = 0
         self.refit_log: list[dict[str, Any]] = []
         self.category_metrics: dict[str, dict[str, float]] = {}
@@ -85,7 +86,7 @@ class GuardControl:
             self.sampled_refs += len(sampled)
             self.shadow_hits["policy"] += ph
             self.shadow_hits[LRU] += lh
-            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (guard.decide)
+            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (policy/guard.py)
                 sw = self.guard.observe(time_s, len(sampled), ph, lh)
                 if sw is not None:
                     self._log_switch(sw)
@@ -93,14 +94,8 @@ class GuardControl:
                 mine = [k for k in sampled if is_sampled(k, self.refit_cut)]
                 n = len(mine)
                 self.window.add(np.array(mine, np.int64), np.full(n, category_index), np.full(n, time_s))
-        if self.window is None:
+        if self.window is None or not self.clock.due(time_s):
             return {}
-        if self.next_refit_s is None:
-            self.next_refit_s = time_s + self.settings.refit_s
-        if time_s < self.next_refit_s:
-            return {}
-        while self.next_refit_s <= time_s:
-            self.next_refit_s += self.settings.refit_s
         current = current_fits()
         fits, metrics = refit(self.window.samples(time_s), current, self.model)
         self.refits += 1

@@ -15,7 +15,7 @@ append_n, prepend_n, get_all_free_blocks, iter_blocks_after, num_free_blocks) an
   multiplied by `time_scale` (trace seconds per wall second);
 - eviction picks among the cached blocks with the mode's rule:
   * `wa`   (paper section 4.2): compare the W queue heads in the total order of
-    tongyi_trace.wa_priority (log ReuseProb_w(t, life), -offset, last access, block key), the model
+    tongyi_trace.policy.wa_priority (log ReuseProb_w(t, life), -offset, last access, block key), the model
     (exp or km), conditional and life window as the policy file says; the first goes. The block key
     is the simulator's id of the block when its request sent one (`vllm_xargs` "kv_block_keys", sent
     by `kvtrace replay`), so that exact ties break as in the simulator; else UNKEYED + vLLM's block id.
@@ -39,74 +39,21 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
-from tongyi_trace.guard.decide import GuardSettings
-from tongyi_trace.guard.refit import CategoryFit
-from tongyi_trace.vllm_plugin import EVICTION_MODES
+from tongyi_trace.policy.names import EVICTION_MODES
+from tongyi_trace.policy.refit import CategoryFit
+from tongyi_trace.policy.wa_priority import MODELS, evicts_before, log_reuse_prob
+from tongyi_trace.vllm_plugin.guard import GuardControl, block_key
 from tongyi_trace.vllm_plugin.s3fifo import S3FifoOrder
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 from tongyi_trace.vllm_plugin.stats import PluginStats
-from tongyi_trace.wa_priority import MODELS, evicts_before, log_reuse_prob
 
 DEFAULT_CATEGORY = "default"
 _NOT_FREE = -2
 _UNCACHED = -1
 _HELD = -3  # leaf_only: chosen while it had cached children
 UNKEYED = 1 << 62  # the tie-break key of a block whose request sent no kv_block_keys: UNKEYED + block id
-
-
-@dataclass(frozen=True)
-class CategoryPriority:
-    """The WA parameters of one category, as read from a kvtrace.policy file."""
-
-    reuse_prob: float
-    rate_per_s: float
-    life_s: float
-    km_cdf: tuple[float, ...] = ()  # F at wa_priority.km_grid_s() (the km model)
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """What the queue needs to decide: the mode, the categories and the WA switches.
-
-    `time_scale` converts the engine's wall seconds into the trace seconds the policy was fitted on
-    (a replay at speed x runs x trace seconds per wall second). `life_s` > 0 replaces every category's
-    life window; `leaf_only` None = on for WA, off otherwise."""
-
-    mode: str
-    categories: dict[str, CategoryPriority]
-    default: CategoryPriority
-    use_life: bool = True
-    conditional: bool = False
-    use_offset: bool = True
-    time_scale: float = 1.0
-    model: str = "exp"
-    life_s: float = 0.0
-    leaf_only: bool | None = None
-    # mode "fitted": (capacity_tokens, policy, params) chosen by `kvtrace fit --capacity`
-    choices: tuple[tuple[int, str, dict[str, Any]], ...] = ()
-    block_size: int = 16  # tokens per engine block (the plugin is told by KVTRACE_BLOCK_SIZE)
-    guard: GuardSettings | None = None  # the shadow-LRU guard and the online refit (guard.py), WA only
-
-    @property
-    def prefix_closed(self) -> bool:
-        """Whether leaf_only applies."""
-        return self.leaf_only if self.leaf_only is not None else self.mode == "wa"
-
-    def for_pool(self, capacity_blocks: int) -> QueuePolicy:
-        """The policy to run on a cache of CAPACITY_BLOCKS engine blocks: mode "fitted" takes the choice
-        whose capacity in tokens is nearest (by ratio; WA with its defaults when there is none); any other
-        mode is itself."""
-        if self.mode != "fitted":
-            return self
-        if not self.choices:
-            return replace(self, mode="wa")
-        c = max(capacity_blocks * self.block_size, 1)
-        _, mode, params = min(self.choices, key=lambda ch: (abs(math.log(max(ch[0], 1) / c)), ch[0]))
-        known = {f for f in ("model", "conditional", "life_s", "use_life", "use_offset", "leaf_only")
-                 if f in params}
-        return replace(self, mode=mode, **{k: params[k] for k in known})
 
 
 class PolicyFreeQueue:
@@ -126,7 +73,7 @@ class PolicyFreeQueue:
         self._p = [c.reuse_prob for c in params]
         self._rate = [c.rate_per_s for c in params]
         self._life = [policy.life_s if policy.life_s > 0 else c.life_s for c in params]
-        self._table = [c.km_cdf for c in params]
+        self._table = [tuple(c.km_cdf_table()) for c in params]
         self._model = MODELS.index(policy.model)
         self._leaf_only = policy.prefix_closed
         self._queues: list[OrderedDict[int, Any]] = [OrderedDict() for _ in self._names]
@@ -148,13 +95,12 @@ class PolicyFreeQueue:
         self._held: dict[int, Any] = {}     # held back, still with cached children
         self.trace_now_s: float | None = None
         self._fifo_heap: list[tuple[int, int]] = []
-        self._s3 = S3FifoOrder(max(1, len(blocks) - 1)) if policy.mode == "s3fifo" else None
+        self._s3 = S3FifoOrder(max(1, len(blocks) - 1), policy.s3fifo) if policy.mode == "s3fifo" else None
         self._next_seq = 0
         self.guard_ctl: Any = None
         if policy.mode == "wa" and policy.guard is not None and policy.guard.active:
-            from tongyi_trace.vllm_plugin.guard import GuardControl  # it builds shadow queues of this class
-
-            self.guard_ctl = GuardControl(policy.guard, policy, max(1, len(blocks) - 1), self._names, self.stats)
+            self.guard_ctl = GuardControl(policy.guard, policy, max(1, len(blocks) - 1), self._names, self.stats,
+                                          queue_class=type(self))  # its shadows run queues of this class
         for b in blocks:
             self._uncached[b.block_id] = b
             self._where[b.block_id] = _UNCACHED
@@ -197,8 +143,6 @@ class PolicyFreeQueue:
     def _guard_step(self, blocks: Iterable[Any], cat: int, req_s: float, sent: list[int]) -> None:
         """Feed the guard and the refit one released request (block identities: SENT by position, else
         the block hash); apply a refit (see guard.py)."""
-        from tongyi_trace.vllm_plugin.guard import block_key
-
         try:
             keys = [sent[pos] if pos < len(sent) else block_key(b.block_hash)
                     for pos, b in enumerate(blocks) if b.block_hash is not None]

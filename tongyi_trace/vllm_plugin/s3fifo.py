@@ -1,15 +1,18 @@
 """S3-FIFO order for the plugin's free-block queue (baseline `KVTRACE_EVICTION=s3fifo`).
 
-Same algorithm and defaults as the simulator's tongyi_trace/sim/policies/s3fifo.py:
+Same algorithm and settings as the simulator's tongyi_trace/sim/policies/s3fifo.py (both read
+tongyi_trace.policy.settings.S3FifoSettings; the defaults are shown):
 
-    hit(x):     freq[x] = min(freq[x] + 1, 3)
+    hit(x):     freq[x] = min(freq[x] + 1, freq_cap = 3)
     cached(x):  (x enters the cache, i.e. is released with a hash for the first time since it was
                 allocated) freq[x] = 0; queue = M if x's hash is in the ghost G else S
-    evict():    if |S| >= 10% of the pool (or M is empty): from S, else from M; the other on failure
-    from S:     t = oldest of S: pinned -> to S's newest end; freq >= 1 -> to M; else evict t, hash -> G
+    evict():    if |S| >= small_ratio (10%) of the pool (or M is empty): from S, else from M; the other
+                on failure
+    from S:     t = oldest of S: pinned -> to S's newest end; freq >= move_to_main_threshold (1) -> to M;
+                else evict t, hash -> G
     from M:     t = oldest of M: pinned -> to M's newest end; freq > 0 -> freq - 1, to M's newest end;
                 else evict t
-    G: the hashes evicted from S; a hash is in G while fewer than 90%-of-the-pool hashes entered G
+    G: the hashes evicted from S; a hash is in G while fewer than ghost_ratio (90%) of the pool hashes entered G
     after it (a counter, as the simulator; one that returns leaves G without freeing its slot).
 
 S and M hold every cached block, pinned (in use) or free, so a hit keeps the block's place. A hit here
@@ -32,23 +35,21 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-SMALL_RATIO = 0.10
-GHOST_RATIO = 0.90
-MOVE_TO_MAIN_THRESHOLD = 1
-FREQ_CAP = 3
+from tongyi_trace.policy.settings import S3FifoSettings
 
 
 class S3FifoOrder:
     """The S, M and G queues of S3-FIFO over block ids (free or pinned)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, settings: S3FifoSettings | None = None) -> None:
+        self.settings = s = settings if settings is not None else S3FifoSettings()
         self.small: OrderedDict[int, None] = OrderedDict()
         self.main: OrderedDict[int, None] = OrderedDict()
         self.ghost: OrderedDict[Any, int] = OrderedDict()  # hash -> ghost counter when it entered
         self.ghost_count = 0
         self.freq: dict[int, int] = {}
-        self.small_target = max(1, int(SMALL_RATIO * num_blocks))
-        self.ghost_size = max(1, int(GHOST_RATIO * num_blocks))
+        self.small_target = max(1, int(s.small_ratio * num_blocks))
+        self.ghost_size = max(1, int(s.ghost_ratio * num_blocks))
         self._hash: dict[int, Any] = {}
         self._to_main: dict[int, bool] = {}  # the queue the block entered the cache in (True: M)
         self._alloc_count: dict[int, int] = {}  # ghost counter when the block was handed out
@@ -71,7 +72,7 @@ class S3FifoOrder:
     def hit(self, bid: int) -> None:
         """A prefix-cache hit on BID."""
         if bid in self.freq:
-            self.freq[bid] = min(self.freq[bid] + 1, FREQ_CAP)
+            self.freq[bid] = min(self.freq[bid] + 1, self.settings.freq_cap)
 
     def park(self, bid: int) -> None:
         """BID, just chosen, is held back (it has cached children): out of S and M, still cached."""
@@ -110,7 +111,7 @@ class S3FifoOrder:
                     return -1
                 continue
             del self.small[bid]
-            if self.freq.get(bid, 0) >= MOVE_TO_MAIN_THRESHOLD:
+            if self.freq.get(bid, 0) >= self.settings.move_to_main_threshold:
                 self.main[bid] = None
                 continue
             h = self._hash.get(bid)
@@ -127,7 +128,7 @@ class S3FifoOrder:
         return -1
 
     def _from_main(self, is_free: Callable[[int], bool]) -> int:
-        guard = len(self.main) * (FREQ_CAP + 2)
+        guard = len(self.main) * (self.settings.freq_cap + 2)
         while self.main:
             bid = next(iter(self.main))
             guard -= 1

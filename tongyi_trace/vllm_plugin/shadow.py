@@ -10,8 +10,9 @@ request releases all its blocks, tail first, as vLLM does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from tongyi_trace.vllm_plugin.queue import PolicyFreeQueue, QueuePolicy
+from tongyi_trace.vllm_plugin.settings import QueuePolicy
 from tongyi_trace.vllm_plugin.stats import PluginStats
 
 
@@ -22,16 +23,18 @@ class _Slot:
 
 
 class ShadowCache:
-    """CAPACITY_BLOCKS blocks of sampled keys under POLICY (its mode: wa or lru)."""
+    """CAPACITY_BLOCKS blocks of sampled keys under POLICY (its mode: wa or lru), in a free queue of
+    QUEUE_CLASS (the plugin's PolicyFreeQueue, given by the queue that owns the guard: the shadow does not
+    import it, so the queue, the guard and the shadows import each other in one direction only)."""
 
-    def __init__(self, capacity_blocks: int, policy: QueuePolicy) -> None:
+    def __init__(self, capacity_blocks: int, policy: QueuePolicy, queue_class: type[Any]) -> None:
         slots = [_Slot(i) for i in range(capacity_blocks + 1)]  # one more: vLLM's null block, taken below
-        self.queue = PolicyFreeQueue(slots, policy, PluginStats(mode=policy.mode))
+        self.queue = queue_class(slots, policy, PluginStats(mode=policy.mode))
         self.queue.popleft()
         self._cached: dict[int, _Slot] = {}
 
     @classmethod
-    def over(cls, queue: PolicyFreeQueue) -> ShadowCache:
+    def over(cls, queue: Any) -> ShadowCache:
         """This pool logic over an existing QUEUE of free blocks (all free, none cached): a stand-in for
         vLLM's BlockPool in tests (it takes the null block, as BlockPool does)."""
         shadow = cls.__new__(cls)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tongyi_trace.fit.params import choice_table, load_policy
+from tongyi_trace.policy.file import choice_table, load_policy
 from tongyi_trace.report import fmt
 from tongyi_trace.report.artifacts import read_parquet, read_versioned, require
 from tongyi_trace.report.figures import Fig, new_figure

@@ -3,7 +3,7 @@ capacity) in which the guard switched or the refit ran (the guard is on for ever
 never acted is the bare policy's, and its guard column in the simulate table says so; the ablation's
 variants, whose guard acts as WA's, get none): a time line of the cache's hit ratio on the sampled
 references against the two shadows' (policy and LRU), the guard's mode and the refits, and a table of the
-switches with both estimates (tongyi_trace.guard). Artifacts in RUN_DIR/sim/: guard_timeline.parquet,
+switches with both estimates (tongyi_trace.policy.guard). Artifacts in RUN_DIR/sim/: guard_timeline.parquet,
 guard_switches.parquet, guard_refits.parquet (written by `kvtrace simulate` for WA rows: the guard is on
 by default)."""
 

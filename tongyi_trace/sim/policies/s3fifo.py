@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
+from tongyi_trace.policy.settings import S3FifoSettings
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import PINNED, QID, q_append, q_head, q_unlink
 
@@ -41,24 +42,9 @@ _M = 1
 
 
 @dataclass(frozen=True)
-class S3FifoParams:
-    """S3-FIFO queue sizes and thresholds."""
-
-    small_ratio: float = field(default=0.10, metadata={"help": "small FIFO share of the capacity"})
-    ghost_ratio: float = field(default=0.90, metadata={"help": "ghost entries as a share of the capacity"})
-    move_to_main_threshold: int = field(default=1, metadata={
-        "help": "hits while in S needed to move to M"})
-    freq_cap: int = field(default=3, metadata={"help": "frequency counter saturates here"})
-
-    def __post_init__(self) -> None:
-        from tongyi_trace.errors import UsageError
-
-        if not 0.0 < self.small_ratio < 1.0:
-            raise UsageError(f"policy s3fifo: parameter small_ratio must be in (0, 1), got {self.small_ratio}")
-        if not 0.0 <= self.ghost_ratio <= 10.0:
-            raise UsageError(f"policy s3fifo: parameter ghost_ratio must be in [0, 10], got {self.ghost_ratio}")
-        if self.move_to_main_threshold < 1 or self.freq_cap < 1:
-            raise UsageError("policy s3fifo: parameters move_to_main_threshold and freq_cap must be >= 1")
+class S3FifoParams(S3FifoSettings):
+    """S3-FIFO's settings (tongyi_trace.policy.settings.S3FifoSettings, which the vLLM plugin runs too) with
+    the kernel's arrays."""
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel: the thresholds (the sizes in blocks are init's)."""

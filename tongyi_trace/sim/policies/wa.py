@@ -1,5 +1,5 @@
 """WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
-to evict, compare only the W queue heads in the total order of tongyi_trace.wa_priority
+to evict, compare only the W queue heads in the total order of tongyi_trace.policy.wa_priority
 (log ReuseProb_w(t, life), -offset, last access, block key = the block id) and drop the first.
 
     release(x) by a request of category w at time now: cat[x] = w; offset[x] = pos; append x to queue w
@@ -7,7 +7,7 @@ to evict, compare only the W queue heads in the total order of tongyi_trace.wa_p
                 nearer the head)
     access(x):  unlink x (pinned while the request runs)
     evict(now): for each non-empty queue w: h = its head (its lowest priority: ReuseProb falls with t)
-                    prio = log ReuseProb_w(now - last[h], life_w)   (tongyi_trace.wa_priority)
+                    prio = log ReuseProb_w(now - last[h], life_w)   (tongyi_trace.policy.wa_priority)
                 victim = the head first in the total order (lowest prio, then deeper, older, smaller id)
     Reuse model per category (`model`): exp, F_w(d) = p_w (1 - e^(-lambda_w d)), or km, the censored
     Kaplan-Meier CDF tabulated by `kvtrace fit`; `conditional` divides by 1 - F_w(t); `life_s` > 0
@@ -16,7 +16,7 @@ to evict, compare only the W queue heads in the total order of tongyi_trace.wa_p
     (--wa-no-offset) drops the depth key. Categories unknown to the fit use its `default`.
     Prefix closure (leaf_only, on by default for WA) is the kernel's: see kernel.py.
 
-The priority functions are the plain-Python ones of tongyi_trace/wa_priority.py compiled here with
+The priority functions are the plain-Python ones of tongyi_trace/policy/wa_priority.py compiled here with
 numba, the same definitions the vLLM plugin runs.
 
 Cost: the W heads' priorities change with `now` only, so they are computed once per request that evicts
@@ -37,21 +37,21 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FunctionType
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from tongyi_trace import wa_priority
-from tongyi_trace.guard.decide import GuardSettings
+from tongyi_trace.policy import wa_priority
+from tongyi_trace.policy.settings import WaSettings
 from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
 from tongyi_trace.sim.structs import G_EPOCH, LAST, QID, q_append, q_head, q_unlink
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.params import PolicyParams
+    from tongyi_trace.policy.file import PolicyParams
 
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 exp_terms = njit(cache=True, inline="always")(wa_priority.exp_terms)
@@ -73,56 +73,10 @@ IP_USE_LIFE, IP_CONDITIONAL, IP_USE_OFFSET, IP_MODEL, IP_LRU_ORDER, IP_LEAVES = 
 FP_LIFE = 0
 
 
-_GUARD = GuardSettings()
-
-
 @dataclass(frozen=True)
-class WaParams:
-    """WA's switches (the fitted per-category parameters come from the policy file)."""
-
-    model: str = field(default="exp", metadata={"help": "reuse model: exp (fitted p, lambda) or km (Kaplan-Meier)"})
-    conditional: bool = field(default=False, metadata={
-        "help": "condition on no reuse by t (--wa-conditional)"})
-    life_s: float = field(default=0.0, metadata={
-        "help": "life window for every category, s (0 = each category's fitted life_s)"})
-    use_life: bool = field(default=True, metadata={"help": "lifespan regulator (off: --wa-no-life)"})
-    use_offset: bool = field(default=True, metadata={"help": "deeper block first on ties (off: --wa-no-offset)"})
-    # the guard and the online refit (tongyi_trace.guard; the kernel ignores them, a driver reads them);
-    # defaults and validation: tongyi_trace.guard.decide.GuardSettings
-    guard: bool = field(default=_GUARD.guard, metadata={
-        "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.guard)"})
-    guard_margin: float = field(default=_GUARD.guard_margin, metadata={
-        "help": "guard: the lead, in hit-ratio points, that held for guard_window_s switches the order "
-                "(margin x window point-seconds and two standard errors; four times that to return)"})
-    guard_window_s: float = field(default=_GUARD.guard_window_s, metadata={
-        "help": "guard: seconds of that bar, and of the reported windowed hit ratios"})
-    refit_s: float = field(default=_GUARD.refit_s, metadata={
-        "help": "online refit every this many trace seconds (0 = off)"})
-    window_s: float = field(default=_GUARD.window_s, metadata={
-        "help": "online refit: the sliding window of reuse samples, s"})
-    sample_rate: float = field(default=_GUARD.sample_rate, metadata={
-        "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]; the shadows hold at "
-                "least 512 blocks"})
-
-    @property
-    def guarded(self) -> bool:
-        """Whether the guard or the online refit is on (a driver must serve the stream in slices)."""
-        return self.guard or self.refit_s > 0
-
-    def __post_init__(self) -> None:
-        from tongyi_trace.errors import UsageError
-
-        if self.model not in wa_priority.MODELS:
-            raise UsageError(f"policy wa: parameter model must be one of {', '.join(wa_priority.MODELS)}, "
-                             f"got {self.model!r}")
-        if not (self.life_s >= 0.0 and self.life_s < float("inf")):
-            raise UsageError(f"policy wa: parameter life_s must be a finite number >= 0, got {self.life_s}")
-        self.guard_settings().check()
-
-    def guard_settings(self) -> GuardSettings:
-        """The guard's and the refit's parameters."""
-        return GuardSettings(self.guard, self.guard_margin, self.guard_window_s, self.refit_s, self.window_s,
-                             self.sample_rate)
+class WaParams(WaSettings):
+    """WA's settings (tongyi_trace.policy.settings.WaSettings) with the kernel's arrays (the fitted
+    per-category parameters come from the policy file)."""
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(ip, fp) for the kernel."""

@@ -9,7 +9,7 @@ engine's environment. The whole schema is validated here, in one place, with one
     context       null, or {gap_splits_s, pace_split_s, pace_min_gaps}: the category names carry context
                   classes (`text-3+|g1|pf`: tongyi_trace.trace.categories.context_categories), and whoever
                   runs the policy tags each request the same way
-    km_grid_s     the time grid of every km_cdf table (tongyi_trace.wa_priority.km_grid_s())
+    km_grid_s     the time grid of every km_cdf table (tongyi_trace.policy.wa_priority.km_grid_s())
     categories    name -> {reuse_prob, rate_per_s, mean_reuse_s, life_s, num_samples, ks, fallback,
                            km_cdf: [F at km_grid_s]}: the exponential model F(d) = p (1 - e^(-rate d)),
                   the Kaplan-Meier CDF and the lifespan regulator of one category
@@ -28,12 +28,9 @@ from typing import Any
 
 from tongyi_trace.atomic import atomic_write_text, finite
 from tongyi_trace.errors import InputError
+from tongyi_trace.policy.names import PLUGIN_POLICIES
+from tongyi_trace.policy.wa_priority import KM_NUM, exp_cdf, km_grid_s
 from tongyi_trace.schemas import POLICY_SCHEMA, POLICY_SCHEMA_V1
-from tongyi_trace.vllm_plugin import EVICTION_MODES
-from tongyi_trace.wa_priority import KM_NUM, exp_cdf, km_grid_s
-
-# the policies a choice can name: what the vLLM plugin runs, but "fitted" (the mode that runs a choice)
-PLUGIN_POLICIES = tuple(mode for mode in EVICTION_MODES if mode != "fitted")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tongyi_trace.wa_priority import km_grid_s
+from tongyi_trace.policy.wa_priority import km_grid_s
 
 # Bounds of lambda (1/s): reuses at the same timestamp (d = 0) would otherwise drive it to infinity.
 MIN_RATE_PER_S = 1e-9

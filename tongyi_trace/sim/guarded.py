@@ -1,9 +1,9 @@
 """WA with the guard and the online refit in the simulator: the stream is served in slices of `slice_s`
 trace seconds by a sim.simulate.Cache, beside two shadow Caches (LRU, and WA with the same settings) of
-R x the capacity over the hash-sampled sub-stream (sampling.py; R = shadow_rate: sample_rate, raised so a
+R x the capacity over the hash-sampled sub-stream (policy/sampling.py; R = shadow_rate: sample_rate, raised so a
 shadow holds at least MIN_SHADOW_BLOCKS). After each slice the guard
-(decide.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
-`refit_s` seconds the reuse window of the sampled accesses (refit.py) is refitted and the new parameters
+(policy/guard.py) gets both shadows' hits and may flip the cache's LRU-order switch (wa.IP_LRU_ORDER); every
+`refit_s` seconds the reuse window of the sampled accesses (policy/refit.py) is refitted and the new parameters
 overwrite the per-category columns of `Cache.cw` in the cache and in the WA shadow.
 
 The guard compares the order that runs, measured exactly (the cache's own hits on the sampled
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from tongyi_trace.fit.params import PolicyParams
-from tongyi_trace.guard.decide import LRU, Guard, Switch
-from tongyi_trace.guard.refit import CategoryFit, ReuseWindow, refit
-from tongyi_trace.guard.sampling import sampled_mask, shadow_rate, threshold
+from tongyi_trace.policy.file import PolicyParams
+from tongyi_trace.policy.guard import LRU, Guard, Switch
+from tongyi_trace.policy.refit import CategoryFit, RefitClock, ReuseWindow, refit
+from tongyi_trace.policy.sampling import sampled_mask, shadow_rate, threshold
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS
@@ -148,7 +148,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                   timing=timing)
     n = stream.num_requests
     wa = _wa_params(cache)
-    if wa is None or not wa.guarded or n == 0:
+    if wa is None or not wa.active or n == 0:
         cache.serve(0, n)
         return GuardedRun(cache.result())
     rate = shadow_rate(wa.sample_rate, capacity_blocks)
@@ -166,7 +166,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
     t0 = time.perf_counter()  # the serving loop: the three caches, the guard and the refits (as Cache.serve)
     guard = Guard(wa.guard_margin, wa.guard_window_s) if wa.guard else None
     window = ReuseWindow(wa.window_s, sub.num_ids) if wa.refit_s > 0 else None
-    # the refit reads the blocks of sample_rate only (a subset of the shadows' sample): see guard.refit
+    # the refit reads the blocks of sample_rate only (a subset of the shadows' sample): see policy/refit.py
     for_refit = sampled_refs(stream, wa.sample_rate)[keep] if window is not None and rate > wa.sample_rate else None
     run = GuardedRun(cache.result(), shadow_capacity_blocks=scap)
     times = stream.req_time_s
@@ -178,7 +178,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
                                 side="left")
         edges = np.unique(np.concatenate([[0], edges, [n]]))
     lens = cache.engine.req_nstat
-    next_refit_s = start_s + wa.refit_s
+    clock = RefitClock(wa.refit_s, start_s + wa.refit_s)
     fed = 0  # requests whose sampled accesses are in the reuse window
     for a, b in itertools.pairwise(edges):
         end_s = float(times[a]) if per_request else start_s + slice_s * (int((times[b - 1] - start_s) // slice_s) + 1)
@@ -191,7 +191,7 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         refs = int(sub.req_off[b] - sub.req_off[a])
         switch = None
         if per_request:
-            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see guard.decide
+            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see policy/guard.py
                 switch = guard.observe(end_s, refs, ph, lh)
         elif guard is not None and lru.stats[S_EVICTIONS] > 0:
             # the running order is measured exactly, the other one by its shadow
@@ -202,12 +202,11 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)
             cache.changed()
         refitted = False
-        if window is not None and end_s >= next_refit_s:
+        if window is not None and clock.due(end_s):
             _feed(window, sub, fed, int(b), for_refit)  # the accesses since the last refit, in one batch
             fed = int(b)
             run.refits.extend(_refit(window, end_s, stream.categories, (cache, pol), int(cache.ip[IP_MODEL])))
             refitted = True
-            next_refit_s += wa.refit_s * max(1, int((end_s - next_refit_s) // wa.refit_s) + 1)
         est = guard.estimates() if guard is not None else (ph / refs if refs else 0.0, lh / refs if refs else 0.0, refs)
         num_refs = int(lens[a:b].sum())
         run.timeline.append({

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 POLICY, LRU = "policy", "lru"
 Z_CRIT = 2.0  # standard errors the run's lead must exceed
@@ -49,15 +49,24 @@ BACK_FACTOR = 4.0  # the evidence to return to the policy, in multiples of the e
 
 @dataclass(frozen=True)
 class GuardSettings:
-    """The guard's and the refit's parameters, as WA's (tongyi_trace.sim.policies.wa.WaParams) name them,
-    with their defaults; `check()` is their one validation (WaParams and the vLLM plugin call it)."""
+    """The guard's and the refit's parameters, as WA's settings (tongyi_trace.policy.settings.WaSettings,
+    which extends this type) name them, with their defaults and help; `check()` is their one validation
+    (WaSettings and the vLLM plugin call it)."""
 
-    guard: bool = True
-    guard_margin: float = 5.0
-    guard_window_s: float = 120.0
-    refit_s: float = 0.0
-    window_s: float = 600.0
-    sample_rate: float = 1 / 32
+    guard: bool = field(default=True, metadata={
+        "help": "shadow-LRU guard: switch to LRU order while a sampled LRU beats WA (tongyi_trace.policy.guard)"})
+    guard_margin: float = field(default=5.0, metadata={
+        "help": "guard: the lead, in hit-ratio points, that held for guard_window_s switches the order "
+                "(margin x window point-seconds and two standard errors; four times that to return)"})
+    guard_window_s: float = field(default=120.0, metadata={
+        "help": "guard: seconds of that bar, and of the reported windowed hit ratios"})
+    refit_s: float = field(default=0.0, metadata={
+        "help": "online refit every this many trace seconds (0 = off)"})
+    window_s: float = field(default=600.0, metadata={
+        "help": "online refit: the sliding window of reuse samples, s"})
+    sample_rate: float = field(default=1 / 32, metadata={
+        "help": "guard and refit: share of blocks sampled by hash (SHARDS), in (0, 1]; the shadows hold at "
+                "least 512 blocks"})
 
     def check(self) -> None:
         """Raise UsageError naming the first parameter out of range."""

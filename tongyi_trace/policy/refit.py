@@ -28,14 +28,34 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tongyi_trace.wa_priority import MODEL_EXP, exp_cdf, km_cdf
+from tongyi_trace.policy.wa_priority import MODEL_EXP, exp_cdf, km_cdf
 
 if TYPE_CHECKING:
-    from tongyi_trace.fit.reuse_model import Samples
+    from tongyi_trace.policy.reuse_model import Samples
 
 HORIZONS_S = (1.0, 10.0, 60.0, 300.0)  # where observed reuse is compared with the prediction
 DEFAULT_MIN_SAMPLES = 200
 KS_STALE = 6.0  # sqrt(n) x the KS distance beyond which a model is stale (see the module doc)
+
+
+@dataclass
+class RefitClock:
+    """When the online refit runs, one schedule for the simulator (sim/guarded.py) and the engine
+    (vllm_plugin/guard.py): every REFIT_S seconds of the policy clock from the first request (NEXT_S: the
+    first due time, None = REFIT_S after the first time asked); a check past several due times refits once
+    and moves to the first due time after it."""
+
+    refit_s: float
+    next_s: float | None = None
+
+    def due(self, time_s: float) -> bool:
+        """Whether a refit is due at TIME_S (then the next due time moves past it)."""
+        if self.next_s is None:
+            self.next_s = time_s + self.refit_s
+        if time_s < self.next_s:
+            return False
+        self.next_s += self.refit_s * (int((time_s - self.next_s) // self.refit_s) + 1)
+        return True
 
 
 @dataclass(frozen=True)
@@ -130,7 +150,7 @@ class ReuseWindow:
 
     def samples(self, now_s: float) -> dict[int, Samples]:
         """Per category, the censored reuse-time samples of the window ending at NOW_S."""
-        from tongyi_trace.fit.reuse_model import Samples
+        from tongyi_trace.policy.reuse_model import Samples
 
         self.trim(now_s)
         a, cat, nxt = (x[self._lo:self._hi] for x in (self._t, self._cat, self._next))
@@ -156,7 +176,7 @@ def refit(samples: dict[int, Samples], current: dict[int, CategoryFit], model: i
     """(new fits, metrics of the current fits) per category of SAMPLES: the estimator of `kvtrace fit`
     (the Kaplan-Meier table, and the exponential MLE when MODEL is exp; under km p and rate stay) on each
     category with at least MIN_SAMPLES samples whose CURRENT fit is stale (is_stale)."""
-    from tongyi_trace.fit.reuse_model import fit_reuse, km_table
+    from tongyi_trace.policy.reuse_model import fit_reuse, km_table
 
     out, metrics = {}, {}
     for c, s in samples.items():
@@ -179,8 +199,8 @@ def category_metrics(samples: Samples, fit: CategoryFit, model: int, observe: bo
     min_samples samples, which the refit does not judge) the observed CDF and the KS are NaN: a few dozen
     samples, most from the same requests, say little, and the Kaplan-Meier passes over the many small
     categories of a context-class fit were most of the refit's time."""
-    from tongyi_trace.fit.reuse_model import km_curve, ks_distance
-    from tongyi_trace.wa_priority import km_grid_s
+    from tongyi_trace.policy.reuse_model import km_curve, ks_distance
+    from tongyi_trace.policy.wa_priority import km_grid_s
 
     if not observe:
         observed, ks = np.full(len(HORIZONS_S), math.nan), math.nan

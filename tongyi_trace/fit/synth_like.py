@@ -3,7 +3,7 @@
 X is a workload summary (`kvtrace.workload/2`, written by `kvtrace fit` as RUN/fit/workload.json), a
 run folder (its fit/workload.json, or the summary computed from the run), or a policy file
 (`kvtrace.policy/1`) that embeds the summary as "workload". The summary holds the run's counts,
-request mix and length quantiles, and in "twin" the prefix-tree model of trace/synth_twin.py (what
+request mix and length quantiles, and in "twin" the prefix-tree model of fit/synth_twin.py (what
 is learned and what is drawn: docs/synth.md, "The twin of a run"). The twin is written in the run's
 own block size: Qwen-Bailian JSONL for 16-token blocks, Mooncake JSONL for 512-token ones (the formats
 ingest reads with those sizes), Bailian with a note to pass --block-size otherwise.
@@ -25,12 +25,12 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError
+from tongyi_trace.fit.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
 from tongyi_trace.run import RunDir, check_not_run_table
 from tongyi_trace.schemas import WORKLOAD_SCHEMA
-from tongyi_trace.trace.reader import DEFAULT_BLOCK_SIZE
+from tongyi_trace.trace.formats import DEFAULT_BLOCK_SIZE
 from tongyi_trace.trace.synth import MAX_REQUESTS, SynthSummary, summarize, trace_size
 from tongyi_trace.trace.synth_core import BLOCK_SIZE_TOKENS, SynthTrace, write_jsonl, write_mooncake_jsonl
-from tongyi_trace.trace.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 NUM_RATE_BINS = 24
