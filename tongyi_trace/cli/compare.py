@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tongyi_trace.cli import app
+from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import console, print_json, run_cli, say
 from tongyi_trace.schemas import COMPARE_SCHEMA
 
@@ -27,23 +27,46 @@ def compare(
     output: Path | None = typer.Option(None, "-o", "--out", "--output",
                                        help="Where to write the comparison JSON "
                                             "(default: beside replay A, compare_A_vs_B.json)."),
+    confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
+                                     help="Confidence level of the paired intervals of B - A (block bootstrap "
+                                          "over sessions)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
 ) -> None:
     """Engine hit ratio, simulator predictions (LRU, WA), TTFT and plugin counters of two replays."""
     from tongyi_trace.replay.compare import compare_replays
 
-    comp = run_cli(lambda: compare_replays(replay_a, replay_b, policy=policy, output=output))
+    comp = run_cli(lambda: compare_replays(replay_a, replay_b, policy=policy, output=output,
+                                           confidence=confidence))
     if json_out:
         print_json(comp.to_json(), COMPARE_SCHEMA)
     elif not quiet:
         console.print(_table(comp))
+        for line in _interval_lines(comp):
+            say(line)
         for side in (comp.a, comp.b):
             for note in side.notes:
                 say((f"{side.name}: {note}", "dim"))
         for note in comp.notes:
             say(("note:", "yellow"), f" {note}")
         say("written to ", (str(comp.output_path), "bold"))
+
+
+def _interval_lines(comp: Comparison) -> list[str]:
+    """B against A with the paired intervals: '+x.xx +- y.yy points' and the mean TTFT change in percent."""
+    iv = comp.intervals
+    if iv is None:
+        return []
+    level = f"{100 * iv.confidence:g}%"
+    how = f"{level} interval, paired bootstrap over {iv.num_groups:,} {iv.resampled} of {iv.num_paired:,} requests"
+    out = []
+    h = iv.engine_hit_ratio_pp
+    if h is not None:
+        out.append(f"engine hit ratio B - A: {h.text()} points [{h.lo:+.2f}, {h.hi:+.2f}] ({how})")
+    t = iv.ttft_mean_change_pct
+    if t is not None:
+        out.append(f"TTFT mean B vs A: {t.text('+.1f')}% [{t.lo:+.1f}%, {t.hi:+.1f}%] ({how})")
+    return out
 
 
 def _pct(x: Any) -> str:

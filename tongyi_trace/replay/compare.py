@@ -18,14 +18,26 @@ For each replay (RUN_DIR/replay/NAME: summary.json, records.jsonl) it reports:
   folder: schema kvtrace.plugin_stats/1, see tongyi_trace.vllm_plugin.stats): evictions decided,
   decision time mean / P99 (us), fallbacks, evictions per category.
 and B - A for each figure. The paper's comparison: QTTFT and hit ratio, WA vs baselines (section 5).
+
+Paired intervals (`paired_intervals`) of the engine hit-ratio difference (B - A, points) and of the mean
+TTFT change (B over A, %), from the one block bootstrap of tongyi_trace.sim.bootstrap: requests of A and
+B are matched by their trace request index (req_idx); only requests finished OK in both count (the
+others are counted and named in a note); a request without cached_tokens (or without a TTFT) in either
+replay is left out of that figure on both sides (counted). The resampling units are the matched
+requests' sessions (records' session_id), or consecutive slices of their schedule when the trace has no
+sessions; both replays are scored on the same resample, so a replay against itself gives exactly [0, 0].
+The engine is not re-run per resample: the interval is the sampling noise of the workload, given what
+each request got in each replay (run-to-run noise of the engine is not in it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError, UsageError
@@ -34,6 +46,13 @@ from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.replay.reconcile import guard_params, predict_hits
 from tongyi_trace.run import RunDir, open_run, read_artifact, write_json
 from tongyi_trace.schemas import COMPARE_SCHEMA
+from tongyi_trace.sim.bootstrap import (
+    DEFAULT_CONFIDENCE,
+    Interval,
+    check_confidence,
+    make_resampler,
+    request_groups,
+)
 from tongyi_trace.vllm_plugin.stats import read_stats
 
 SIM_POLICIES = ("lru", "wa", "fitted")  # fitted: what the policy file chose for the engine's cache size
@@ -64,6 +83,45 @@ class ReplaySide:
 
 
 @dataclass(frozen=True)
+class PairedIntervals:
+    """The paired bootstrap intervals of B against A over the requests finished OK in both."""
+
+    confidence: float
+    resampled: str  # "sessions" or "time slices"
+    num_groups: int
+    num_resamples: int
+    num_paired: int  # requests finished OK in both replays (matched by req_idx)
+    num_only_a: int  # finished OK in A only (left out)
+    num_only_b: int  # finished OK in B only (left out)
+    num_without_cached_tokens: int  # paired requests left out of the hit ratio (no cached_tokens in A or B)
+    num_without_ttft: int  # paired requests left out of the TTFT change (no ttft_ms in A or B)
+    engine_hit_ratio_pp: Interval | None  # B - A, points
+    ttft_mean_change_pct: Interval | None  # mean TTFT of B over A's - 1, percent
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (the intervals as {point, lo, hi, confidence}, null when there is none)."""
+        out = dict(self.__dict__)
+        for key in ("engine_hit_ratio_pp", "ttft_mean_change_pct"):
+            got = out[key]
+            out[key] = got.to_json() if got is not None else None
+        return out
+
+    def notes(self) -> list[str]:
+        """What was left out of the intervals, one line each (nothing when nothing was)."""
+        out = []
+        if self.num_only_a or self.num_only_b:
+            out.append(f"intervals: {self.num_only_a} request(s) finished OK in A only and {self.num_only_b} in B "
+                       f"only are left out ({self.num_paired} paired)")
+        if self.num_without_cached_tokens:
+            out.append(f"intervals: {self.num_without_cached_tokens} paired request(s) without cached_tokens in A "
+                       "or B are left out of the hit-ratio interval")
+        if self.num_without_ttft:
+            out.append(f"intervals: {self.num_without_ttft} paired request(s) without a TTFT in A or B are left "
+                       "out of the TTFT interval")
+        return out
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Two replays side by side, their differences (B - A), and where it was written."""
 
@@ -72,10 +130,12 @@ class Comparison:
     diff: dict[str, float | None]
     notes: list[str]
     output_path: Path | None
+    intervals: PairedIntervals | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `kvtrace.compare/1` document."""
         return {"schema": COMPARE_SCHEMA, "a": self.a.to_json(), "b": self.b.to_json(), "diff": self.diff,
+                "intervals": self.intervals.to_json() if self.intervals is not None else None,
                 "notes": self.notes}
 
 
@@ -176,16 +236,68 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
         plugin=plugin, policy_path=str(policy_path) if policy_path else None, notes=notes)
 
 
+_PAIR_COLUMNS = ["req_idx", "session_id", "scheduled_s", "prompt_tokens", "cached_tokens", "ttft_ms"]
+
+
+def paired_intervals(recs_a: pl.DataFrame, recs_b: pl.DataFrame,
+                     confidence: float = DEFAULT_CONFIDENCE) -> PairedIntervals:
+    """The paired bootstrap intervals of B against A: engine hit ratio B - A (points) and mean TTFT of B over
+    A (percent), over the requests finished OK in both (RECS_A, RECS_B: the replays' OK records), matched by
+    req_idx and resampled by session (else by time slice of A's schedule)."""
+    a = recs_a.select(_PAIR_COLUMNS)
+    b = recs_b.select(_PAIR_COLUMNS)
+    both = a.join(b, on="req_idx", how="inner", suffix="_b").sort("req_idx")
+    res = make_resampler(request_groups(both["session_id"].to_numpy(), both["scheduled_s"].to_numpy()),
+                         confidence=confidence)
+    hit_ok = (both["cached_tokens"].is_not_null() & both["cached_tokens_b"].is_not_null()).to_numpy()
+    ttft_ok = (both["ttft_ms"].is_not_null() & both["ttft_ms_b"].is_not_null()).to_numpy()
+
+    def masked(col: str, ok: np.ndarray) -> np.ndarray:
+        return np.where(ok, both[col].fill_null(0).to_numpy().astype(np.float64), 0.0)
+
+    hit: Interval | None = None
+    ca, pa = masked("cached_tokens", hit_ok), masked("prompt_tokens", hit_ok)
+    cb, pb = masked("cached_tokens_b", hit_ok), masked("prompt_tokens_b", hit_ok)
+    if pa.sum() > 0 and pb.sum() > 0:  # B's ratio minus A's on every resample (the prompts may differ)
+        point = 100.0 * (cb.sum() / pb.sum() - ca.sum() / pa.sum())
+        hit = res.interval(point, 100.0 * (res.ratio(cb, pb) - res.ratio(ca, pa)))
+    ttft: Interval | None = None
+    ta, tb = masked("ttft_ms", ttft_ok), masked("ttft_ms_b", ttft_ok)
+    if ta.sum() > 0:  # the same requests on both sides: mean over mean = sum over sum
+        ttft = res.mean_change(tb, ta)
+        if not math.isfinite(ttft.point):
+            ttft = None
+    return PairedIntervals(
+        confidence=res.confidence, resampled=_grouping(both), num_groups=res.num_groups,
+        num_resamples=res.num_resamples, num_paired=both.height, num_only_a=a.height - both.height,
+        num_only_b=b.height - both.height, num_without_cached_tokens=int((~hit_ok).sum()),
+        num_without_ttft=int((~ttft_ok).sum()), engine_hit_ratio_pp=hit, ttft_mean_change_pct=ttft)
+
+
+def _grouping(both: pl.DataFrame) -> str:
+    """What the bootstrap resampled (request_groups' rule): sessions when fewer sessions than requests."""
+    return "sessions" if both.height and both["session_id"].n_unique() < both.height else "time slices"
+
+
 def _sub(b: float | None, a: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
 
 def compare_replays(replay_a: str | Path, replay_b: str | Path, policy: Path | None = None,
-                    output: Path | None = None) -> Comparison:
-    """Compare two replays; write the `kvtrace.compare/1` document (default: next to replay A)."""
+                    output: Path | None = None, confidence: float = DEFAULT_CONFIDENCE) -> Comparison:
+    """Compare two replays, with the paired intervals of B against A at CONFIDENCE; write the
+    `kvtrace.compare/1` document (default: next to replay A)."""
+    check_confidence(confidence)
     a = load_side(replay_a, policy)
     b = load_side(replay_b, policy)
     notes: list[str] = []
+    intervals = None
+    files = [Path(side.replay_dir) / "records.jsonl" for side in (a, b)]
+    if all(f.is_file() for f in files):
+        intervals = paired_intervals(_ok_records(files[0].parent), _ok_records(files[1].parent), confidence)
+        notes += intervals.notes()
+    else:
+        notes.append("no intervals: a replay has no records.jsonl")
     sa, sb = read_artifact(Path(a.replay_dir) / "summary.json"), read_artifact(Path(b.replay_dir) / "summary.json")
     if (sa.get("trace") or {}).get("source") != (sb.get("trace") or {}).get("source"):
         notes.append("the two replays come from different traces: the comparison is not like for like")
@@ -207,7 +319,7 @@ def compare_replays(replay_a: str | Path, replay_b: str | Path, policy: Path | N
             side.notes.append(f"engine - simulator ({side.eviction if side.eviction in SIM_POLICIES else 'lru'})"
                               f" = {100 * (side.engine_hit_ratio - pred):+.2f} points")
     out = output or Path(a.replay_dir).parent / f"compare_{a.name}_vs_{b.name}.json"
-    comp = Comparison(a=a, b=b, diff=diff, notes=notes, output_path=out)
+    comp = Comparison(a=a, b=b, diff=diff, notes=notes, output_path=out, intervals=intervals)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, comp.to_json())
     return comp
