@@ -111,3 +111,18 @@ def test_cli_prints_the_interval_in_points(two_replays: tuple[Path, Path]) -> No
                                  "-o", str(a.parent / "cmp.json")))
     assert doc["intervals"]["confidence"] == 0.9
     assert doc["intervals"]["engine_hit_ratio_pp"]["point"] == pytest.approx(100 * 32 / 360)
+
+
+def test_the_reports_comparison_section_carries_the_intervals(two_replays: tuple[Path, Path]) -> None:
+    from tongyi_trace.report.sections import compare as section
+    from tongyi_trace.run import open_run
+
+    a, b = two_replays
+    compare_replays(a, b)
+    (got,) = section.build(open_run(a.parent.parent))
+    rows = {r[0]: r[-1] for r in got.tables["sides"].rows}
+    assert rows["engine hit ratio b - a, 95% interval"] == "+8.89 +- 25.00 points [+0.00, +50.00]"
+    assert rows["TTFT mean change b vs a, 95% interval"].endswith("]") and "% [" in rows[
+        "TTFT mean change b vs a, 95% interval"]
+    assert rows["intervals: paired requests"] == "6 requests OK in both, bootstrap over 3 sessions"
+    assert got.headline[0].value == "+8.89 +- 25.00 points [+0.00, +50.00]"

@@ -1,7 +1,8 @@
 """Section(s): stock LRU vs the workload-aware plugin inside vLLM on the same trace slice, side by side:
 engine hit ratio, the simulator's predictions for both policies, TTFT (QTTFT) and the plugin's decision
-counters (paper section 5 evaluation). Artifact: RUN_DIR/replay/compare_A_vs_B.json written by
-`kvtrace compare` (docs/artifacts/compare.md)."""
+counters (paper section 5 evaluation), with the paired intervals of the engine hit-ratio difference and of the mean
+TTFT change (block bootstrap over sessions, as written by compare). Artifact:
+RUN_DIR/replay/compare_A_vs_B.json written by `kvtrace compare` (docs/artifacts/compare.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tongyi_trace.report.figures import Fig, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import COMPARE_SCHEMA
+from tongyi_trace.sim.bootstrap import Interval
 from tongyi_trace.sim.registry import PAPER_WA_GAIN_POINTS
 
 REMEDY = "re-run 'kvtrace compare RUN_DIR/replay/A RUN_DIR/replay/B'"
@@ -63,10 +65,39 @@ def _section(path: Path, index: int) -> Section:
     notes += [f"{na}: {n}" for n in a.get("notes") or []] + [f"{nb}: {n}" for n in b.get("notes") or []]
     s.values = {"a": na, "b": nb, "notes": notes, "diff_pp": _pp(diff.get("engine_hit_ratio")),
                 "diff_p99": _signed_ms(diff.get("ttft_p99_ms"))}
-    s.headline = [Headline(f"engine hit ratio {nb} - {na}", s.values["diff_pp"],
+    iv = doc.get("intervals")
+    hit_iv = _interval(iv, "engine_hit_ratio_pp", "points", ".2f")
+    ttft_iv = _interval(iv, "ttft_mean_change_pct", "%", ".1f")
+    if iv:
+        how = (f"{fmt.count(iv.get('num_paired'))} requests OK in both, bootstrap over "
+               f"{fmt.count(iv.get('num_groups'))} {iv.get('resampled', '')}")
+        s.tables["sides"].rows.extend([
+            [f"engine hit ratio {nb} - {na}, {_level(iv)} interval", "", "", hit_iv],
+            [f"TTFT mean change {nb} vs {na}, {_level(iv)} interval", "", "", ttft_iv],
+            ["intervals: paired requests", "", "", how],
+        ])
+    s.values.update(diff_pp_interval=hit_iv if iv else None, ttft_interval=ttft_iv if iv else None)
+    s.headline = [Headline(f"engine hit ratio {nb} - {na}", hit_iv if iv else s.values["diff_pp"],
                            f"WA +{PAPER_WA_GAIN_POINTS[0]} to +{PAPER_WA_GAIN_POINTS[1]} points over the best "
                            "baseline")]
     return s
+
+
+def _level(iv: dict[str, Any]) -> str:
+    """'95%': the intervals' confidence level."""
+    c = iv.get("confidence")
+    return f"{100 * float(c):g}%" if isinstance(c, int | float) else fmt.NA
+
+
+def _interval(iv: dict[str, Any] | None, key: str, unit: str, spec: str) -> str:
+    """'+8.89 +- 25.00 points [+0.00, +50.00]' from the artifact's {point, lo, hi, confidence} (n/a when
+    missing)."""
+    got = (iv or {}).get(key) or {}
+    if not all(isinstance(got.get(k), int | float) for k in ("point", "lo", "hi", "confidence")):
+        return fmt.NA
+    i = Interval(float(got["point"]), float(got["lo"]), float(got["hi"]), float(got["confidence"]))
+    sep = " " if unit == "points" else ""
+    return f"{i.text('+' + spec)}{sep}{unit} [{i.lo:+{spec}}, {i.hi:+{spec}}]"
 
 
 def _blocks(side: dict[str, Any]) -> str:
