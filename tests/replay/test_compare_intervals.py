@@ -126,3 +126,26 @@ def test_the_reports_comparison_section_carries_the_intervals(two_replays: tuple
         "TTFT mean change b vs a, 95% interval"]
     assert rows["intervals: paired requests"] == "6 requests OK in both, bootstrap over 3 sessions"
     assert got.headline[0].value == "+8.89 +- 25.00 points [+0.00, +50.00]"
+
+
+def test_a_trace_without_sessions_is_resampled_by_time_slices(tmp_path: Path, standin: Standin) -> None:
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    trace = tmp_path / "mooncake.jsonl"  # no sessions (ingested without inferring them): every request its own
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 1024, "output_length": 2,
+                                         "hash_ids": [1, 2, i + 3]}) + "\n" for i in range(8)))
+    run = tmp_path / "run"
+    ingest_trace(trace, run, infer_sessions=False)
+    a = _replay(run, standin, "a", block_size=512)
+    b = _replay(run, standin, "b", block_size=256)
+    iv = compare_replays(a, b).intervals
+    # 8 requests 1 s apart over 7 s: 50 slices of 0.14 s, each request in its own slice
+    assert iv is not None and (iv.resampled, iv.num_groups, iv.num_paired) == ("time slices", 8, 8)
+    # 1024-token prompts, the first block shared by all: at 512-token blocks 512 cached from the 2nd request
+    # on, at 256-token blocks 768 (the last token never hits): +256 tokens on 7 of 8 requests
+    hit = iv.engine_hit_ratio_pp
+    assert hit is not None and hit.point == pytest.approx(100 * 7 * 256 / 8192)
+    assert 0.0 < hit.lo < hit.point < hit.hi == pytest.approx(25.0)  # the best slices: +256 of 1024 tokens
+    same = compare_replays(b, b).intervals
+    assert same is not None and same.engine_hit_ratio_pp is not None
+    assert (same.engine_hit_ratio_pp.lo, same.engine_hit_ratio_pp.hi) == (0.0, 0.0)
