@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from tests.replay.conftest import kvtrace_cli
-from tongyi_trace.errors import UsageError
+from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.replay.compare import compare_replays, paired_intervals
 from tongyi_trace.replay.records import read_records
 from tongyi_trace.replay.runner import ReplayOptions, run_replay
@@ -149,3 +149,10 @@ def test_a_trace_without_sessions_is_resampled_by_time_slices(tmp_path: Path, st
     same = compare_replays(b, b).intervals
     assert same is not None and same.engine_hit_ratio_pp is not None
     assert (same.engine_hit_ratio_pp.lo, same.engine_hit_ratio_pp.hi) == (0.0, 0.0)
+
+
+def test_a_request_recorded_twice_is_refused(two_replays: tuple[Path, Path]) -> None:
+    a, _ = two_replays
+    ra = read_records(a / "records.jsonl")
+    with pytest.raises(InputError, match=r"replay B: request 2 finished OK twice in records\.jsonl"):
+        paired_intervals(ra, pl.concat([ra, ra.filter(pl.col("req_idx") == 2)]))

@@ -246,6 +246,11 @@ def paired_intervals(recs_a: pl.DataFrame, recs_b: pl.DataFrame,
     req_idx and resampled by session (else by time slice of A's schedule)."""
     a = recs_a.select(_PAIR_COLUMNS)
     b = recs_b.select(_PAIR_COLUMNS)
+    for side, recs in (("A", a), ("B", b)):
+        twice = recs.filter(pl.col("req_idx").is_duplicated())["req_idx"]
+        if twice.len():
+            raise InputError(f"replay {side}: request {twice[0]} finished OK twice in records.jsonl; a replay sends "
+                             "each request once: re-run that replay")
     both = a.join(b, on="req_idx", how="inner", suffix="_b").sort("req_idx")
     res = make_resampler(request_groups(both["session_id"].to_numpy(), both["scheduled_s"].to_numpy()),
                          confidence=confidence)
