@@ -96,11 +96,10 @@ ENGINE_BLOCK_SIZE = 32
 ENGINE_MAX_MODEL_LEN = 2048
 
 
-@pytest.fixture(scope="session")
-def cpu_engine() -> Iterator[dict[str, Any]]:
-    """A running CPU vLLM server: the state `kvtrace engine start --json` printed (url, pid, num_blocks...)."""
+def _session_engine(name: str, *args: str) -> Iterator[dict[str, Any]]:
+    """`kvtrace engine start --name NAME --json ARGS` for the test session: yields the state it printed (url,
+    pid, num_blocks...) and stops the engine at the end."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -109,38 +108,27 @@ def cpu_engine() -> Iterator[dict[str, Any]]:
     if not is_installed():
         pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
     kvtrace = [sys.executable, "-m", "tongyi_trace.cli"]
-    name = f"pytest-{os.getpid()}"
-    proc = subprocess.run([*kvtrace, "engine", "start", "--name", name, "--json", "--num-blocks",
-                           str(ENGINE_NUM_BLOCKS), "--block-size", str(ENGINE_BLOCK_SIZE),
-                           "--max-model-len", str(ENGINE_MAX_MODEL_LEN)],
+    proc = subprocess.run([*kvtrace, "engine", "start", "--name", name, "--json", *args],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        pytest.fail(f"kvtrace engine start failed: {proc.stderr.strip()[-2000:]}")
+        pytest.fail(f"kvtrace engine start {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
     try:
         yield json.loads(proc.stdout)
     finally:
         subprocess.run([*kvtrace, "engine", "stop", "--name", name, "--quiet"], check=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine() -> Iterator[dict[str, Any]]:
+    """A running CPU vLLM server (token-id prompts only): the state `kvtrace engine start --json` printed."""
+    yield from _session_engine(f"pytest-{os.getpid()}", "--num-blocks", str(ENGINE_NUM_BLOCKS), "--block-size",
+                               str(ENGINE_BLOCK_SIZE), "--max-model-len", str(ENGINE_MAX_MODEL_LEN))
+
+
 @pytest.fixture(scope="session")
 def tok_engine() -> Iterator[dict[str, Any]]:
     """A running CPU vLLM server that tokenizes (`kvtrace engine start --tokenizer`: /tokenize and chat
-    completions), 256 blocks of 32 tokens, started once per session: its state as --json printed."""
-    import json
-    import subprocess
-    import sys
-
-    from tongyi_trace.engine.install import is_installed
-
-    if not is_installed():
-        pytest.fail("the CPU vLLM engine is not installed: run 'make vllm-engine' (kvtrace engine install)")
-    kvtrace = [sys.executable, "-m", "tongyi_trace.cli"]
-    name = f"pytest-tok-{os.getpid()}"
-    proc = subprocess.run([*kvtrace, "engine", "start", "--tokenizer", "--name", name, "--json", "--num-blocks",
-                           "256", "--block-size", str(ENGINE_BLOCK_SIZE), "--max-model-len", "4096"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"kvtrace engine start --tokenizer failed: {proc.stderr.strip()[-2000:]}")
-    try:
-        yield json.loads(proc.stdout)
-    finally:
-        subprocess.run([*kvtrace, "engine", "stop", "--name", name, "--quiet"], check=False)
+    completions), 256 blocks of 32 tokens: its state as --json printed."""
+    yield from _session_engine(f"pytest-tok-{os.getpid()}", "--tokenizer", "--num-blocks", "256", "--block-size",
+                               str(ENGINE_BLOCK_SIZE), "--max-model-len", "4096")
 # ---- END engine fixture -----------------------------------------------------------------------------------
