@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -281,3 +283,16 @@ def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and message.replace("EXISTING", str(existing)) in proc.stderr
     assert existing.read_text() == "keep\n" and not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_bad_tokenizer_file_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A --tokenizer that is not a tokenizer.json: one line, exit 2, no output file and no unclosed session."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    out = tmp_path / "cap.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "capture", "--upstream", "http://127.0.0.1:9",
+                           "--tokenizer", str(bad), "-o", str(out)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "not a Hugging Face tokenizer.json" in proc.stderr, proc.stderr
+    assert not out.exists()  # before: an empty file and two "Unclosed client session" warnings

@@ -269,25 +269,29 @@ class CaptureProxy:
         from tongyi_trace.capture.tokenize import make_token_source
 
         self._writer = LineWriter(self.opts.out_path, overwrite=self.opts.overwrite)
-        self._recorder = Recorder(self._writer, self.opts.block_size_tokens, self._salt,
-                                  self.opts.salt_file is not None, self.summary)
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-        self._tok_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120.0, sock_connect=30.0))
-        self._token_source = make_token_source(self.upstream, self._tok_session, self.opts.tokenizer_file)
-        app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.opts.listen_host, self.opts.listen_port)
-        try:
-            await site.start()
-        except OSError as e:
+        try:  # whatever fails from here (a bad --tokenizer, a taken --listen) leaves no session or file behind
+            self._recorder = Recorder(self._writer, self.opts.block_size_tokens, self._salt,
+                                      self.opts.salt_file is not None, self.summary)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
+            self._tok_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120.0,
+                                                                                    sock_connect=30.0))
+            self._token_source = make_token_source(self.upstream, self._tok_session, self.opts.tokenizer_file)
+            app = web.Application(client_max_size=1 << 30)
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.opts.listen_host, self.opts.listen_port)
+            try:
+                await site.start()
+            except OSError as e:
+                raise UsageError(f"--listen {self.opts.listen_host}:{self.opts.listen_port}: cannot listen "
+                                 f"({e.strerror or e}); choose another address or port 0") from None
+        except BaseException:
             await self._abort_start()
-            raise UsageError(f"--listen {self.opts.listen_host}:{self.opts.listen_port}: cannot listen "
-                             f"({e.strerror or e}); choose another address or port 0") from None
+            raise
         sockets = self._runner.addresses
         host, port = sockets[0][0], sockets[0][1]
         shown = f"[{host}]" if ":" in host else host
@@ -295,7 +299,8 @@ class CaptureProxy:
         self._t0 = time.perf_counter()
         return self.summary.url
 
-    async def _abort_start(self) -> None:
+    async def _release(self) -> None:
+        """Close the listener, the client sessions and the output file."""
         if self._runner is not None:
             await self._runner.cleanup()
         for session in (self._session, self._tok_session):
@@ -303,6 +308,10 @@ class CaptureProxy:
                 await session.close()
         if self._writer is not None:
             self._writer.close()
+
+    async def _abort_start(self) -> None:
+        await self._release()
+        if self._writer is not None:
             self.opts.out_path.unlink(missing_ok=True)
 
     async def close(self) -> CaptureSummary:
@@ -319,13 +328,7 @@ class CaptureProxy:
                     task.cancel()
                 if pending:
                     await asyncio.wait(pending)
-        if self._runner is not None:
-            await self._runner.cleanup()
-        for session in (self._session, self._tok_session):
-            if session is not None:
-                await session.close()
-        if self._writer is not None:
-            self._writer.close()
+        await self._release()
         self.summary.duration_s = round(time.perf_counter() - self._t0, 3)
         return self.summary
 
