@@ -222,14 +222,20 @@ def serve_instant() -> None:
         app = web.Application()
         app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/completions", complete)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
-        await asyncio.Event().wait()
+        await _serve_until_killed(app)
 
     asyncio.run(run())
+
+
+async def _serve_until_killed(app: aiohttp.web.Application) -> None:
+    """Serve APP on a free loopback port, print its URL as the first line of stdout, and run until killed."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+    await asyncio.Event().wait()
 
 
 def serve_forwarder(upstream: str) -> None:
@@ -252,12 +258,7 @@ def serve_forwarder(upstream: str) -> None:
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", forward)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
-        await asyncio.Event().wait()
+        await _serve_until_killed(app)
 
     asyncio.run(run())
 
