@@ -27,9 +27,7 @@ number of blocks in the policy file and in a simulation of the run.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +50,7 @@ from tongyi_trace.sim.bootstrap import (
     stream_resampler,
 )
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
+from tongyi_trace.sim.shared_stream import share_streams, worker_stream
 from tongyi_trace.sim.simulate import simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
 
@@ -96,19 +95,11 @@ def window_stream(run: RunDir, w: Window, context: RequestContext | None = None)
     return load_stream(run, np.sort(idx).astype(np.int64), context)
 
 
-_STREAMS: dict[str, Stream] = {}  # "<tune id>.<window>" -> the stream rebuilt over the shared arrays
-
-
 def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[str, Any]) -> dict[str, Any]:
     """One candidate at one capacity on one window (runs in an executor's worker)."""
     window, pol, params, blocks = task
-    key = f"{shared['tune_id']}.{window}"
-    if key not in _STREAMS:
-        for old in [k for k in _STREAMS if not k.startswith(f"{shared['tune_id']}.")]:
-            del _STREAMS[old]
-        _STREAMS[key] = Stream(**{k.split(".", 1)[1]: v for k, v in shared.items() if k.startswith(f"{window}.")})
     fit = shared[f"fit.{window}"]
-    r = simulate_policy(_STREAMS[key], pol, blocks, params=dict(params), fit=fit, timing=False)
+    r = simulate_policy(worker_stream(shared, window), pol, blocks, params=dict(params), fit=fit, timing=False)
     return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
             "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs,
             "req_hit_blocks": r.req_hit_blocks}
@@ -141,9 +132,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
         windows["test"] = window_stream(run, test, policy.context)
     sessions = run.requests()["session_id"].to_numpy()
     boot = {w: WindowBootstrap.of(st, sessions, confidence) for w, st in windows.items()}
-    shared: dict[str, Any] = {f"{w}.{f.name}": getattr(st, f.name) for w, st in windows.items()
-                              for f in dataclasses.fields(st)}
-    shared.update({"fit.train": choose_with, "fit.test": policy, "tune_id": uuid.uuid4().hex})
+    shared: dict[str, Any] = share_streams(windows)
+    shared.update({"fit.train": choose_with, "fit.test": policy})
     opts = sized_for(executor or ExecutorOptions(), windows["train"].num_refs)
 
     def run_round(items: list[tuple[int, str, Candidate]], what: str) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from tongyi_trace.run import RunDir, write_json
 from tongyi_trace.schemas import FLEET_SCHEMA
 from tongyi_trace.sim.capacity import Capacity
 from tongyi_trace.sim.registry import Policy
+from tongyi_trace.sim.shared_stream import worker_stream
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted
 from tongyi_trace.sim.stream import Stream
 from tongyi_trace.sim.sweep import (
@@ -37,7 +38,6 @@ from tongyi_trace.sim.sweep import (
     SimulateOptions,
     SweepConfig,
     _shared,
-    _worker_stream,
     build_config,
     sweep_inputs,
 )
@@ -217,7 +217,7 @@ def _worker_task(group: list[tuple[str, str, dict[str, Any], str, int, Capacity]
                  ) -> list[dict[str, Any]]:
     """One policy x instance count x capacity, every router of GROUP in turn on the same caches (runs in an
     executor's worker): a row per router, {"error": ...} for a router that failed."""
-    stream = _worker_stream(shared)
+    stream = worker_stream(shared, "stream")
     session = shared["session"]
     pool = CachePool()
     rows: list[dict[str, Any]] = []

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from tongyi_trace.sim.registry import (
     Policy,
     get_policy,
 )
+from tongyi_trace.sim.shared_stream import share_streams, worker_stream
 from tongyi_trace.sim.simulate import FITTED, resolve_fitted, simulate_tiered
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs, regroup
 
@@ -247,25 +247,12 @@ def _by_cost(tasks: list[Any]) -> list[Any]:
     return sorted(tasks, key=lambda t: (-slow.get(t[1], 0), -t[3].num_blocks))
 
 
-_STREAM_FIELD = "stream."
-_WORKER_STREAM: dict[str, Stream] = {}  # sweep id -> the stream rebuilt over the shared arrays (per process)
-
-
 def _shared(stream: Stream, next_req: np.ndarray, fit: PolicyParams | None, hbm: Capacity | None,
             cost: CostModel | None, hbm_policy: str | None = None) -> dict[str, Any]:
-    """What every task reads: the stream's fields (arrays shipped once per sweep) and the sweep's settings."""
-    out = {_STREAM_FIELD + f.name: getattr(stream, f.name) for f in fields(stream)}
-    out.update(next_req=next_req, fit=fit, hbm=hbm, hbm_policy=hbm_policy, cost=cost, sweep_id=uuid.uuid4().hex)
+    """What every task reads: the stream (sim/shared_stream.py: shipped once per sweep) and the sweep's settings."""
+    out = share_streams({"stream": stream})
+    out.update(next_req=next_req, fit=fit, hbm=hbm, hbm_policy=hbm_policy, cost=cost)
     return out
-
-
-def _worker_stream(shared: Mapping[str, Any]) -> Stream:
-    sid = shared["sweep_id"]
-    if sid not in _WORKER_STREAM:
-        _WORKER_STREAM.clear()
-        _WORKER_STREAM[sid] = Stream(**{k[len(_STREAM_FIELD):]: v for k, v in shared.items()
-                                        if k.startswith(_STREAM_FIELD)})
-    return _WORKER_STREAM[sid]
 
 
 def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,7 +260,7 @@ def _worker_task(task: tuple[str, str, dict[str, Any], Capacity], shared: Mappin
     name, base, params, cap = task
     hbm: Capacity | None = shared["hbm"]
     cost: CostModel | None = shared["cost"]
-    stream = _worker_stream(shared)
+    stream = worker_stream(shared, "stream")
     nxt = shared["next_req"] if base == Policy.ORACLE.value else None
     guarded = simulate_guarded(stream, base, cap.num_blocks, params=params, fit=shared["fit"], next_req=nxt)
     res = guarded.result
