@@ -47,6 +47,18 @@ def _steps(g: Guard, leads: list[int], t0_s: float = 0.0, lru_leads: bool = True
             for i, x in enumerate(leads)]
 
 
+def test_guard_ignores_steps_until_the_lru_shadow_has_evicted() -> None:
+    # the same steps as below (a switch at the 4th), but the first two come before the LRU shadow evicts:
+    # they are not steps of the rule (no time in mode, no run), so the switch needs two more steps
+    g = Guard(margin_points=10.0, window_s=30.0)
+    cold = [g.observe_warm(10.0 * (i + 1), 100, 50, 50 + x, lru_evictions=0) for i, x in enumerate([10, 8])]
+    assert cold == [None, None] and g.time_in_mode_s == {POLICY: 0.0, LRU: 0.0} and g.estimates() == (0.0, 0.0, 0)
+    warm = [g.observe_warm(10.0 * (i + 3), 100, 50, 50 + x, lru_evictions=1) for i, x in enumerate([10, 8, 12, 10])]
+    assert warm[:3] == [None, None, None]
+    assert warm[3] == Switch(60.0, LRU, 0.5, 0.6)
+    assert g.time_in_mode_s[POLICY] == 30.0  # from the first warm step (30 s) to the switch (60 s)
+
+
 def test_guard_switches_on_a_full_window_of_margin_and_back_on_four_times_that() -> None:
     # evidence bar: margin 10 points x window 30 s = 300 point-seconds
     g = Guard(margin_points=10.0, window_s=30.0)

@@ -30,8 +30,9 @@ lead of LRU above it on an unshifted trace costs a round trip (docs/guard.md, "M
 margin 5 (600 point-seconds to leave) and BACK_FACTOR 4 (2,400 to return), were chosen on seeds 1 and 2
 of bench_guard.py at full size and held on seeds 3 to 6.
 
-The callers report steps only once the LRU shadow has evicted (the caches are warm): while a cache
-fills, both orders hold everything and the difference is noise. Every switch is kept with the two
+The callers report steps through `observe_warm`, which counts a step only once the LRU shadow has
+evicted (the caches are warm): while a cache fills, both orders hold everything and the difference is
+noise. Every switch is kept with the two
 sides' hit ratios over the run that decided it. `estimates()` gives both hit ratios over the last
 `window_s` seconds (the operator's view; the rule uses the run).
 """
@@ -144,6 +145,14 @@ class Guard:
     def _restart_run(self, time_s: float) -> None:
         self._run = [0, 0, 0, 0, 0, 0, 0]
         self._run_start_s = time_s
+
+    def observe_warm(self, time_s: float, refs: int, policy_hits: int, lru_hits: int,
+                     lru_evictions: int) -> Switch | None:
+        """`observe` once the caches are warm, i.e. the LRU shadow has evicted (LRU_EVICTIONS > 0, module
+        doc); a step before that is ignored (None)."""
+        if lru_evictions <= 0:
+            return None
+        return self.observe(time_s, refs, policy_hits, lru_hits)
 
     def observe(self, time_s: float, refs: int, policy_hits: int, lru_hits: int) -> Switch | None:
         """Report one step ending at TIME_S (sampled REFS and both sides' hits); the switch, if any."""

@@ -191,12 +191,13 @@ def simulate_guarded(stream: Stream, policy: str, capacity_blocks: int, *, param
         refs = int(sub.req_off[b] - sub.req_off[a])
         switch = None
         if per_request:
-            if guard is not None and refs > 0 and lru.stats[S_EVICTIONS] > 0:  # warm: see policy/guard.py
-                switch = guard.observe(end_s, refs, ph, lh)
-        elif guard is not None and lru.stats[S_EVICTIONS] > 0:
+            if guard is not None and refs > 0:
+                switch = guard.observe_warm(end_s, refs, ph, lh, int(lru.stats[S_EVICTIONS]))
+        elif guard is not None:
             # the running order is measured exactly, the other one by its shadow
             in_lru = guard.mode == LRU
-            switch = guard.observe(end_s, refs, ph if in_lru else own, own if in_lru else lh)
+            switch = guard.observe_warm(end_s, refs, ph if in_lru else own, own if in_lru else lh,
+                                        int(lru.stats[S_EVICTIONS]))
         if switch is not None:
             run.switches.append(switch)
             cache.ip[IP_LRU_ORDER] = int(switch.to_mode == LRU)

@@ -86,8 +86,8 @@ class GuardControl:
             self.sampled_refs += len(sampled)
             self.shadow_hits["policy"] += ph
             self.shadow_hits[LRU] += lh
-            if self.guard is not None and self.lru.queue.stats.evictions > 0:  # warm (policy/guard.py)
-                sw = self.guard.observe(time_s, len(sampled), ph, lh)
+            if self.guard is not None:
+                sw = self.guard.observe_warm(time_s, len(sampled), ph, lh, self.lru.queue.stats.evictions)
                 if sw is not None:
                     self._log_switch(sw)
             if self.window is not None:
