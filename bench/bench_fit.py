@@ -39,7 +39,7 @@ def main() -> None:
     print(f"trace: {prov['num_requests']:,} requests, {prov['num_block_refs']:,} block refs, "
           f"{prov['num_distinct_blocks']:,} distinct blocks, {prov['duration_s']:.0f} s")
     out = Path(tempfile.gettempdir()) / "kvtrace-bench" / "policy.json"
-    link_s, link_cpu = best_of(lambda: load_accesses(open_run(run)))
+    link_s, link_cpu = best_of(lambda: load_accesses(open_run(run).tables()))
     fit_s, fit_cpu = best_of(lambda: fit_policy(run, out))
     split_s, split_cpu = best_of(lambda: fit_policy(run, out, train="0:3600", test="3600:"))
     print("wall time (CPU time of this process in brackets: wall >> CPU means a busy machine)")

@@ -53,7 +53,7 @@ def speed(run: Path) -> tuple[float, float]:
 def table(profile: str, total: str) -> None:
     """Hit ratio and P99 QTTFT by router x instances at a fixed total cache."""
     run = open_run(ingested_run(profile))
-    stream = load_stream(run)
+    stream = load_stream(run.tables())
     total_blocks = parse_capacities(total, num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
                                     model=None)[0].num_blocks
     cells: dict[tuple[str, int], dict] = {}

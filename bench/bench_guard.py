@@ -100,7 +100,7 @@ def bench_run(run: Path) -> list[dict[str, float | bool]]:
     if not policy_path.exists():
         kvtrace("fit", str(run), "--train", f"0:{SHIFT_S:g}", "--capacity", CAPACITIES, "-o", str(policy_path), "-q")
     fit = load_policy(policy_path)
-    base = load_stream(open_run(run), context=fit.context)
+    base = load_stream(open_run(run).tables(), context=fit.context)
     moved = shifted(base)
     print(f"{run.name}: {base.num_requests} requests, {base.num_refs} refs; fit on 0:{SHIFT_S:g} s; "
           f"categories reversed at {SHIFT_S:g} s; guard defaults, refit {REFIT}")

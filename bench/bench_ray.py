@@ -110,7 +110,7 @@ def probe(run: Path, policy: Path, name: str, capacity: str) -> dict[str, Any]:
     from tongyi_trace.sim.simulate import simulate_policy
     from tongyi_trace.sim.stream import load_stream, next_request_of_refs
 
-    stream = load_stream(open_run(run))
+    stream = load_stream(open_run(run).tables())
     nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
     cap = parse_capacities(capacity, num_distinct=stream.num_ids, block_size_tokens=stream.block_size, model=None,
                            peak_live=int(peak_live_blocks(stream.req_off, nxt)))[0]

@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--shared-only", action="store_true", help="only the policies shared with libCacheSim")
     args = ap.parse_args()
     run_path = args.run or ingested_run("to-c")
-    stream = load_stream(open_run(run_path))
+    stream = load_stream(open_run(run_path).tables())
     og = run_path.with_suffix(".oracleGeneral.bin")
     if not og.is_file():
         write_oracle_general(stream, og)
@@ -101,7 +101,7 @@ def main() -> None:
         return
     policy_path = fitted_policy(run_path)
     fit = load_policy(policy_path)
-    wa_stream = load_stream(open_run(run_path), context=fit.context)  # the categories the file was fitted on
+    wa_stream = load_stream(open_run(run_path).tables(), context=fit.context)  # the categories the file was fitted on
     simulate_policy(wa_stream, "wa", 10, fit=fit)
     for cap in caps:
         wa = min((simulate_policy(wa_stream, "wa", cap, fit=fit) for _ in range(REPEATS)), key=lambda r: r.elapsed_s)

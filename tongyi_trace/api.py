@@ -106,7 +106,7 @@ class Run:
         from tongyi_trace.sim.lru_curve import lru_curve
         from tongyi_trace.sim.stream import load_stream
 
-        return pl.DataFrame(lru_curve(load_stream(self._dir)).steps())
+        return pl.DataFrame(lru_curve(load_stream(self._dir.tables())).steps())
 
     def recommend(self) -> dict[str, Any] | None:
         """The Recommendation of the last `simulate` (schema kvtrace.recommendation/1), None before one."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import polars as pl
 import pyarrow as pa
@@ -32,8 +32,39 @@ REQUEST_COLUMNS = ("req_idx", "chat_id", "parent_chat_id", "session_id", "user_i
 RUN_TABLES = ("provenance.json", "requests.parquet", "blocks.parquet")  # what makes a folder a run
 
 
+class _TableReader:
+    """Reads the two tables at REQUESTS_PATH and BLOCKS_PATH (RunDir and RunTables)."""
+
+    if TYPE_CHECKING:  # a field of RunTables, a property of RunDir
+        @property
+        def requests_path(self) -> Path: ...
+
+        @property
+        def blocks_path(self) -> Path: ...
+
+    def requests(self) -> pl.DataFrame:
+        """The normalized requests table."""
+        return pl.read_parquet(self.requests_path)
+
+    def blocks(self, columns: list[str] | None = None) -> pl.DataFrame:
+        """The normalized blocks table (optionally only some columns)."""
+        return pl.read_parquet(self.blocks_path, columns=columns)
+
+
 @dataclass(frozen=True)
-class RunDir:
+class RunTables(_TableReader):
+    """What the engine room (sim/, fit/, analysis/) reads of a run: the paths of its two tables and its
+    provenance record; no artifact, no lock, no folder (`RunDir.tables()` makes one: the command layer and
+    the drivers open the run folder and pass this down)."""
+
+    requests_path: Path
+    blocks_path: Path
+    provenance_path: Path  # named in messages about the provenance fields
+    provenance: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunDir(_TableReader):
     """Paths of one run folder's artifacts."""
 
     path: Path
@@ -60,13 +91,9 @@ class RunDir:
         """The provenance record written by ingest."""
         return load_provenance(self)
 
-    def requests(self) -> pl.DataFrame:
-        """The normalized requests table."""
-        return pl.read_parquet(self.requests_path)
-
-    def blocks(self, columns: list[str] | None = None) -> pl.DataFrame:
-        """The normalized blocks table (optionally only some columns)."""
-        return pl.read_parquet(self.blocks_path, columns=columns)
+    def tables(self) -> RunTables:
+        """The run's tables and provenance, as the engine room takes them."""
+        return RunTables(self.requests_path, self.blocks_path, self.provenance_path, self.provenance())
 
     def write_artifact(self, path: Path, obj: dict[str, Any]) -> None:
         """Write a JSON artifact of this run atomically, stamped with the run identity (OBJ too)."""

@@ -24,10 +24,10 @@ from .conftest import write_jsonl
 def _both(run: RunDir) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(the SQL reference, the numpy table), both sorted by chain_idx."""
     prov = load_provenance(run)
-    with open_context(run, prov, AnalysisOptions()) as ctx:
+    with open_context(run.tables(), AnalysisOptions()) as ctx:
         ctx.con.execute(read_query("chains_table"))
         ref = ctx.con.sql("SELECT * FROM chains ORDER BY chain_idx").pl()
-    return ref, pl.from_arrow(chains_table(run, int(prov["num_distinct_blocks"])))  # type: ignore[return-value]
+    return ref, pl.from_arrow(chains_table(run.tables(), int(prov["num_distinct_blocks"])))  # type: ignore[return-value]
 
 
 def test_tiny_trace(tiny_bailian_path: Path, tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_replay_through_the_proxy_round_trips(cpu_engine: dict[str, Any], slice_
     # request's own. That is the partition the captured trace must have, block for block.
     run = open_run(slice_run)
     req_idx = recs["req_idx"].to_numpy()
-    _, unique_from = engine_block_ids(run, req_idx, ENGINE_BLOCK, recs["max_tokens"].to_numpy())
+    _, unique_from = engine_block_ids(run.tables(), req_idx, ENGINE_BLOCK, recs["max_tokens"].to_numpy())
     blocks = pl.read_parquet(run.blocks_path).filter(pl.col("req_idx").is_in(req_idx.tolist()))
     by_req = {int(k[0]): g.sort("pos") for k, g in blocks.group_by("req_idx")}
     expected: list[list[Any]] = []

@@ -163,7 +163,7 @@ def test_fit_with_context_tags_every_consumer_alike(synth_run: Path, tmp_path: P
         assert any(part in name for name in pol.categories), part
     run = open_run(synth_run)
     expected = context_categories(run.requests(), pol.context).to_list()
-    stream = load_stream(run, context=pol.context)
+    stream = load_stream(run.tables(), context=pol.context)
     assert [stream.categories[c] for c in stream.req_cat] == expected
     assert tagged_requests(run, out)["category"].to_list() == expected
     auto = tmp_path / "auto.json"

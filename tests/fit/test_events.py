@@ -39,7 +39,7 @@ def tiny(make_run: Callable[..., Path]) -> Path:
 
 
 def test_whole_trace_samples(tiny: Path) -> None:
-    acc = load_accesses(open_run(tiny))
+    acc = load_accesses(open_run(tiny).tables())
     assert acc.trace_end_s == 100.0
     got = as_rows(window_samples(acc, parse_window(":", acc.trace_start_s, acc.trace_end_s, "--train")))
     assert got == {
@@ -51,7 +51,7 @@ def test_whole_trace_samples(tiny: Path) -> None:
 
 
 def test_window_censors_at_its_end(tiny: Path) -> None:
-    acc = load_accesses(open_run(tiny))
+    acc = load_accesses(open_run(tiny).tables())
     got = as_rows(window_samples(acc, parse_window("0:30", acc.trace_start_s, acc.trace_end_s, "--train")))
     assert got == {
         "text-1": [(10.0, True, 2)],
@@ -63,7 +63,7 @@ def test_window_censors_at_its_end(tiny: Path) -> None:
 
 
 def test_block_lifespans(tiny: Path) -> None:
-    acc = load_accesses(open_run(tiny))
+    acc = load_accesses(open_run(tiny).tables())
     whole = block_lifespans(acc, Window(0.0, 100.0, include_end=True))
     assert {c: sorted(v.tolist()) for c, v in whole.items()} == {
         "text-1": [40.0, 40.0], "text-2": [30.0], "file-1": [85.0]}
@@ -92,7 +92,7 @@ def test_window_defaults() -> None:
 
 
 def sql_events(run: Path) -> pl.DataFrame:
-    with open_context(open_run(run), {}, AnalysisOptions()) as ctx:
+    with open_context(open_run(run).tables(), AnalysisOptions()) as ctx:
         return ctx.query("reuse_events")
 
 
@@ -118,7 +118,7 @@ def test_numpy_linking_matches_the_sql(make_run: Callable[..., Path], reqs: list
     ev = sql_events(run)
     expected = (ev.group_by("req_idx", pl.col("next_req_idx").fill_null(-1))
                 .agg(pl.len().alias("n")).sort("req_idx", "next_req_idx"))
-    acc = load_accesses(open_run(run))
+    acc = load_accesses(open_run(run).tables())
     got = pl.DataFrame({"req_idx": acc.pair_req, "next_req_idx": acc.pair_next,
                         "n": acc.pair_count}).sort("req_idx", "next_req_idx")
     assert got.rows() == expected.rows()

@@ -53,7 +53,7 @@ def test_recovers_known_parameters_in_a_window_ending_mid_trace(known_run: Path,
     assert file1["train_num_samples"] >= 2000
     # censoring matters there: ignoring it (p = share of accesses reused in the window, 1/lambda = mean
     # of the observed reuse times) misses both tolerances
-    acc = load_accesses(open_run(known_run))
+    acc = load_accesses(open_run(known_run).tables())
     s = window_samples(acc, parse_window("0:4800", acc.trace_start_s, acc.trace_end_s, "--train"))["file-1"]
     naive_rate = s.num_observed / float(np.sum(s.time_s[s.observed] * s.count[s.observed]))
     assert naive_rate / KNOWN["file-1"][1] - 1 > 0.10

@@ -47,10 +47,10 @@ def test_fitted_resolving_to_a_baseline_is_predicted_plain(tiny_run: Path) -> No
                         default=CategoryParams(0.3, 0.001, 600.0, 600.0))
     s3 = replace(base, choices=[PolicyChoice(capacity="4", capacity_blocks=4, policy="s3fifo", params={})])
     run = open_run(tiny_run)
-    got = predict_guarded(run, req_idx, 32, 4, "fitted", s3, {"guard": False, "refit_s": 0.0})
-    want = predict_request_hits(run, req_idx, 32, 4, policy="s3fifo", params=s3)
+    got = predict_guarded(run.tables(), req_idx, 32, 4, "fitted", s3, {"guard": False, "refit_s": 0.0})
+    want = predict_request_hits(run.tables(), req_idx, 32, 4, policy="s3fifo", params=s3)
     assert got.shadow_capacity_blocks == 0 and got.result.req_hit_tokens.tolist() == np.asarray(want).tolist()
     assert int(np.asarray(want).sum()) > 0  # the tiny trace hits at 4 blocks: a real comparison
     wa = replace(base, choices=[PolicyChoice(capacity="4", capacity_blocks=4, policy="wa", params={})])
-    guarded = predict_guarded(run, req_idx, 32, 4, "fitted", wa, {})
+    guarded = predict_guarded(run.tables(), req_idx, 32, 4, "fitted", wa, {})
     assert guarded.shadow_capacity_blocks > 0  # WA: the guard runs (WA's defaults)

@@ -46,13 +46,13 @@ def test_engine_shape_follows_vllm() -> None:
 
 def test_predict_request_hits_last_token_rule(make_run: Callable[..., Path]) -> None:
     run = open_run(make_run([A, B, A], tokens=[TOK_A, TOK_B, TOK_A]))
-    hits = predict_request_hits(run, np.arange(3), 32, None)
+    hits = predict_request_hits(run.tables(), np.arange(3), 32, None)
     # B hits both of A's engine blocks (64 tokens); A again may hit only 1 block of 2 (63 tokens max).
     assert hits.tolist() == [0, 64, 32]
     # the order given is the replay order: B first, then A (1 block), then A again
-    assert predict_request_hits(run, np.array([1, 0, 0]), 32, None).tolist() == [0, 32, 32]
+    assert predict_request_hits(run.tables(), np.array([1, 0, 0]), 32, None).tolist() == [0, 32, 32]
     # engine block = trace block: A has 4 blocks, B hits all 4, A again 3 (floor(63/16))
-    assert predict_request_hits(run, np.arange(3), 16, None).tolist() == [0, 64, 48]
+    assert predict_request_hits(run.tables(), np.arange(3), 16, None).tolist() == [0, 64, 48]
 
 
 def test_predict_request_hits_capacity_and_null_block(make_run: Callable[..., Path]) -> None:
@@ -61,11 +61,11 @@ def test_predict_request_hits_capacity_and_null_block(make_run: Callable[..., Pa
     run = open_run(make_run([A, c, B], tokens=[TOK_A, TOK_A, TOK_B]))
     # A caches a0,a1; C (64 tokens, one partial-free request) needs 2 blocks: 1 free + evict a1 (A's tail,
     # released first); B then hits a0 only.
-    assert predict_request_hits(run, np.arange(3), 32, 4).tolist() == [0, 0, 32]
+    assert predict_request_hits(run.tables(), np.arange(3), 32, 4).tolist() == [0, 0, 32]
     # 5 blocks = 4 usable: everything fits, B hits 2 blocks.
-    assert predict_request_hits(run, np.arange(3), 32, 5).tolist() == [0, 0, 64]
+    assert predict_request_hits(run.tables(), np.arange(3), 32, 5).tolist() == [0, 0, 64]
     with pytest.raises(UsageError, match="null block"):
-        predict_request_hits(run, np.arange(3), 32, 1)
+        predict_request_hits(run.tables(), np.arange(3), 32, 1)
 
 
 def test_output_blocks_take_space(make_run: Callable[..., Path]) -> None:
@@ -76,14 +76,14 @@ def test_output_blocks_take_space(make_run: Callable[..., Path]) -> None:
     d = [30, 31, 32, 33]
     d_longer = [30, 31, 32, 33, 34, 35]
     run = open_run(make_run([d, A, d_longer], tokens=[TOK_A, TOK_A, [16] * 6]))
-    with_out = predict_request_hits(run, np.arange(3), 32, 5, output_tokens=np.array([1, 33, 1]))
-    without = predict_request_hits(run, np.arange(3), 32, 5, output_tokens=np.array([1, 1, 1]))
+    with_out = predict_request_hits(run.tables(), np.arange(3), 32, 5, output_tokens=np.array([1, 33, 1]))
+    without = predict_request_hits(run.tables(), np.arange(3), 32, 5, output_tokens=np.array([1, 1, 1]))
     assert with_out.tolist() == [0, 0, 32]
     assert without.tolist() == [0, 0, 64]
 
 
 def test_stream_of_a_run_follows_the_given_order(make_run: Callable[..., Path]) -> None:
     run = open_run(make_run([A, B], tokens=[TOK_A, TOK_B], categories=["x", "y"]))
-    s = load_stream(run, np.array([1, 0]))
+    s = load_stream(run.tables(), np.array([1, 0]))
     assert s.req_idx.tolist() == [1, 0] and [s.categories[c] for c in s.req_cat] == ["y", "x"]
     assert s.req_tokens.tolist() == [72, 64]

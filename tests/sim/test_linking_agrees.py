@@ -16,7 +16,7 @@ from tongyi_trace.sim.stream import load_stream, next_request_of_refs
 
 
 def _pairs_sim(run_path: Path) -> Counter[tuple[int, int]]:
-    s = load_stream(open_run(run_path))
+    s = load_stream(open_run(run_path).tables())
     nxt = next_request_of_refs(s.req_off, s.blk, s.num_ids)
     req = np.repeat(s.req_idx, np.diff(s.req_off))
     nxt_idx = np.where(nxt < s.num_requests, s.req_idx[np.minimum(nxt, s.num_requests - 1)], -1)
@@ -24,7 +24,7 @@ def _pairs_sim(run_path: Path) -> Counter[tuple[int, int]]:
 
 
 def _pairs_fit(run_path: Path) -> Counter[tuple[int, int]]:
-    acc = load_accesses(open_run(run_path))
+    acc = load_accesses(open_run(run_path).tables())
     return Counter({(int(r), int(n)): int(c) for r, n, c in zip(acc.pair_req, acc.pair_next, acc.pair_count,
                                                                   strict=True)})
 

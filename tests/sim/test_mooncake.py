@@ -50,6 +50,6 @@ def test_synthetic_lru_matches_readme(mooncake_synthetic_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ingested_run_gives_the_same_stream(mooncake_conversation_run: Path, conversation: Stream) -> None:
-    s = load_stream(open_run(mooncake_conversation_run))
+    s = load_stream(open_run(mooncake_conversation_run).tables())
     assert (s.num_refs, s.num_ids) == (conversation.num_refs, conversation.num_ids)
     assert lru_curve(s).hits(8000) == lru_curve(conversation).hits(8000)

@@ -16,7 +16,7 @@ from tongyi_trace.trace.ingest import ingest_trace
 def _both(run_dir: Path) -> tuple[int, int]:
     run = open_run(run_dir)
     sql = run_analyses(run, only="live_set", write=False).results["live_set"].headline["peak_live_blocks"]
-    s = prepare_stream(run, None)
+    s = prepare_stream(run.tables(), None)
     return int(sql), int(peak_live_blocks(s.req_off, next_request_of_refs(s.req_off, s.blk, s.num_ids)))
 
 

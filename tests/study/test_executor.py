@@ -45,7 +45,7 @@ def test_ray_matches_local_row_for_row(tiny_run: Path, ray_address: str) -> None
 
 
 def _bad_tasks(run: Path) -> tuple[list[Any], dict[str, Any]]:
-    stream = load_stream(open_run(run))
+    stream = load_stream(open_run(run).tables())
     nxt = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
     cap = Capacity(label="64", num_blocks=64)
     tasks = [("lru", "lru", {}, cap), ("fifo", "fifo", {"no_such_parameter": 1}, cap), ("lfu", "lfu", {}, cap)]

@@ -29,7 +29,7 @@ runner = CliRunner()
 
 def test_workload_summary_golden_on_tiny_fixture(tiny_bailian_path: Path, tmp_path: Path) -> None:
     ingest_trace(tiny_bailian_path, tmp_path)
-    wl = workload_summary(RunDir(tmp_path))
+    wl = workload_summary(RunDir(tmp_path).tables())
     assert wl["schema"] == WORKLOAD_SCHEMA and wl["block_size"] == 16
     assert (wl["num_requests"], wl["num_sessions"], wl["num_users"]) == (6, 3, 3)
     assert wl["duration_s"] == 30.0 and wl["request_rate_per_s"] == pytest.approx(0.2)
@@ -57,7 +57,7 @@ def test_workload_summary_golden_on_tiny_fixture(tiny_bailian_path: Path, tmp_pa
 def tiny_workload(tiny_bailian_path: Path, tmp_path: Path) -> dict[str, Any]:
     """The workload summary of the tiny fixture, as `kvtrace fit` writes it."""
     ingest_trace(tiny_bailian_path, tmp_path / "tiny")
-    return workload_summary(RunDir(tmp_path / "tiny"))
+    return workload_summary(RunDir(tmp_path / "tiny").tables())
 
 
 def test_like_accepts_workload_run_folder_and_policy(tiny_bailian_path: Path, tiny_workload: dict[str, Any],

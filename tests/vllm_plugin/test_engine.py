@@ -257,14 +257,14 @@ def test_engine_hits_equal_the_simulators_fitted_prediction(toc_slice: tuple[Pat
     assert recs.height > 100
     assert recs["category"].str.contains(r"\|g\d").any() and recs["category"].str.contains(r"\|p[fs]").any()
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    guarded = predict_guarded(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256, "fitted",
+    guarded = predict_guarded(open_run(run).tables(), recs["req_idx"].to_numpy().astype(np.int64), 32, 256, "fitted",
                               load_policy(policy), {}, out_tok)
     assert guarded.shadow_capacity_blocks > 0, "the guard runs by default"
     assert (stats.get("guard") or {}).get("enabled") is True
     # the settings it was started with, in every stats file (what kvtrace compare predicts the engine with)
     assert stats["guard_settings"] == asdict(GuardSettings())
     predicted = guarded.result.req_hit_tokens
-    lru = predict_request_hits(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
+    lru = predict_request_hits(open_run(run).tables(), recs["req_idx"].to_numpy().astype(np.int64), 32, 256,
                                policy="lru", output_tokens=out_tok)
     engine_hits = recs["cached_tokens"].to_numpy().astype(np.int64)
     assert int(np.asarray(lru).sum()) != int(np.asarray(predicted).sum()), "the choice must differ from LRU here"

@@ -76,7 +76,7 @@ def test_engine_guard_equals_the_simulators_guarded_prediction(toc_slice: tuple[
     recs = read_records(run / "replay" / "guard" / "records.jsonl").filter(pl.col("status") == "ok").sort("sent_s")
     assert recs.height > 100
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
-    sim = predict_guarded(open_run(run), recs["req_idx"].to_numpy().astype(np.int64), BLOCK_SIZE, NUM_BLOCKS,
+    sim = predict_guarded(open_run(run).tables(), recs["req_idx"].to_numpy().astype(np.int64), BLOCK_SIZE, NUM_BLOCKS,
                           "fitted", load_policy(policy), GUARD, out_tok)
     g = stats["guard"]
     assert g["enabled"] and g["refit_sample_rate"] == 0.25 and g["sample_rate"] < 1.0

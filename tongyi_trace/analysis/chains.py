@@ -15,28 +15,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace.errors import InputError
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 
 _BATCH_ROWS = 1 << 22
 
 
-def chains_table(run: RunDir, num_chains: int) -> pa.Table:
-    """The chains table of RUN, whose chain_idx are 0..NUM_CHAINS-1 (provenance num_distinct_blocks); rows in
-    chain_idx order."""
-    reqs = pq.read_table(run.requests_path, columns=["req_idx", "arrival_s", "category"])
+def chains_table(tables: RunTables, num_chains: int) -> pa.Table:
+    """The chains table of the run (TABLES), whose chain_idx are 0..NUM_CHAINS-1 (provenance
+    num_distinct_blocks); rows in chain_idx order."""
+    reqs = pq.read_table(tables.requests_path, columns=["req_idx", "arrival_s", "category"])
     if not np.array_equal(reqs["req_idx"].to_numpy(), np.arange(reqs.num_rows)):
-        raise InputError(f"{run.requests_path}: req_idx is not 0, 1, 2, ... in row order; re-run 'kvtrace ingest'")
+        raise InputError(f"{tables.requests_path}: req_idx is not 0, 1, 2, ... in row order; re-run 'kvtrace ingest'")
     first = np.full(num_chains, np.iinfo(np.int64).max, np.int64)
     last = np.full(num_chains, -1, np.int64)
     count = np.zeros(num_chains, np.int64)
     first_tokens = np.zeros(num_chains, np.int64)
-    for batch in pq.ParquetFile(run.blocks_path).iter_batches(batch_size=_BATCH_ROWS,
+    for batch in pq.ParquetFile(tables.blocks_path).iter_batches(batch_size=_BATCH_ROWS,
                                                                columns=["req_idx", "chain_idx", "num_tokens"]):
         req = batch.column("req_idx").to_numpy()
         chain = batch.column("chain_idx").to_numpy()
         if chain.shape[0] and not (int(chain.min()) >= 0 and int(chain.max()) < num_chains
                                    and int(req.min()) >= 0 and int(req.max()) < reqs.num_rows):
-            raise InputError(f"{run.blocks_path}: a chain_idx or req_idx is out of the run's range; "
+            raise InputError(f"{tables.blocks_path}: a chain_idx or req_idx is out of the run's range; "
                              "re-run 'kvtrace ingest'")
         np.minimum.at(first, chain, req)
         np.maximum.at(last, chain, req)

@@ -29,7 +29,7 @@ from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.models import DEFAULT_MODEL, MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
 from tongyi_trace.resources import read_query
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.schemas import ANALYSIS_SCHEMA
 
 # Log-spaced time bins shared by the reuse-time and lifespan distributions: bin k holds values in
@@ -102,12 +102,11 @@ class AnalysisOptions:
 
 
 class AnalysisContext:
-    """One DuckDB session over a run folder, shared by the analyses of one `analyze` call."""
+    """One DuckDB session over a run's tables, shared by the analyses of one `analyze` call."""
 
-    def __init__(self, run: RunDir, provenance: dict[str, Any], options: AnalysisOptions,
-                 con: duckdb.DuckDBPyConnection) -> None:
-        self.run = run
-        self.provenance = provenance
+    def __init__(self, tables: RunTables, options: AnalysisOptions, con: duckdb.DuckDBPyConnection) -> None:
+        self.tables = tables
+        self.provenance = tables.provenance
         self.options = options
         self.con = con
         self._tables: set[str] = set()
@@ -150,7 +149,7 @@ class AnalysisContext:
         if table in _SHARED_VIEWS:
             self.con.sql(read_query(table)).create_view(table)
         elif table == "chains":  # numpy, held equal to chains_table.sql by tests/analysis/test_chains.py
-            self.con.register(table, chains_table(self.run, int(self.provenance["num_distinct_blocks"])))
+            self.con.register(table, chains_table(self.tables, int(self.provenance["num_distinct_blocks"])))
         else:
             self.con.execute(read_query(f"{table}_table"))
         self._tables.add(table)
@@ -162,10 +161,11 @@ _SHARED_VIEWS = frozenset({"reuse_events"})
 
 
 @contextmanager
-def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptions,
+def open_context(tables: RunTables, options: AnalysisOptions,
                  temp_dir: Path | None = None) -> Iterator[AnalysisContext]:
-    """A DuckDB session over RUN with views requests/blocks/refs; spills into TEMP_DIR (removed after)."""
-    for p in (run.requests_path, run.blocks_path):
+    """A DuckDB session over the run's TABLES with views requests/blocks/refs; spills into TEMP_DIR (removed
+    after)."""
+    for p in (tables.requests_path, tables.blocks_path):
         if not p.is_file():
             raise InputError(f"{p}: missing; re-run 'kvtrace ingest' to rebuild the run folder")
     if not 0.25 <= options.memory_limit_gib < 1 << 20 or not 1 <= options.threads <= 1024:  # refuses NaN
@@ -177,10 +177,10 @@ def open_context(run: RunDir, provenance: dict[str, Any], options: AnalysisOptio
     spill = Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))
     con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", options.threads)
     try:
-        con.read_parquet(str(run.requests_path)).create_view("requests")
-        con.read_parquet(str(run.blocks_path)).create_view("blocks")
+        con.read_parquet(str(tables.requests_path)).create_view("requests")
+        con.read_parquet(str(tables.blocks_path)).create_view("blocks")
         con.execute(read_query("refs_view"))
-        yield AnalysisContext(run, provenance, options, con)
+        yield AnalysisContext(tables, options, con)
     finally:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)

@@ -100,12 +100,13 @@ def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: Analys
                   on_done: Callable[[AnalysisResult], None] | None, write: bool) -> AnalysisReport:
     opts = options or AnalysisOptions()
     names = parse_only(only)
-    prov = load_provenance(run)
+    tables = run.tables()
+    prov = tables.provenance
     out_dir = run.subdir("analysis") if write else run.path / "analysis"
     results: dict[str, AnalysisResult] = {}
     models = models_doc(opts, int(prov.get("block_size") or 16))
     t0 = time.perf_counter()
-    with open_context(run, prov, opts, temp_dir=out_dir if write else None) as ctx:
+    with open_context(tables, opts, temp_dir=out_dir if write else None) as ctx:
         for name in names:
             t = time.perf_counter()
             try:

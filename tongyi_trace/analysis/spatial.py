@@ -117,15 +117,16 @@ def spatial(ctx: AnalysisContext) -> AnalysisResult:
         res.headline = {"num_block_refs": num_refs}
         if num_refs == 0:
             return res
-        raise InputError(f"{ctx.run.requests_path}: too many requests for the spatial pass (>= 2^31)")
+        raise InputError(f"{ctx.tables.requests_path}: too many requests for the spatial pass (>= 2^31)")
     type_names = reqs["type"].fill_null("(none)").to_list()
     names = sorted(set(type_names))
     code = {n: i for i, n in enumerate(names)}
     req_type = np.array([code[t] for t in type_names], np.int32)
-    req, pos, chain = _read_blocks(str(ctx.run.blocks_path), num_refs)
+    req, pos, chain = _read_blocks(str(ctx.tables.blocks_path), num_refs)
     bad = _first_unsorted(req, pos)
     if bad >= 0:
-        raise InputError(f"{ctx.run.blocks_path}: row {bad} breaks the (req_idx, pos) order; re-run 'kvtrace ingest'")
+        raise InputError(f"{ctx.tables.blocks_path}: row {bad} breaks the (req_idx, pos) order; "
+                         "re-run 'kvtrace ingest'")
     num_chains = int(chain.max()) + 1
     # hits at stride k tenths (offset 0) = references whose prefix was cached at some stride <= k
     head = np.cumsum(_head_window_hits(req, pos, chain, req_blocks, req_type, num_chains, len(names)), axis=1)

@@ -113,7 +113,7 @@ def measure(run: RunDir) -> dict[str, float]:
     report = run_analyses(run, only=ANALYSES, write=False)
     h = {name: res.headline for name, res in report.results.items()}
     prov = run.provenance()
-    stream = load_stream(run)
+    stream = load_stream(run.tables())
     curve = lru_curve(stream)
     caps = parse_capacities(",".join(LRU_POINTS), num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
                             model=None)

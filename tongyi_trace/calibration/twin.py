@@ -70,7 +70,7 @@ def measure(run: RunDir) -> Figures:
     """RUN's ideal hit ratio, LRU hit ratios at LRU_POINTS, reuse-time CDF and length and arrival samples."""
     report = run_analyses(run, only=["hit_ratio", "reuse_time"], write=False)
     cdf = report.results["reuse_time"].tables["cdf"].filter(pl.col("category") == ALL_CATEGORIES)
-    stream = load_stream(run)
+    stream = load_stream(run.tables())
     curve = lru_curve(stream)
     caps = parse_capacities(",".join(LRU_POINTS), num_distinct=stream.num_ids, block_size_tokens=stream.block_size,
                             model=None)

@@ -27,7 +27,7 @@ import polars as pl
 from tongyi_trace.errors import UsageError
 from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.policy.reuse_model import Samples
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
 
 T = TypeVar("T")
@@ -106,15 +106,15 @@ class Accesses:
         return float(self.arrival_s.max()) if len(self.arrival_s) else 0.0
 
 
-def load_accesses(run: RunDir, context: RequestContext | None = None) -> Accesses:
-    """Read RUN's tables and link every block access to the block's next access (vectorized). Categories
+def load_accesses(tables: RunTables, context: RequestContext | None = None) -> Accesses:
+    """Read the run's TABLES and link every block access to the block's next access (vectorized). Categories
     are the run's, with CONTEXT's classes appended when it is set."""
-    req = pl.read_parquet(run.requests_path, columns=[*CONTEXT_COLUMNS, "type"]).sort("req_idx")
+    req = pl.read_parquet(tables.requests_path, columns=[*CONTEXT_COLUMNS, "type"]).sort("req_idx")
     req = req.with_columns(category=context_categories(req, context)).select(
         "req_idx", "arrival_s", "category", "type")
     num_requests = req.height
     if num_requests and not np.array_equal(req["req_idx"].to_numpy(), np.arange(num_requests)):
-        raise UsageError(f"{run.requests_path}: column 'req_idx' is not 0..N-1; re-run 'kvtrace ingest'")
+        raise UsageError(f"{tables.requests_path}: column 'req_idx' is not 0..N-1; re-run 'kvtrace ingest'")
     names_and_types = req.select("category", "type").unique().sort("category")
     names = [str(c) for c in names_and_types["category"].unique(maintain_order=True).to_list()]
     code_of = {name: i for i, name in enumerate(names)}
@@ -122,7 +122,7 @@ def load_accesses(run: RunDir, context: RequestContext | None = None) -> Accesse
         else np.empty(0, dtype=np.int64)
     types = {str(c): (None if t is None else str(t)) for c, t in names_and_types.iter_rows()}
 
-    blocks = pl.read_parquet(run.blocks_path, columns=["req_idx", "chain_idx"])
+    blocks = pl.read_parquet(tables.blocks_path, columns=["req_idx", "chain_idx"])
     req_idx = blocks["req_idx"].to_numpy()
     chain = blocks["chain_idx"].to_numpy()
     del blocks

@@ -128,7 +128,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         test_w = parse_window(test, start_s, trace_end_s, "--test") if test else None
         ctx = fit_context(requests, train_w, context)
         step("linking block accesses")
-        acc = load_accesses(run, ctx)
+        acc = load_accesses(run.tables(), ctx)
 
         step("fitting the train window")
         train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"),
@@ -169,7 +169,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
                                                 life_quantile, life_s)
                 select = (replace(policy, categories=cats, default=dflt, window=part_w.to_json()), held_w)
-            choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
+            choices, tune_rows = tune(run.tables(), policy, train_w, test_w, capacities, model=model, on_step=step,
                                       on_progress=on_progress, select=select, confidence=confidence,
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
@@ -180,7 +180,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         save_policy(policy, out)
         if out.resolve() != (fit_dir / "policy.json").resolve():
             save_policy(policy, fit_dir / "policy.json")
-        write_json(fit_dir / "workload.json", workload_summary(run))
+        write_json(fit_dir / "workload.json", workload_summary(run.tables()))
         write_json(fit_dir / "train_test.json", {
             "schema": FIT_TABLE_SCHEMA,
             "train": train_w.to_json(),

@@ -26,7 +26,7 @@ import polars as pl
 
 from tongyi_trace.errors import InputError
 from tongyi_trace.fit.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
-from tongyi_trace.run import RunDir, check_not_run_table
+from tongyi_trace.run import RunDir, RunTables, check_not_run_table
 from tongyi_trace.schemas import WORKLOAD_SCHEMA
 from tongyi_trace.trace.formats import DEFAULT_BLOCK_SIZE
 from tongyi_trace.trace.synth import MAX_REQUESTS, SynthSummary, summarize, trace_size
@@ -49,7 +49,7 @@ def _quantiles(values: pl.Series) -> list[float]:
     return [float(x) for x in np.quantile(arr, QUANTILE_LEVELS)]
 
 
-def workload_summary(run: RunDir) -> dict[str, Any]:
+def workload_summary(tables: RunTables) -> dict[str, Any]:
     """What `synth --like` needs besides the reuse parameters: request mix, turns, lengths, rate.
 
     Returns a JSON-ready dict of schema kvtrace.workload/2 (documented in docs/synth.md): counts and
@@ -58,8 +58,8 @@ def workload_summary(run: RunDir) -> dict[str, Any]:
     of later turns (input minus the parent's input and output) and of the output, and the shared-prefix
     share of first turns (first turns with a prefix hit: shared system prompts); "twin" is the prefix-tree
     model the twin is drawn from (synth_twin.learn_twin)."""
-    prov = run.provenance()
-    req = run.requests().with_columns(pl.col("type").fill_null(UNKNOWN_TYPE), pl.col("turn").fill_null(1))
+    prov = tables.provenance
+    req = tables.requests().with_columns(pl.col("type").fill_null(UNKNOWN_TYPE), pl.col("turn").fill_null(1))
     n = req.height
     arrival_s = req["arrival_s"].to_numpy()
     t0 = float(arrival_s.min()) if n else 0.0
@@ -84,7 +84,7 @@ def workload_summary(run: RunDir) -> dict[str, Any]:
             "next_input_tokens": _quantiles(sub.filter(~pl.col("is_root"))["new_input_tokens"]),
             "output_tokens": _quantiles(sub["output_tokens"]),
         }
-    hits = _root_prefix_hit_share(run, roots["req_idx"])
+    hits = _root_prefix_hit_share(tables, roots["req_idx"])
     return {
         "schema": WORKLOAD_SCHEMA,
         "block_size": int(prov.get("block_size") or BLOCK_SIZE_TOKENS),
@@ -102,15 +102,15 @@ def workload_summary(run: RunDir) -> dict[str, Any]:
         "quantile_levels": list(QUANTILE_LEVELS),
         "lengths": lengths,
         "first_turn_prefix_hit_share": hits,
-        "twin": learn_twin(run),
+        "twin": learn_twin(tables),
     }
 
 
-def _root_prefix_hit_share(run: RunDir, root_idx: pl.Series) -> float | None:
+def _root_prefix_hit_share(tables: RunTables, root_idx: pl.Series) -> float | None:
     """Share of first turns whose first block was computed by an earlier request (a shared prefix)."""
     if root_idx.len() == 0:
         return None
-    first = run.blocks(["req_idx", "pos", "chain_idx"]).filter(pl.col("pos") == 0)
+    first = tables.blocks(["req_idx", "pos", "chain_idx"]).filter(pl.col("pos") == 0)
     seen_before = first.with_columns(
         earlier=pl.col("req_idx") > pl.col("req_idx").min().over("chain_idx"))
     shared = seen_before.filter(pl.col("req_idx").is_in(root_idx.implode()))["earlier"]
@@ -227,7 +227,7 @@ def load_workload(source: str | Path) -> Workload:
     if path.is_dir():
         wl_path = path / "fit" / WORKLOAD_FILE
         if not wl_path.exists():
-            return parse_workload(workload_summary(RunDir(path)), path)
+            return parse_workload(workload_summary(RunDir(path).tables()), path)
         path = wl_path
     try:
         doc = json.loads(path.read_text())

@@ -36,7 +36,7 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.stream import Stream, load_stream
 
@@ -77,11 +77,11 @@ def _classify(values: npt.NDArray[Any], edges: list[float]) -> I64:
     return np.searchsorted(np.asarray(edges, dtype=np.float64), values, side="left").astype(np.int64)
 
 
-def sharing_table(run: RunDir) -> pl.DataFrame:
+def sharing_table(tables: RunTables) -> pl.DataFrame:
     """Per request of RUN in arrival order: blocks n, shared (hit) blocks k and the gap_s from its
     arrival back to the last earlier access of its deepest shared block (null when k = 0)."""
-    req = run.requests().select("req_idx", "arrival_s").sort("req_idx")
-    bl = (run.blocks(["req_idx", "pos", "chain_idx"]).sort("chain_idx", "req_idx")
+    req = tables.requests().select("req_idx", "arrival_s").sort("req_idx")
+    bl = (tables.blocks(["req_idx", "pos", "chain_idx"]).sort("chain_idx", "req_idx")
           .with_columns(prev_req=pl.when(pl.col("chain_idx").shift(1) == pl.col("chain_idx"))
                         .then(pl.col("req_idx").shift(1))))
     per = bl.group_by("req_idx").agg(
@@ -94,10 +94,10 @@ def sharing_table(run: RunDir) -> pl.DataFrame:
             .sort("req_idx"))
 
 
-def learn_twin(run: RunDir) -> dict[str, Any]:
-    """The prefix-tree model of RUN (see the module doc): a JSON-ready dict, no sequence of the run."""
-    req = run.requests().sort("req_idx")
-    share = sharing_table(run)
+def learn_twin(tables: RunTables) -> dict[str, Any]:
+    """The prefix-tree model of the run (TABLES; see the module doc): a JSON-ready dict, no sequence of the run."""
+    req = tables.requests().sort("req_idx")
+    share = sharing_table(tables)
     arrival = req["arrival_s"].to_numpy()
     t0, t1 = float(arrival.min()), float(arrival.max())
     _, same_instant = np.unique(np.round((arrival - t0) * 1000).astype(np.int64), return_counts=True)
@@ -135,7 +135,7 @@ def learn_twin(run: RunDir) -> dict[str, Any]:
         "shared_class_edges": shared_edges,
         "by_shared_class": by_shared,
         "lru_points": list(LRU_POINTS),
-        "lru_hit": [float(x) for x in _lru_points(load_stream(run))],
+        "lru_hit": [float(x) for x in _lru_points(load_stream(tables))],
     }
 
 

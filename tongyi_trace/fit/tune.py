@@ -40,7 +40,7 @@ from tongyi_trace.fit.events import Window
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.policy.file import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.policy.names import PLUGIN_BASELINES as BASELINE_CANDIDATES
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
     Interval,
@@ -86,13 +86,13 @@ def second_round(best_wa: Candidate, eviction_age_s: float) -> list[Candidate]:
     return [Candidate("wa", {**best_wa.params, "life_s": life}) for life in lives]
 
 
-def window_stream(run: RunDir, w: Window, context: RequestContext | None = None) -> Stream:
+def window_stream(tables: RunTables, w: Window, context: RequestContext | None = None) -> Stream:
     """The run's requests that arrive inside window W, as a stream (cold cache at W's start), categories
     as a policy fitted with CONTEXT sees them."""
-    reqs = run.requests().select("req_idx", "arrival_s")
+    reqs = tables.requests().select("req_idx", "arrival_s")
     t = reqs["arrival_s"].to_numpy()
     idx = reqs["req_idx"].to_numpy()[w.contains(t)]
-    return load_stream(run, np.sort(idx).astype(np.int64), context)
+    return load_stream(tables, np.sort(idx).astype(np.int64), context)
 
 
 def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
             "req_hit_blocks": r.req_hit_blocks}
 
 
-def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
+def tune(tables: RunTables, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
          model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
          on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None,
          select: tuple[PolicyParams, Window] | None = None, confidence: float = DEFAULT_CONFIDENCE,
@@ -119,18 +119,18 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     check_confidence(confidence)
     step = on_step or (lambda _msg: None)
     count = on_progress or (lambda _what, _done, _total: None)
-    full = load_stream(run)
+    full = load_stream(tables)
     if full.num_refs == 0:
-        raise UsageError(f"{run.path}: no block references; nothing to tune")
+        raise UsageError(f"{tables.blocks_path}: no block references; nothing to tune")
     nxt = next_request_of_refs(full.req_off, full.blk, full.num_ids)
     caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
                             model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
     del full, nxt
     choose_with, choose_on = select if select is not None else (policy, train)
-    windows = {"train": window_stream(run, choose_on, policy.context)}
+    windows = {"train": window_stream(tables, choose_on, policy.context)}
     if test is not None:
-        windows["test"] = window_stream(run, test, policy.context)
-    sessions = run.requests()["session_id"].to_numpy()
+        windows["test"] = window_stream(tables, test, policy.context)
+    sessions = tables.requests()["session_id"].to_numpy()
     boot = {w: WindowBootstrap.of(st, sessions, confidence) for w, st in windows.items()}
     shared: dict[str, Any] = share_streams(windows)
     shared.update({"fit.train": choose_with, "fit.test": policy})

@@ -26,7 +26,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, error_line, map_tasks
 from tongyi_trace.fleet.routers import get_router, parse_routers
 from tongyi_trace.fleet.simulate import CachePool, Tiers, simulate_fleet
-from tongyi_trace.run import RunDir, write_json
+from tongyi_trace.run import RunDir, RunTables, write_json
 from tongyi_trace.schemas import FLEET_SCHEMA
 from tongyi_trace.sim.capacity import Capacity
 from tongyi_trace.sim.registry import Policy
@@ -115,12 +115,12 @@ def check_memory(tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]
                          "available: give fewer --instances or --jobs 1")
 
 
-def run_sessions(run: RunDir, stream: Stream) -> tuple[np.ndarray | None, str]:
+def run_sessions(tables: RunTables, stream: Stream) -> tuple[np.ndarray | None, str]:
     """Each stream request's conversation from the run's requests table (session_id), or None (the
     first block then stands for it) when the trace has no conversations; and where it came from."""
-    if not run.provenance().get("has_sessions"):
+    if not tables.provenance.get("has_sessions"):
         return None, "first block (the trace has no conversations)"
-    sess = run.requests().select("session_id")["session_id"].to_numpy().astype(np.int64)
+    sess = tables.requests().select("session_id")["session_id"].to_numpy().astype(np.int64)
     return sess[stream.req_idx], "requests.session_id"
 
 
@@ -142,7 +142,7 @@ def run_fleet_sweep(run: RunDir, cfg: SweepConfig, fleet: FleetOptions,
         remote_cost = 4.0 * cfg.cost.s_per_loaded_token
     if not (remote_cost >= 0 and np.isfinite(remote_cost)):
         raise UsageError(f"--remote-load-s-per-token must be a finite number >= 0, got {remote_cost}")
-    session, session_source = run_sessions(run, stream)
+    session, session_source = run_sessions(run.tables(), stream)
     tasks: list[tuple[str, str, dict[str, Any], str, int, Capacity]] = []
     for name, (base, over) in zip(cfg.policies, variants, strict=True):
         for cap in caps:

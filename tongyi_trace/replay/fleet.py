@@ -105,9 +105,9 @@ def route_requests(run: RunDir, req_idx: list[int], output_tokens: list[int], ro
     """Route the requests REQ_IDX (send order; OUTPUT_TOKENS generated each) over NUM_INSTANCES engines of
     NUM_ENGINE_BLOCKS blocks of ENGINE_BLOCK_SIZE tokens with ROUTER, by the fleet simulator."""
     sel = np.asarray(req_idx, np.int64)
-    full, shape, capacity = engine_case(run, sel, engine_block_size, num_engine_blocks,
+    full, shape, capacity = engine_case(run.tables(), sel, engine_block_size, num_engine_blocks,
                                         output_tokens=np.asarray(output_tokens, np.int64))
-    session, _ = run_sessions(run, full)
+    session, _ = run_sessions(run.tables(), full)
     cost = routing_cost()
     res = simulate_fleet(full, router, num_instances, "lru", capacity, engine=shape, cost=cost, session=session)
     table = pl.DataFrame({"order": np.arange(sel.size, dtype=np.int64), "req_idx": sel,

@@ -76,12 +76,12 @@ def predict_hits(run: RunDir, recs: pl.DataFrame, engine_block_size: int, num_gp
     req_idx = recs["req_idx"].to_numpy().astype(np.int64)
     out_tok = recs["output_tokens"].fill_null(recs["max_tokens"]).to_numpy().astype(np.int64)
     if policy == "lru" or params is None or num_gpu_blocks is None:
-        hits = predict_request_hits(run, req_idx, engine_block_size, num_gpu_blocks, policy="lru",
+        hits = predict_request_hits(run.tables(), req_idx, engine_block_size, num_gpu_blocks, policy="lru",
                                     output_tokens=out_tok)
     else:
         from tongyi_trace.sim.guarded import predict_guarded
 
-        hits = predict_guarded(run, req_idx, engine_block_size, num_gpu_blocks, policy, params, guard or {},
+        hits = predict_guarded(run.tables(), req_idx, engine_block_size, num_gpu_blocks, policy, params, guard or {},
                                out_tok).result.req_hit_tokens
     return np.asarray(hits, dtype=np.int64)
 

@@ -359,7 +359,8 @@ def _block_keys(run: RunDir, sched: Schedule, block_sizes: set[int | None]) -> d
     if bs is None:
         return {}
     req_idx = np.array([r.req_idx for r in sched.requests], np.int64)
-    ids, unique_from = engine_block_ids(run, req_idx, bs, np.array([r.max_tokens for r in sched.requests], np.int64))
+    ids, unique_from = engine_block_ids(run.tables(), req_idx, bs,
+                                        np.array([r.max_tokens for r in sched.requests], np.int64))
     return {int(r): (k, int(u)) for r, k, u in zip(req_idx.tolist(), ids, unique_from, strict=True)}
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.policy.file import PolicyParams
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.sim.simulate import EngineShape, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, regroup
 
@@ -68,7 +68,7 @@ def engine_stream(stream: Stream, engine_block_size: int, output_tokens: np.ndar
     return full, EngineShape(maxhit, num_prompt_blocks, extra)
 
 
-def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: int,
+def predict_request_hits(tables: RunTables, req_idx: np.ndarray, engine_block_size: int,
                          num_engine_blocks: int | None, policy: str = "lru",
                          params: PolicyParams | None = None,
                          output_tokens: np.ndarray | None = None) -> np.ndarray:
@@ -77,19 +77,19 @@ def predict_request_hits(run: RunDir, req_idx: np.ndarray, engine_block_size: in
     (None = unlimited cache, the ideal). POLICY is the engine's eviction policy ("lru" = stock vLLM,
     "wa" = the kvtrace plugin, which needs PARAMS); OUTPUT_TOKENS = tokens generated per request
     (None: one token, no output block)."""
-    full, shape, capacity = engine_case(run, req_idx, engine_block_size, num_engine_blocks, params, output_tokens)
+    full, shape, capacity = engine_case(tables, req_idx, engine_block_size, num_engine_blocks, params, output_tokens)
     res = simulate_policy(full, policy, capacity, fit=params, engine=shape, timing=False)
     return res.req_hit_tokens
 
 
-def engine_case(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int | None,
+def engine_case(tables: RunTables, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int | None,
                 params: PolicyParams | None = None, output_tokens: np.ndarray | None = None,
                 ) -> tuple[Stream, EngineShape, int]:
-    """What the engine serves when the requests REQ_IDX of RUN are replayed in that order (the arguments
+    """What the engine serves when the requests REQ_IDX of the run (TABLES) are replayed in that order (the arguments
     of predict_request_hits): the engine stream, its shape and the cache's capacity in engine blocks."""
     sel = np.asarray(req_idx, np.int64)
-    stream = load_stream(run, sel, params.context if params else None)
-    input_tokens = run.requests()["input_tokens"].to_numpy()[sel]
+    stream = load_stream(tables, sel, params.context if params else None)
+    input_tokens = tables.requests()["input_tokens"].to_numpy()[sel]
     full, shape = engine_stream(stream, engine_block_size, output_tokens, input_tokens)
     if num_engine_blocks is None:
         capacity = full.num_ids + int(shape.req_extra.max(initial=0))
@@ -100,11 +100,11 @@ def engine_case(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_en
     return full, shape, capacity
 
 
-def engine_block_ids(run: RunDir, req_idx: np.ndarray, engine_block_size: int,
+def engine_block_ids(tables: RunTables, req_idx: np.ndarray, engine_block_size: int,
                      output_tokens: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Per request of REQ_IDX (replayed in that order), the ids of the blocks the engine caches for it in
     the simulator's engine stream (engine_case): what `kvtrace replay` sends as kv_block_keys, so that the
     plugin's guard samples the same blocks as the simulator's; and the prompt tokens those blocks' prompt
     part covers (the replay makes the tokens past it request-unique: see the module doc)."""
-    full, shape, _ = engine_case(run, req_idx, engine_block_size, None, None, output_tokens)
+    full, shape, _ = engine_case(tables, req_idx, engine_block_size, None, None, output_tokens)
     return np.split(full.blk, full.req_off[1:-1]), shape.req_nstat * int(engine_block_size)

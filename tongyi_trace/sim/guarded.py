@@ -37,7 +37,7 @@ from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.policy.guard import LRU, Guard, Switch
 from tongyi_trace.policy.refit import CategoryFit, RefitClock, ReuseWindow, refit
 from tongyi_trace.policy.sampling import sampled_mask, shadow_rate, threshold
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.sim.engine_model import engine_case
 from tongyi_trace.sim.kernel import S_EVICTIONS
 from tongyi_trace.sim.policies.wa import CW_P, CW_RATE, CW_TABLE, IP_LRU_ORDER, IP_MODEL, WaParams
@@ -269,14 +269,14 @@ def _refit(window: ReuseWindow, now_s: float, names: tuple[str, ...], caches: tu
     return rows
 
 
-def predict_guarded(run: RunDir, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int,
+def predict_guarded(tables: RunTables, req_idx: np.ndarray, engine_block_size: int, num_engine_blocks: int,
                     policy: str, fit: PolicyParams, wa_params: dict[str, Any],
                     output_tokens: np.ndarray | None = None) -> GuardedRun:
     """predict_request_hits (sim.engine_model) for the vLLM plugin running POLICY (wa, or fitted resolving
     to wa) with the guard and refit of WA_PARAMS (WaParams names: what the plugin's KVTRACE_GUARD*
     variables set): the engine's guard (per_request), its run with the hit tokens per request. Fitted
     resolving to a baseline runs that baseline plain (the plugin guards WA only)."""
-    full, shape, capacity = engine_case(run, req_idx, engine_block_size, num_engine_blocks, fit, output_tokens)
+    full, shape, capacity = engine_case(tables, req_idx, engine_block_size, num_engine_blocks, fit, output_tokens)
     if policy == FITTED and resolve_fitted(fit, capacity, full.block_size)[0] != "wa":
         wa_params = {}
     return simulate_guarded(full, policy, capacity, params=wa_params, fit=fit, engine=shape, timing=False,

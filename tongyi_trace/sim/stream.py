@@ -20,7 +20,7 @@ from numba import njit
 
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.policy.file import RequestContext
-from tongyi_trace.run import RunDir
+from tongyi_trace.run import RunTables
 from tongyi_trace.trace.categories import context_categories
 from tongyi_trace.trace.dense import DenseIds
 
@@ -61,15 +61,15 @@ class Stream:
         return int(self.num_refs - self.num_ids)
 
 
-def load_stream(run: RunDir, req_idx: np.ndarray | None = None, context: RequestContext | None = None) -> Stream:
-    """The run's requests (all in arrival order, or REQ_IDX in the given order) as a Stream; categories are
-    the run's, with the context classes of CONTEXT (a policy file's) appended when it is set."""
-    prov = run.provenance()
+def load_stream(tables: RunTables, req_idx: np.ndarray | None = None, context: RequestContext | None = None) -> Stream:
+    """The run's requests (TABLES: all in arrival order, or REQ_IDX in the given order) as a Stream; categories
+    are the run's, with the context classes of CONTEXT (a policy file's) appended when it is set."""
+    prov = tables.provenance
     block_size = int(prov.get("block_size") or 0)
     if block_size <= 0:
-        raise InputError(f"{run.provenance_path}: field 'block_size' is missing; re-run 'kvtrace ingest'")
-    blocks = run.blocks(["req_idx", "pos", "chain_idx", "num_tokens"])
-    reqs = run.requests()
+        raise InputError(f"{tables.provenance_path}: field 'block_size' is missing; re-run 'kvtrace ingest'")
+    blocks = tables.blocks(["req_idx", "pos", "chain_idx", "num_tokens"])
+    reqs = tables.requests()
     reqs = reqs.with_columns(category=context_categories(reqs, context)).select(
         "req_idx", "arrival_s", "category", "input_tokens")
     n_all = reqs.height
@@ -86,7 +86,7 @@ def load_stream(run: RunDir, req_idx: np.ndarray | None = None, context: Request
     else:
         sel = np.asarray(req_idx, dtype=np.int64)
         if sel.size and (sel.min() < 0 or sel.max() >= n_all):
-            raise UsageError(f"req_idx out of range 0..{n_all - 1} for run {run.path}")
+            raise UsageError(f"req_idx out of range 0..{n_all - 1} in {tables.requests_path}")
     lens = counts[sel]
     off = np.zeros(sel.size + 1, np.int64)
     np.cumsum(lens, out=off[1:])

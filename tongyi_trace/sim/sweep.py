@@ -25,7 +25,7 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
 from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
 from tongyi_trace.policy.file import PolicyParams, load_policy
-from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
+from tongyi_trace.run import RunDir, RunTables, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
@@ -98,9 +98,9 @@ def _resolve_task(name: str, base: str, params: dict[str, Any], cap: Capacity, f
     return name, pol, {**chosen, **params}, cap
 
 
-def prepare_stream(run: RunDir, engine_block_size: int | None, fit: PolicyParams | None = None) -> Stream:
-    """The run's stream, regrouped to ENGINE_BLOCK_SIZE when given, with the categories FIT keys on."""
-    stream = load_stream(run, context=fit.context if fit else None)
+def prepare_stream(tables: RunTables, engine_block_size: int | None, fit: PolicyParams | None = None) -> Stream:
+    """The run's stream (TABLES), regrouped to ENGINE_BLOCK_SIZE when given, with the categories FIT keys on."""
+    stream = load_stream(tables, context=fit.context if fit else None)
     return regroup(stream, engine_block_size) if engine_block_size else stream
 
 
@@ -156,7 +156,7 @@ def sweep_inputs(run: RunDir, cfg: SweepConfig) -> SweepInputs:
     for base, _ in variants:
         if base != FITTED:
             get_policy(base).make_params({**cfg.policy_params.get(base, {})})
-    stream = prepare_stream(run, cfg.engine_block_size, fit)
+    stream = prepare_stream(run.tables(), cfg.engine_block_size, fit)
     if stream.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
