@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace import __version__
+from tongyi_trace.artifact_set import commit_tables, staged
 from tongyi_trace.atomic import temp_path
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
@@ -36,7 +37,6 @@ from tongyi_trace.run import (
     RUN_SCHEMA,
     RUN_TABLES,
     RunDir,
-    clear_downstream,
     is_run_dir,
     open_run,
     run_identity,
@@ -192,62 +192,57 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     numbers = ChainNumbers()
-    file_order_path = temp_path(run.path / "blocks_file_order.parquet")
-    blocks_tmp = temp_path(run.blocks_path)
-    requests_tmp = temp_path(run.requests_path)
     cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
                                                    "input_tokens", "output_tokens", "type", "turn",
                                                    "user_id", "num_blocks")}
     num_req = 0
     try:
-        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
-                ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
-            written: Future[None] | None = None
-            for chunk in read_chunks(path, fmt, on_error, stats):
-                table = _block_table(chunk, num_req, block_size, numbers)
-                if table is not None:
-                    if written is not None:
-                        written.result()
-                    written = pool.submit(writer.write_table, table)
-                findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
-                for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
-                          "output_tokens", "type", "turn", "user_id"):
-                    cols[k].append(getattr(chunk, k))
-                cols["num_blocks"].append(np.diff(chunk.offsets))
-                num_req += len(chunk)
-            if written is not None:
-                written.result()
-        if progress is not None:  # the whole file, also when its last lines were all skipped
-            progress(stats.num_bytes_read, size)
-        if num_req == 0:
-            raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
-                             "give a trace with at least one request")
-        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
-        if int(requests["num_blocks"].sum()) == 0:
-            raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
-                             "block ids to analyze")
-        if findings["timestamps_out_of_order"]:
-            _rekey_blocks(run, file_order_path, blocks_tmp, requests)
-        else:
-            file_order_path.replace(blocks_tmp)  # file order is arrival order
-        if infer:
-            requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
-        requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
-        prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                           numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
-        # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
-        if old_id != run_id:
-            clear_downstream(run)
-        run.provenance_path.unlink(missing_ok=True)
-        os.replace(blocks_tmp, run.blocks_path)
-        os.replace(requests_tmp, run.requests_path)
-        write_json(run.provenance_path, prov)
+        with staged(run.path) as stage:  # the new tables; the old run stays whole until the commit
+            file_order_path = stage / "blocks_file_order.parquet"
+            blocks_tmp, requests_tmp = stage / run.blocks_path.name, stage / run.requests_path.name
+            with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
+                    ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
+                written: Future[None] | None = None
+                for chunk in read_chunks(path, fmt, on_error, stats):
+                    table = _block_table(chunk, num_req, block_size, numbers)
+                    if table is not None:
+                        if written is not None:
+                            written.result()
+                        written = pool.submit(writer.write_table, table)
+                    findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
+                    for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
+                              "output_tokens", "type", "turn", "user_id"):
+                        cols[k].append(getattr(chunk, k))
+                    cols["num_blocks"].append(np.diff(chunk.offsets))
+                    num_req += len(chunk)
+                if written is not None:
+                    written.result()
+            if progress is not None:  # the whole file, also when its last lines were all skipped
+                progress(stats.num_bytes_read, size)
+            if num_req == 0:
+                raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
+                                 "give a trace with at least one request")
+            requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
+            if int(requests["num_blocks"].sum()) == 0:
+                raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
+                                 "block ids to analyze")
+            if findings["timestamps_out_of_order"]:
+                _rekey_blocks(stage, file_order_path, blocks_tmp, requests)
+                file_order_path.unlink()
+            else:
+                file_order_path.replace(blocks_tmp)  # file order is arrival order
+            if infer:
+                requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
+            requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
+            prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
+                               numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
+            write_json(stage / run.provenance_path.name, prov)
+            # commit as one step: the tables, provenance.json last; another identity's results deleted only
+            # after the new tables are in (artifact_set.py: a crash completes the commit or leaves the old run)
+            commit_tables(run.path, stage, run.provenance_path.name, DOWNSTREAM if old_id != run_id else ())
     except OSError as e:
         raise InputError(f"{run.path}: cannot write the run folder ({e.strerror or e}); check free space "
                          "and permissions") from None
-    finally:
-        for p in (file_order_path, blocks_tmp, requests_tmp):
-            p.unlink(missing_ok=True)
     return prov
 
 
@@ -370,9 +365,10 @@ def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: in
         category=categories(requests["type"], turn, buckets))
 
 
-def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
-    """Write blocks to OUT in arrival order (DuckDB, spills to disk) when the file was not sorted by time."""
-    spill = temp_path(run.path / "duckdb")
+def _rekey_blocks(stage: Path, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
+    """Write blocks to OUT in arrival order (DuckDB, spills to disk in STAGE) when the file was not sorted by
+    time."""
+    spill = temp_path(stage / "duckdb")
     con = duckdb_connect(spill)
     try:
         con.read_parquet(str(file_order_path)).create_view("file_blocks")
