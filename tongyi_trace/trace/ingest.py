@@ -342,11 +342,59 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
                                              for ln, p in first]
                 df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
             sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
-                                 df["parent_chat_id"].to_numpy())
+                                 df["parent_chat_id"].to_numpy())  # a cycle of links is an error
+            if _check_parent_links(path, df, findings, examples):
+                df = df.with_columns(parent_chat_id=pl.Series(_late_parents_cut(df), dtype=pl.Int64))
+                sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
+                                     df["parent_chat_id"].to_numpy())
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
     return df.select("raw_idx", "line_no", *REQUEST_COLUMNS)
+
+
+def _parent_rows(df: pl.DataFrame) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The rows of DF that have a parent, and each one's parent row (every parent known)."""
+    chat, parent = df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy()
+    linked = np.flatnonzero(parent != -1)
+    order = np.argsort(chat, kind="stable")
+    return linked, order[np.searchsorted(chat[order], parent[linked])]
+
+
+def _late_parents_cut(df: pl.DataFrame) -> npt.NDArray[np.int64]:
+    """DF's parent_chat_id with -1 where the parent arrives after the request."""
+    arrival, parent = df["arrival_s"].to_numpy(), df["parent_chat_id"].to_numpy().copy()
+    linked, up = _parent_rows(df)
+    parent[linked[arrival[up] > arrival[linked]]] = -1
+    return parent
+
+
+def _check_parent_links(path: Path, df: pl.DataFrame, findings: Counter[str],
+                        examples: dict[str, list[str]]) -> bool:
+    """Count, with examples, the requests of DF (every parent known) whose parent arrives after them
+    (finding parent_after_child: True, they are to be made roots, their gap would be negative) and those
+    whose turn is not their parent's turn + 1 (finding turn_parent_mismatch: the turns are kept)."""
+    chat, parent = df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy()
+    arrival, line = df["arrival_s"].to_numpy(), df["line_no"].to_numpy()
+    linked, up = _parent_rows(df)
+    late = arrival[up] > arrival[linked]
+    if late.any():
+        findings["parent_after_child"] = int(late.sum())
+        examples["parent_after_child"] = [
+            f"{path}:{line[i]}: chat_id {chat[i]} at {arrival[i]:g} s has parent_chat_id {parent[i]}, which "
+            f"arrives later ({arrival[j]:g} s, line {line[j]}); treated as a root"
+            for i, j in zip(linked[late][:5], up[late][:5], strict=True)]
+    if df["turn"].null_count() == 0 and len(linked):
+        turn = df["turn"].to_numpy()
+        kept, kept_up = linked[~late], up[~late]
+        bad = turn[kept] != turn[kept_up] + 1
+        if bad.any():
+            findings["turn_parent_mismatch"] = int(bad.sum())
+            examples["turn_parent_mismatch"] = [
+                f"{path}:{line[i]}: turn {turn[i]} of chat_id {chat[i]} is not its parent's turn {turn[j]} + 1 "
+                f"(line {line[j]}); the turn is kept as given"
+                for i, j in zip(kept[bad][:5], kept_up[bad][:5], strict=True)]
+    return bool(late.any())
 
 
 def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: int,
