@@ -480,6 +480,11 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
                     "metrics": _no_metrics(), "cost_model": None, "reconciliation": None,
                     "reconciliation_note": "not computed: the replay stopped first; run --reconcile-only",
                     "plugin": None, **_record_figures(recs, summary["selection"]["num_scheduled"])})
+    counts = summary["counts"]
+    if status == "complete" and counts["num_done"] and not counts["num_ok"]:  # nothing measured: no success
+        top = summary["errors"][0]["error"] if summary["errors"] else "unknown error"
+        summary["status"], summary["error"] = "failed", (f"every request failed ({counts['num_error']} of "
+                                                         f"{counts['num_done']}; most often: {top})")
     run.write_artifact(out_dir / "summary.json", summary)
     try:
         with stop_signals_interrupt():
