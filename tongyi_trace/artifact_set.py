@@ -132,15 +132,18 @@ def _apply(root: Path, journal: dict[str, Any]) -> None:
             continue  # applied before
         target.mkdir(parents=True, exist_ok=True)
         staged_marker = staging / marker
-        if staged_marker.is_file():  # 1: the marker goes first ...
-            (target / marker).unlink(missing_ok=True)
-        names = {f.name for f in staging.iterdir() if f.is_file()}
-        for name in sorted(names - {marker}):  # 2
-            os.replace(staging / name, target / name)
-            commit_point(target / name)
-        if e.get("prune"):  # 3
+        if not staged_marker.is_file():  # the marker is in: only the staging folder was left
+            shutil.rmtree(staging, ignore_errors=True)
+            continue
+        (target / marker).unlink(missing_ok=True)  # 1: the marker goes first ...
+        for f in sorted(staging.iterdir()):  # 2 (what an interrupted application left)
+            if f.is_file() and f.name != marker:
+                os.replace(f, target / f.name)
+                commit_point(target / f.name)
+        if e.get("prune"):  # 3: the new set is the one its manifest lists, some of it moved in before a crash
+            keep = set(json.loads(staged_marker.read_text())["files"]) | {marker}
             for f in target.iterdir():
-                if f.is_file() and f.name not in names and f.name != marker:
+                if f.is_file() and f.name not in keep:
                     f.unlink()
         if staged_marker.is_file():  # 4: ... and comes back last
             os.replace(staged_marker, target / marker)

@@ -5,8 +5,8 @@ tongyi_trace/atomic.py: KVTRACE_WRITE_LOG lists the committed writes, KVTRACE_CR
 command SIGKILL itself right after the N-th). After each kill, the next command's start (the run lock, which
 runs artifact_set.recover) must leave: the previous good state byte for byte, or the new one complete (every
 file the uninterrupted command writes, its manifest listing exactly them); no temporary, staging or journal
-file; a report that renders. The fast lane kills each command right before and right after its commit point
-(the journal); `full` kills it after every write (at most MAX_FULL_POINTS, evenly spread).
+file; a report that renders. The fast lane kills each command right before its commit point (the journal)
+and half-way through applying it; `full` kills it after every write (at most MAX_FULL_POINTS, evenly spread).
 """
 
 from __future__ import annotations
@@ -120,16 +120,17 @@ def reference(base: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
 
 
 def kill_points(writes: list[str], full: bool) -> list[int]:
-    """Fast: right before and right after the commit point (the journal); a single-file write: after it.
-    FULL: after every write (at most MAX_FULL_POINTS, evenly spread, the fast ones included)."""
+    """Fast: right before the commit point (the journal) and right after the first file moved in (a commit
+    half applied, which the next command completes); a single-file write: after it.
+    FULL: after every write (at most MAX_FULL_POINTS evenly spread, plus the fast ones and the journal's)."""
     journal = [i for i, w in enumerate(writes, 1) if w.endswith(JOURNAL_NAME)]
-    fast = [journal[0] - 1, journal[0]] if journal else [len(writes)]
+    fast = [journal[0] - 1, min(journal[0] + 1, len(writes))] if journal else [len(writes)]
     if not full:
         return fast
     n = len(writes)
     spread = {1 + round(i * (n - 1) / (MAX_FULL_POINTS - 1)) for i in range(MAX_FULL_POINTS)} if n > MAX_FULL_POINTS \
         else set(range(1, n + 1))
-    return sorted(spread | set(fast))
+    return sorted(spread | set(fast) | set(journal))
 
 
 def _check_after_kill(case: Case, work: Path, base: dict[str, Path], ref_work: Path) -> str:
