@@ -89,3 +89,25 @@ def test_a_replay_in_which_every_request_fails_fails(fresh_tiny_run: Path, stand
     assert s["error"] == "every request failed (6 of 6; most often: HTTP 500: stand-in [/x] boom: injected failure)"
     assert r.output.strip().splitlines() == [f"failed: {s['error']}; the records are in "
                                              f"{fresh_tiny_run / 'replay' / 'all-bad' / 'records.jsonl'}"]
+
+
+def test_a_password_in_the_server_url_is_never_written(fresh_tiny_run: Path, standin: Standin) -> None:
+    """Issue 42 #11: --server http://user:password@host:port connects with it, but neither summary.json, the
+    records, the printed summary nor report.html holds the password."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin()
+    secret_url = url.replace("http://", "http://alice:s3cr3t-pw@")
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", secret_url, "--name", "pw",
+                                 "--speedup", "1000", "--max-in-flight", "1"])
+    assert r.exit_code == 0, r.output
+    s = _strict_json(fresh_tiny_run / "replay" / "pw" / "summary.json")
+    assert s["server"] == url and s["counts"]["num_ok"] == 6
+    rep = CliRunner().invoke(app, ["report", str(fresh_tiny_run), "-q"])
+    assert rep.exit_code == 0, rep.output
+    for text in (r.output, (fresh_tiny_run / "replay" / "pw" / "summary.json").read_text(),
+                 (fresh_tiny_run / "replay" / "pw" / "records.jsonl").read_text(),
+                 (fresh_tiny_run / "report.html").read_text()):
+        assert "s3cr3t-pw" not in text
