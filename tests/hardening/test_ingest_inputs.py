@@ -261,3 +261,27 @@ def test_a_leading_byte_order_mark_is_ignored(tmp_path: Path, suffix: str) -> No
     for table in ("requests.parquet", "blocks.parquet"):
         assert pl.read_parquet(tmp_path / "bom" / table).equals(pl.read_parquet(tmp_path / "plain" / table))
     assert bom["num_block_refs"] == plain["num_block_refs"] == 5
+
+
+def test_pipes_devices_and_link_loops_are_one_line(tmp_path: Path) -> None:
+    """Issue 42 #13 and two unclear messages: a FIFO without a writer is refused at once (it blocked forever),
+    /dev/stdin and /dev/zero are refused as what they are (a pipe was read twice and its valid JSONL refused;
+    /dev/zero grew one line without bound), a symbolic link loop is named as such (it was "no such file")."""
+    import os
+    import stat
+
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    out = str(tmp_path / "run")
+    _one_line_error([str(fifo), "-o", out], "trace.jsonl: is a named pipe (FIFO), not a regular file; a trace is "
+                    "read several times")
+    _one_line_error(["/dev/zero", "-o", out], "/dev/zero: is a character device, not a regular file")
+    stdin_kind = os.stat("/dev/stdin").st_mode  # a pipe or a terminal under pytest, never a regular file here
+    if not stat.S_ISREG(stdin_kind):
+        _one_line_error(["/dev/stdin", "-o", out], "/dev/stdin: is ")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    _one_line_error([str(tmp_path / "a.jsonl"), "-o", out], "a.jsonl: a loop of symbolic links")
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing.jsonl")
+    _one_line_error([str(tmp_path / "gone.jsonl"), "-o", out], "missing.jsonl, which does not exist")
+    assert not Path(out).exists()

@@ -4,8 +4,10 @@ into whole lines."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +21,26 @@ UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors put first (byte_blo
 
 
 def check_trace_path(path: Path) -> None:
-    """Raise InputError unless PATH is a readable file."""
-    if path.is_dir():
+    """Raise InputError unless PATH is a readable regular file (never opened here: a FIFO without a writer
+    would block; a pipe, /dev/stdin or a device cannot be read the several times ingest reads a trace)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: a loop of symbolic links; point it at the trace file") from None
+        if e.errno == errno.ENOENT and path.is_symlink():
+            raise InputError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; check the "
+                             "trace path") from None
+        if e.errno == errno.ENOENT:
+            raise InputError(f"{path}: no such file; check the trace path") from None
+        raise InputError(f"{path}: cannot read ({e.strerror}); check the trace path") from None
+    if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{path}: is a directory, not a trace file; give the trace file itself")
-    if not path.exists():
-        raise InputError(f"{path}: no such file; check the trace path")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else "a character device"
+                if stat.S_ISCHR(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise InputError(f"{path}: is {kind}, not a regular file; a trace is read several times (its hash, its "
+                         "format, its records): save it to a file first (e.g. cat > trace.jsonl) and give that")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: not readable (permission denied); check the file's permissions")
 
