@@ -285,3 +285,15 @@ def test_pipes_devices_and_link_loops_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing.jsonl")
     _one_line_error([str(tmp_path / "gone.jsonl"), "-o", out], "missing.jsonl, which does not exist")
     assert not Path(out).exists()
+
+
+def test_a_refused_folder_gets_no_lock_file(tmp_path: Path) -> None:
+    """Issue 42 #14: ingest into a folder of other files (or -o /) is refused and leaves no .kvtrace.lock."""
+    good = _write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0)])
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    _one_line_error([str(good), "-o", str(tmp_path / "busy")], "not a kvtrace run (notes.txt)")
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+    had_lock = Path("/.kvtrace.lock").exists()
+    _one_line_error([str(good), "-o", "/"], "/: holds files that are not a kvtrace run")
+    assert Path("/.kvtrace.lock").exists() == had_lock

@@ -170,6 +170,7 @@ def _prepare_out(out: Path) -> bool:
     if out.is_dir():
         if not os.access(out, os.W_OK):
             raise InputError(f"{out}: not writable (permission denied); choose another -o")
+        _existing_run_id(RunDir(out))  # a folder of other files is refused before the lock leaves a file in it
         return False
     try:
         out.mkdir(parents=True)
