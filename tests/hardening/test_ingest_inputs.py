@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -297,3 +298,23 @@ def test_a_refused_folder_gets_no_lock_file(tmp_path: Path) -> None:
     had_lock = Path("/.kvtrace.lock").exists()
     _one_line_error([str(good), "-o", "/"], "/: holds files that are not a kvtrace run")
     assert Path("/.kvtrace.lock").exists() == had_lock
+
+
+def test_parquet_duplicate_columns_and_dictionary_strings(tmp_path: Path) -> None:
+    """A Parquet trace with the column chat_id twice is one line (it was a KeyError traceback); dictionary-
+    encoded string columns (pandas categoricals) ingest to the same tables as plain strings (they were refused)."""
+    ingest_trace(_write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0)]), tmp_path / "run")
+    good = tmp_path / "t.parquet"
+    assert runner.invoke(app, ["export", str(tmp_path / "run"), "-o", str(good), "-q"]).exit_code == 0
+    table = pq.read_table(good)
+    twice = pa.Table.from_arrays([*table.columns, table.column("chat_id")], names=[*table.column_names, "chat_id"])
+    pq.write_table(twice, tmp_path / "twice.parquet")
+    _one_line_error([str(tmp_path / "twice.parquet"), "-o", str(tmp_path / "a")],
+                    "twice.parquet: column 'chat_id' appears 2 times")
+    i = table.schema.get_field_index("type")
+    pq.write_table(table.set_column(i, "type", pc.dictionary_encode(table.column("type"))), tmp_path / "dict.parquet",
+                   use_dictionary=True)
+    assert pq.read_schema(tmp_path / "dict.parquet").field("type").type == pa.dictionary(pa.int32(), pa.string())
+    ingest_trace(tmp_path / "dict.parquet", tmp_path / "b")
+    assert RunDir(tmp_path / "b").requests().drop("type").equals(RunDir(tmp_path / "run").requests().drop("type"))
+    assert RunDir(tmp_path / "b").requests()["type"].to_list() == ["text", "text"]
