@@ -217,3 +217,31 @@ def test_killed_command_leaves_old_or_new(case: Case, base: dict[str, Path],
 def test_killed_after_every_write(case: Case, base: dict[str, Path], reference: dict[str, tuple[Path, list[str]]],
                                   tmp_path: Path) -> None:
     _run_case(case, base, reference, tmp_path, full=True)
+
+
+def _file_size_limit(num_bytes: int) -> Callable[[], None]:
+    def limit() -> None:  # in the child: writes past NUM_BYTES fail with EFBIG, as on a full disk (no SIGXFSZ)
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (num_bytes, num_bytes))
+    return limit
+
+
+@pytest.mark.parametrize("limit_bytes", [4_000, 10_000])  # results.jsonl cut / results.parquet (14 kB) cut
+def test_a_full_disk_during_simulate_is_one_line_and_keeps_the_old_sweep(base: dict[str, Path], tmp_path: Path,
+                                                                         limit_bytes: int) -> None:
+    """Issue 42: a disk that fills up during simulate was a 67-line polars traceback and left sim/ without
+    summary.json; now one line, exit 1, and the previous sweep stays whole."""
+    work = _workdir(base, tmp_path)
+    r = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "simulate", str(work / "run"), "-p", "lru,wa",
+                        "-c", "0.5x,1x", "--jobs", "1", "-q"], preexec_fn=_file_size_limit(limit_bytes),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "cannot write (file too large for the file system or the file size limit); the previous results " \
+        "are kept" in r.stderr
+    assert _snapshot(work / "run" / "sim") == _snapshot(base["run"] / "sim")
+    with run_lock(work / "run"):  # the next command's start removes the staged half
+        pass
+    assert _leftovers(work) == []
