@@ -318,3 +318,14 @@ def test_parquet_duplicate_columns_and_dictionary_strings(tmp_path: Path) -> Non
     ingest_trace(tmp_path / "dict.parquet", tmp_path / "b")
     assert RunDir(tmp_path / "b").requests().drop("type").equals(RunDir(tmp_path / "run").requests().drop("type"))
     assert RunDir(tmp_path / "b").requests()["type"].to_list() == ["text", "text"]
+
+
+def test_a_line_without_end_is_refused_at_the_cap(tmp_path: Path) -> None:
+    """Issue 42: a file of zeros (here sparse, 65 MiB, no newline) was read into one line without bound (a
+    MemoryError under a limit); now one line past 64 MiB."""
+    from tongyi_trace.trace.source import MAX_LINE_BYTES
+
+    zeros = tmp_path / "zeros.jsonl"
+    with zeros.open("wb") as f:
+        f.truncate(MAX_LINE_BYTES + (1 << 20))
+    _one_line_error([str(zeros), "-o", str(tmp_path / "run")], "zeros.jsonl: a line longer than 64 MiB")

@@ -111,15 +111,24 @@ def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
                          "it if it is not zstd-compressed") from None
 
 
+MAX_LINE_BYTES = 64 << 20  # one record: 64 MiB is ~3 million hash ids, far above any real request
+
+
 def line_segments(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
     """The bytes of PATH (as byte_blocks) cut after a newline: whole lines only, the last one perhaps
     without its newline. A line longer than a block is joined once, from its pieces."""
     pending: list[bytes] = []  # the start of a line not yet ended
+    num_pending = 0
     for block in byte_blocks(path, stats):
         cut = block.rfind(b"\n") + 1
         if not cut:
             pending.append(block)
+            num_pending += len(block)
+            if num_pending > MAX_LINE_BYTES:  # e.g. a file of zeros: memory would grow without bound
+                raise InputError(f"{path}: a line longer than {MAX_LINE_BYTES >> 20} MiB (no newline in it); a trace "
+                                 "has one JSON record a line: is this a trace file?")
             continue
+        num_pending = 0
         yield b"".join((*pending, block[:cut])) if pending else block[:cut]
         pending = [block[cut:]] if cut < len(block) else []
     if pending:
