@@ -137,7 +137,7 @@ def test_bad_parquet_is_one_line(tmp_path: Path) -> None:
     ({"turn": -1}, "field 'turn' is negative"),
     ({"user_id": True}, "field 'user_id' must be a string or integer, got True"),
     ({"hash_ids": [2**64 - 1, -1]}, "field 'hash_ids' mixes a negative id (-1) with an id >= 2^63"),
-    ({"hash_ids": [2**64]}, "field 'hash_ids' must be a list of integers (flat), found 1.8446744073709552e+19"),
+    ({"hash_ids": [2**64]}, "field 'hash_ids' holds the id 18446744073709551616, out of range: ids are 64-bit"),
     ({"type": "[/x]", "input_length": "[/x]"}, "field 'input_length' must be an integer token count, got '[/x]'"),
 ])
 def test_bad_values_name_line_and_field(tmp_path: Path, override: dict[str, object], needle: str) -> None:
