@@ -7,6 +7,7 @@ import json
 import math
 import os
 import secrets
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,26 @@ def atomic_path(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    commit_point(path)
+
+
+_writes = [0]  # committed writes of this process (the crash hook's count)
+
+
+def commit_point(path: Path) -> None:
+    """Called after each committed write (an atomic rename, a step of an artifact set's commit). Test hook,
+    off unless set: KVTRACE_WRITE_LOG=FILE appends PATH to FILE; KVTRACE_CRASH_AFTER_WRITES=N kills this
+    process with SIGKILL right after its N-th committed write (tests/hardening/test_crash.py)."""
+    log = os.environ.get("KVTRACE_WRITE_LOG")
+    crash = os.environ.get("KVTRACE_CRASH_AFTER_WRITES")
+    if not log and not crash:
+        return
+    _writes[0] += 1
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{_writes[0]}\t{path}\n")
+    if crash and _writes[0] == int(crash):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -7,7 +7,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tongyi_trace.artifact_set import check_complete, recover
 from tongyi_trace.atomic import atomic_path, atomic_write_text, json_text
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.schemas import RUN_SCHEMA
@@ -198,8 +198,11 @@ def _run_id_at(root: Path) -> str | None:
 
 
 def check_identity(path: Path, doc: dict[str, Any]) -> None:
-    """Raise InputError when DOC (read from PATH inside a run folder) was made from another ingest."""
+    """Raise InputError when DOC (read from PATH inside a run folder) was made from another ingest, or lies in
+    an artifact set that was never committed (artifact_set.check_complete)."""
     root = run_root(path.parent)
+    if root is not None:
+        check_complete(root, path)
     expected = _run_id_at(root) if root is not None else None
     if expected is None or path.name == "provenance.json":
         return  # not inside a run folder, or a run ingested before identities existed
@@ -299,6 +302,7 @@ def run_lock(path: Path) -> Iterator[None]:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[key] = (fd, 1)
     try:
+        recover(key)  # what a killed command left: a journaled commit completed, temp files removed
         yield
     finally:
         depth = _held[key][1] - 1
@@ -309,13 +313,3 @@ def run_lock(path: Path) -> Iterator[None]:
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-
-
-def clear_downstream(run: RunDir) -> None:
-    """Delete every artifact made from the run's tables (analysis/, fit/, sim/, replay/, report.html)."""
-    for name in DOWNSTREAM:
-        p = run.path / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()

@@ -19,5 +19,6 @@ COMPARE_SCHEMA = "kvtrace.compare/1"  # two replays compared (replay/compare.py)
 COST_SCHEMA = "kvtrace.cost/2"  # replay's fitted TTFT cost model (replay/cost.py), read by `simulate --cost-from`
 PLUGIN_STATS_SCHEMA = "kvtrace.plugin_stats/1"  # the vLLM plugin's counters (vllm_plugin/stats.py)
 STUDY_SCHEMA = "kvtrace.study/1"  # a study's summary (study.py)
+SET_SCHEMA = "kvtrace.set/1"  # a committed artifact set's manifest.json and the commit journal (artifact_set.py)
 
 ALL_CATEGORIES = "(all)"  # the category label of the analysis tables' rows over all categories

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -136,7 +137,7 @@ def test_bad_parquet_is_one_line(tmp_path: Path) -> None:
     ({"turn": -1}, "field 'turn' is negative"),
     ({"user_id": True}, "field 'user_id' must be a string or integer, got True"),
     ({"hash_ids": [2**64 - 1, -1]}, "field 'hash_ids' mixes a negative id (-1) with an id >= 2^63"),
-    ({"hash_ids": [2**64]}, "field 'hash_ids' must be a list of integers (flat), found 1.8446744073709552e+19"),
+    ({"hash_ids": [2**64]}, "field 'hash_ids' holds the id 18446744073709551616, out of range: ids are 64-bit"),
     ({"type": "[/x]", "input_length": "[/x]"}, "field 'input_length' must be an integer token count, got '[/x]'"),
 ])
 def test_bad_values_name_line_and_field(tmp_path: Path, override: dict[str, object], needle: str) -> None:
@@ -261,3 +262,70 @@ def test_a_leading_byte_order_mark_is_ignored(tmp_path: Path, suffix: str) -> No
     for table in ("requests.parquet", "blocks.parquet"):
         assert pl.read_parquet(tmp_path / "bom" / table).equals(pl.read_parquet(tmp_path / "plain" / table))
     assert bom["num_block_refs"] == plain["num_block_refs"] == 5
+
+
+def test_pipes_devices_and_link_loops_are_one_line(tmp_path: Path) -> None:
+    """Issue 42 #13 and two unclear messages: a FIFO without a writer is refused at once (it blocked forever),
+    /dev/stdin and /dev/zero are refused as what they are (a pipe was read twice and its valid JSONL refused;
+    /dev/zero grew one line without bound), a symbolic link loop is named as such (it was "no such file")."""
+    import os
+    import stat
+
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    out = str(tmp_path / "run")
+    _one_line_error([str(fifo), "-o", out], "trace.jsonl: is a named pipe (FIFO), not a regular file; a trace is "
+                    "read several times")
+    _one_line_error(["/dev/zero", "-o", out], "/dev/zero: is a character device, not a regular file")
+    stdin_kind = os.stat("/dev/stdin").st_mode  # a pipe or a terminal under pytest, never a regular file here
+    if not stat.S_ISREG(stdin_kind):
+        _one_line_error(["/dev/stdin", "-o", out], "/dev/stdin: is ")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    _one_line_error([str(tmp_path / "a.jsonl"), "-o", out], "a.jsonl: a loop of symbolic links")
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing.jsonl")
+    _one_line_error([str(tmp_path / "gone.jsonl"), "-o", out], "missing.jsonl, which does not exist")
+    assert not Path(out).exists()
+
+
+def test_a_refused_folder_gets_no_lock_file(tmp_path: Path) -> None:
+    """Issue 42 #14: ingest into a folder of other files (or -o /) is refused and leaves no .kvtrace.lock."""
+    good = _write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0)])
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    _one_line_error([str(good), "-o", str(tmp_path / "busy")], "not a kvtrace run (notes.txt)")
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+    had_lock = Path("/.kvtrace.lock").exists()
+    _one_line_error([str(good), "-o", "/"], "/: holds files that are not a kvtrace run")
+    assert Path("/.kvtrace.lock").exists() == had_lock
+
+
+def test_parquet_duplicate_columns_and_dictionary_strings(tmp_path: Path) -> None:
+    """A Parquet trace with the column chat_id twice is one line (it was a KeyError traceback); dictionary-
+    encoded string columns (pandas categoricals) ingest to the same tables as plain strings (they were refused)."""
+    ingest_trace(_write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0)]), tmp_path / "run")
+    good = tmp_path / "t.parquet"
+    assert runner.invoke(app, ["export", str(tmp_path / "run"), "-o", str(good), "-q"]).exit_code == 0
+    table = pq.read_table(good)
+    twice = pa.Table.from_arrays([*table.columns, table.column("chat_id")], names=[*table.column_names, "chat_id"])
+    pq.write_table(twice, tmp_path / "twice.parquet")
+    _one_line_error([str(tmp_path / "twice.parquet"), "-o", str(tmp_path / "a")],
+                    "twice.parquet: column 'chat_id' appears 2 times")
+    i = table.schema.get_field_index("type")
+    pq.write_table(table.set_column(i, "type", pc.dictionary_encode(table.column("type"))), tmp_path / "dict.parquet",
+                   use_dictionary=True)
+    assert pq.read_schema(tmp_path / "dict.parquet").field("type").type == pa.dictionary(pa.int32(), pa.string())
+    ingest_trace(tmp_path / "dict.parquet", tmp_path / "b")
+    assert RunDir(tmp_path / "b").requests().drop("type").equals(RunDir(tmp_path / "run").requests().drop("type"))
+    assert RunDir(tmp_path / "b").requests()["type"].to_list() == ["text", "text"]
+
+
+def test_a_line_without_end_is_refused_at_the_cap(tmp_path: Path) -> None:
+    """Issue 42: a file of zeros (here sparse, 65 MiB, no newline) was read into one line without bound (a
+    MemoryError under a limit); now one line past 64 MiB."""
+    from tongyi_trace.trace.source import MAX_LINE_BYTES
+
+    zeros = tmp_path / "zeros.jsonl"
+    with zeros.open("wb") as f:
+        f.truncate(MAX_LINE_BYTES + (1 << 20))
+    _one_line_error([str(zeros), "-o", str(tmp_path / "run")], "zeros.jsonl: a line longer than 64 MiB")

@@ -85,9 +85,13 @@ def test_json_is_strict_nan_and_infinity_become_null(tmp_path: Path) -> None:
 def test_artifacts_inside_a_run_are_stamped(tiny_bailian_path: Path, tmp_path: Path) -> None:
     prov = ingest_trace(tiny_bailian_path, tmp_path / "run")
     run = RunDir(tmp_path / "run")
+    write_json(run.subdir("replay") / "summary.json", {"schema": "x"})
+    assert json.loads((tmp_path / "run" / "replay" / "summary.json").read_text())["run_id"] == prov["run_id"]
+    assert run.read_artifact(tmp_path / "run" / "replay" / "summary.json", "x") is not None
+    # in a set folder (sim/) a document no command committed is refused: no manifest.json lists it
     write_json(run.subdir("sim") / "summary.json", {"schema": "x"})
-    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["run_id"] == prov["run_id"]
-    assert run.read_artifact(tmp_path / "run" / "sim" / "summary.json", "x") is not None
+    with pytest.raises(InputError, match=r"sim incomplete \(no manifest.json.*rerun kvtrace simulate"):
+        run.read_artifact(tmp_path / "run" / "sim" / "summary.json", "x")
     write_json(tmp_path / "outside.json", {"schema": "x"})
     assert "run_id" not in json.loads((tmp_path / "outside.json").read_text())
 

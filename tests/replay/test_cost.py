@@ -130,3 +130,16 @@ def test_the_simulator_refuses_a_stale_or_foreign_artifact(tmp_path: Path) -> No
     path.write_text(json.dumps({"schema": COST_SCHEMA, "a_s": 0.2, "b_s_per_token": 0.0003}))
     m = calibrate_from_replay(path, BASE)
     assert (m.overhead_s, m.s_per_token) == (0.2, 0.0003)
+
+
+def test_replies_caching_more_than_the_prompt_are_left_out_and_counted() -> None:
+    """Issue 42 #12: a reply whose cached_tokens exceed its prompt (uncached -900) never enters the fit: the
+    line of the other four is recovered exactly and the reply is counted."""
+    fit = fit_ttft_cost(_ok([(100, 0, 150.0), (200, 100, 150.0), (300, 0, 350.0), (50, 32, 68.0),
+                             (100, 1000, 5.0)]))
+    assert fit is not None
+    assert (fit["a_s"], fit["b_s_per_token"], fit["r2"]) == (pytest.approx(0.05), pytest.approx(0.001),
+                                                             pytest.approx(1.0))
+    assert (fit["num_points"], fit["num_cached_over_prompt"], fit["uncached_tokens_min"]) == (4, 1, 18)
+    over = _ok([(100, 1000, 5.0), (100, 2000, 5.0), (100, 0, 150.0), (200, 0, 250.0)])
+    assert fit_ttft_cost(over) is None  # two usable points are no fit

@@ -71,3 +71,43 @@ def test_server_error_text_is_printed_verbatim(fresh_tiny_run: Path, standin: St
     assert r.exit_code == 0, r.output
     assert "3 x HTTP 500: stand-in [/x] boom: injected failure" in r.output
     assert "replay [bold]b complete: 3 ok, 3 failed, 0 not finished" in r.output
+
+
+def test_a_replay_in_which_every_request_fails_fails(fresh_tiny_run: Path, standin: Standin) -> None:
+    """Issue 42 #9: 6 of 6 requests answered HTTP 500 is no complete replay: status failed, the reason in
+    summary.json, one line on stderr even with -q, exit 1."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin(fault="500", fault_every=1)
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", url, "--name", "all-bad",
+                                 "--speedup", "1000", "--max-in-flight", "1", "-q"])
+    assert r.exit_code == 1, r.output
+    s = _strict_json(fresh_tiny_run / "replay" / "all-bad" / "summary.json")
+    assert s["status"] == "failed" and s["counts"]["num_ok"] == 0
+    assert s["error"] == "every request failed (6 of 6; most often: HTTP 500: stand-in [/x] boom: injected failure)"
+    assert r.output.strip().splitlines() == [f"failed: {s['error']}; the records are in "
+                                             f"{fresh_tiny_run / 'replay' / 'all-bad' / 'records.jsonl'}"]
+
+
+def test_a_password_in_the_server_url_is_never_written(fresh_tiny_run: Path, standin: Standin) -> None:
+    """Issue 42 #11: --server http://user:password@host:port connects with it, but neither summary.json, the
+    records, the printed summary nor report.html holds the password."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    url, _ = standin()
+    secret_url = url.replace("http://", "http://alice:s3cr3t-pw@")
+    r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", secret_url, "--name", "pw",
+                                 "--speedup", "1000", "--max-in-flight", "1"])
+    assert r.exit_code == 0, r.output
+    s = _strict_json(fresh_tiny_run / "replay" / "pw" / "summary.json")
+    assert s["server"] == url and s["counts"]["num_ok"] == 6
+    rep = CliRunner().invoke(app, ["report", str(fresh_tiny_run), "-q"])
+    assert rep.exit_code == 0, rep.output
+    for text in (r.output, (fresh_tiny_run / "replay" / "pw" / "summary.json").read_text(),
+                 (fresh_tiny_run / "replay" / "pw" / "records.jsonl").read_text(),
+                 (fresh_tiny_run / "report.html").read_text()):
+        assert "s3cr3t-pw" not in text

@@ -179,3 +179,20 @@ def test_a_boolean_id_is_found_whatever_the_text_around_it(tmp_path: Path) -> No
     ok = _write(tmp_path / "ok.jsonl", [_req(1), _req(2, ts=1.0, type="hash_ids", hash_ids=[-20, 21])])
     prov = ingest_trace(ok, tmp_path / "ok")
     assert prov["num_block_refs"] == 4 and prov["id_domain"] == "signed"
+
+
+def test_parent_after_child_is_a_finding_and_a_root(tmp_path: Path) -> None:
+    """Issue 42 #8: chat 0 at 42.9 s names chat 39, which arrives at 959 s: counted, named and made a root (its
+    gap would be -916 s); chat 40 keeps its link to 39; a turn that is not its parent's + 1 is counted too."""
+    recs = [_req(0, parent=39, ts=42.9, turn=2), _req(39, ts=959.0), _req(40, parent=39, ts=1000.0, turn=2),
+            _req(41, parent=40, ts=1001.0, turn=5)]
+    prov = ingest_trace(_write(tmp_path / "t.jsonl", recs), tmp_path / "run")
+    assert prov["findings"] == {"parent_after_child": 1, "turn_parent_mismatch": 1}
+    assert prov["finding_examples"]["parent_after_child"] == [
+        f"{tmp_path / 't.jsonl'}:1: chat_id 0 at 42.9 s has parent_chat_id 39, which arrives later (959 s, line 2); "
+        "treated as a root"]
+    assert "t.jsonl:4: turn 5 of chat_id 41 is not its parent's turn 2 + 1 (line 3)" in \
+        prov["finding_examples"]["turn_parent_mismatch"][0]
+    req = RunDir(tmp_path / "run").requests().sort("chat_id")
+    assert req["parent_chat_id"].to_list() == [-1, -1, 39, 40]
+    assert req["session_id"].to_list() == [0, 39, 39, 39]

@@ -106,3 +106,17 @@ def test_stats_delta_gives_the_window_figures() -> None:
     assert 2.0 <= d["decision_p99_us"] <= 2.0 * 10 ** (1 / 20)   # rank 99 of 100 is still 2 us
     other = dict(before, pid=-1)
     assert stats_delta(other, s.snapshot())["evictions"] == 101
+
+
+def test_compare_refuses_a_folder_that_is_not_a_replay(tmp_path: Path) -> None:
+    """Issue 42 #10: `compare A RUN2/sim` (a simulate sweep's summary.json) is refused in one line, exit 2,
+    never compared as "lru (vLLM, no plugin)"."""
+    a = _write(tmp_path / "r1", "x", _summary("x", None), RECORDS_A)
+    sim = tmp_path / "r2" / "sim"
+    sim.mkdir(parents=True)
+    (sim / "summary.json").write_text(json.dumps({"schema": "kvtrace.sim/1", "policies": ["lru"]}))
+    res = CliRunner().invoke(app, ["compare", str(a), str(sim)])
+    assert res.exit_code == 2, res.output
+    assert res.output.count("\n") == 1
+    assert f"{sim}: not a replay (its summary.json is 'kvtrace.sim/1', a replay's is 'kvtrace.replay/1')" \
+        in " ".join(res.output.split())

@@ -35,6 +35,7 @@ from tongyi_trace.analysis.skew import skew
 from tongyi_trace.analysis.spatial import spatial
 from tongyi_trace.analysis.turn_hits import turn_hits
 from tongyi_trace.analysis.user_heatmap import user_heatmap
+from tongyi_trace.artifact_set import commit_sets, staged
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.run import RunDir, load_provenance, read_artifact, write_json, write_parquet_atomic
 
@@ -98,15 +99,28 @@ def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: 
 
 def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
                   on_done: Callable[[AnalysisResult], None] | None, write: bool) -> AnalysisReport:
+    out_dir = run.path / "analysis"
+    if not write:
+        return _analyses_into(run, only, options, on_done, None, out_dir)
+    prov = load_provenance(run)
+    with staged(run.path, keep_from=out_dir) as stage:  # analyses run earlier with --only are kept
+        rep = _analyses_into(run, only, options, on_done, stage, out_dir)
+        commit_sets(run.path, [(stage, out_dir)], "analyze", prov.get("run_id"))
+    return rep
+
+
+def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
+                   on_done: Callable[[AnalysisResult], None] | None, stage: Path | None,
+                   out_dir: Path) -> AnalysisReport:
+    """Run the analyses; write their artifacts into STAGE (the set committed to OUT_DIR after) unless None."""
     opts = options or AnalysisOptions()
     names = parse_only(only)
     tables = run.tables()
     prov = tables.provenance
-    out_dir = run.subdir("analysis") if write else run.path / "analysis"
     results: dict[str, AnalysisResult] = {}
     models = models_doc(opts, int(prov.get("block_size") or 16))
     t0 = time.perf_counter()
-    with open_context(tables, opts, temp_dir=out_dir if write else None) as ctx:
+    with open_context(tables, opts, temp_dir=stage) as ctx:
         for name in names:
             t = time.perf_counter()
             try:
@@ -116,10 +130,10 @@ def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: Analys
                                  f"{opts.memory_limit_gib}; raise it") from None
             res.elapsed_s = time.perf_counter() - t
             results[name] = res
-            if write:
-                write_result(out_dir, res)
-                write_json(out_dir / SUMMARY_FILE, summary_doc(run, results, time.perf_counter() - t0, out_dir,
-                                                                    models))
+            if stage is not None:
+                write_result(stage, res)
+                write_json(stage / SUMMARY_FILE, summary_doc(run, results, time.perf_counter() - t0, stage,
+                                                                 models))
             if on_done is not None:
                 on_done(res)
     return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models)

@@ -8,6 +8,7 @@ use: rich.console is not imported by `kvtrace CMD --help` (bench/bench_cli.py).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -92,6 +93,30 @@ def run_cli(fn: Callable[[], T]) -> T:
     except KeyboardInterrupt as e:
         say(("interrupted", "yellow"), f"{f' ({e})' if str(e) else ''}: results written so far are kept", err=True)
         raise typer.Exit(stop_exit_code(e)) from None
+    except Exception as e:  # a disk that fills up (or a file size limit) mid-write: one line, never a traceback
+        reason = out_of_space(e)
+        if reason is None:
+            raise
+        where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
+        say(("error:", "bold red"), f" {where}cannot write ({reason}); the previous results are kept: free space "
+            "and run the command again", err=True)
+        raise typer.Exit(1) from None
+
+
+_OUT_OF_SPACE = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                 errno.EFBIG: "file too large for the file system or the file size limit"}
+
+
+def out_of_space(e: BaseException) -> str | None:
+    """Why E is a write that ran out of room (a full disk, a quota, a file size limit), or None: an OSError's
+    errno, or the text of a library's error (polars, pyarrow, DuckDB) that wraps one."""
+    if isinstance(e, OSError) and e.errno in _OUT_OF_SPACE:
+        return _OUT_OF_SPACE[e.errno]
+    text = str(e)
+    for code, reason in _OUT_OF_SPACE.items():
+        if os.strerror(code) in text:
+            return reason
+    return None
 
 
 GENERIC_SCHEMA = "kvtrace.output/1"  # only for callers that do not name their document's schema yet

@@ -69,6 +69,7 @@ def ingest(
 def export(
     run_dir: Path = typer.Argument(..., help="Run folder written by 'kvtrace ingest'."),
     out: Path = typer.Option(..., "-o", "--out", help="Output trace: .parquet (lossless) or .jsonl (Bailian)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing -o file (never the run's own trace)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
 ) -> None:
@@ -84,7 +85,7 @@ def export(
         if out.is_dir():
             raise UsageError(f"{out}: is a folder; give -o the trace file to write (.parquet or .jsonl)")
         try:
-            return export_trace(run, out)
+            return export_trace(run, out, force=force)
         except OSError as e:
             raise InputError(f"{out}: cannot write ({e.strerror or e}); check the path and free space") from None
 

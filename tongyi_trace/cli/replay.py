@@ -189,6 +189,10 @@ def replay(
         print_json(res.summary, REPLAY_SCHEMA)
     elif not quiet:
         _render(res)
+    if res.summary["status"] == "failed":  # every request failed: said even with -q, and a failing exit
+        say(("failed", "red"), f": {res.summary.get('error')}; the records are in {res.out_dir / 'records.jsonl'}",
+            err=True)
+        raise typer.Exit(1)
     if res.summary["status"] == "interrupted":
         say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; finished requests are in "
             "records.jsonl", err=True)

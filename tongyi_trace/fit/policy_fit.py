@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tongyi_trace.artifact_set import commit_sets, staging_dir
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import Window, block_lifespans, load_accesses, parse_window, window_samples
@@ -151,7 +152,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             turn_buckets=[int(b) for b in prov.get("turn_buckets") or [1, 2, 3]],
             context=ctx,
         )
-        fit_dir = run.subdir("fit")
+        fit_dir = run.path / "fit"
+        stage = staging_dir(run.path)  # the new set of RUN/fit/, committed as one step at the end
         if capacities:
             select = None
             if holdout > 0:
@@ -174,14 +176,14 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
             write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
-                                 fit_dir / "tuning.parquet")
+                                 stage / "tuning.parquet")
         step("writing the policy and artifacts")
         out = Path(out_path)
-        save_policy(policy, out)
         if out.resolve() != (fit_dir / "policy.json").resolve():
-            save_policy(policy, fit_dir / "policy.json")
-        write_json(fit_dir / "workload.json", workload_summary(run.tables()))
-        write_json(fit_dir / "train_test.json", {
+            save_policy(policy, out)
+        save_policy(policy, stage / "policy.json")
+        write_json(stage / "workload.json", workload_summary(run.tables()))
+        write_json(stage / "train_test.json", {
             "schema": FIT_TABLE_SCHEMA,
             "train": train_w.to_json(),
             "test": test_w.to_json() if test_w else None,
@@ -191,7 +193,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             "rows": rows,
         })
         write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),
-                             fit_dir / "cdf.parquet")
+                             stage / "cdf.parquet")
+        commit_sets(run.path, [(stage, fit_dir)], "fit", prov.get("run_id"))
         return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
 
 

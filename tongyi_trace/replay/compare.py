@@ -45,7 +45,7 @@ from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.replay.reconcile import guard_params, predict_hits
 from tongyi_trace.run import RunDir, open_run, read_artifact, write_json
-from tongyi_trace.schemas import COMPARE_SCHEMA
+from tongyi_trace.schemas import COMPARE_SCHEMA, REPLAY_SCHEMA
 from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
     Interval,
@@ -143,6 +143,10 @@ def resolve_replay(path: str | Path) -> Path:
     """A replay folder (holding summary.json), or a run folder holding exactly one replay."""
     p = Path(path)
     if (p / "summary.json").is_file():
+        schema = read_artifact(p / "summary.json").get("schema")
+        if schema != REPLAY_SCHEMA:  # e.g. RUN/sim (a simulate sweep) or RUN/analysis
+            raise InputError(f"{p}: not a replay (its summary.json is {schema!r}, a replay's is {REPLAY_SCHEMA!r}); "
+                             "give a replay folder RUN/replay/NAME, or a run folder holding one replay")
         return p
     if (p / "replay").is_dir():
         found = sorted(d for d in (p / "replay").iterdir() if (d / "summary.json").is_file())

@@ -9,8 +9,9 @@ Also reported: R^2, the number of points and the uncached-token range the fit co
 
 Edge rule (the only one): a fit needs at least MIN_POINTS usable requests (status ok, ttft_ms and
 cached_tokens reported) and at least two distinct uncached-token values; otherwise there is no cost
-model (None). Requests without cached_tokens are not usable (their uncached tokens are unknown); their
-number is recorded in the artifact. At low concurrency TTFT is prefill time; under load it includes
+model (None). Requests without cached_tokens are not usable (their uncached tokens are unknown), nor are
+replies whose cached_tokens exceed the prompt (their uncached tokens would be negative); both numbers are
+recorded in the artifact. At low concurrency TTFT is prefill time; under load it includes
 queueing, so fit on a replay whose in-flight count stays low.
 
 The artifact (schema tongyi_trace.schemas.COST_SCHEMA) is written by replay into the replay folder and,
@@ -36,7 +37,8 @@ def fit_ttft_cost(ok_records: pl.DataFrame) -> dict[str, Any] | None:
     from scipy.optimize import nnls
 
     timed = ok_records.filter(pl.col("ttft_ms").is_not_null())
-    df = timed.filter(pl.col("cached_tokens").is_not_null())
+    known = timed.filter(pl.col("cached_tokens").is_not_null())
+    df = known.filter(pl.col("cached_tokens") <= pl.col("prompt_tokens"))  # else negative uncached tokens
     if df.height < MIN_POINTS:
         return None
     x = (df["prompt_tokens"] - df["cached_tokens"]).to_numpy().astype(np.float64)
@@ -49,5 +51,6 @@ def fit_ttft_cost(ok_records: pl.DataFrame) -> dict[str, Any] | None:
     r2 = 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return {"schema": COST_SCHEMA, "a_s": float(a), "b_s_per_token": float(b), "r2": r2,
             "constrained": bool(a == 0.0 or b == 0.0), "num_points": int(df.height),
-            "num_without_cached_tokens": int(timed.height - df.height),
+            "num_without_cached_tokens": int(timed.height - known.height),
+            "num_cached_over_prompt": int(known.height - df.height),
             "uncached_tokens_min": int(x.min()), "uncached_tokens_max": int(x.max()), "definition": DEFINITION}

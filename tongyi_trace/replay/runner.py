@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -109,15 +110,20 @@ def scrape_metrics(url: str, api_key: str | None = None, timeout_s: float = 10.0
     return snapshot_from_text(r.text) if r.status_code == 200 else None
 
 
+def public_url(url: str) -> str:
+    """URL without its user:password@ part: what a summary, the report or a message may show."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+
+
 def reset_prefix_cache(url: str, api_key: str | None = None) -> None:
     """POST /reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1, as `kvtrace engine start` runs it)."""
     try:
         r = httpx.post(f"{url}/reset_prefix_cache", headers=_headers(api_key), timeout=30.0, verify=_tls(url))
     except httpx.HTTPError as e:
-        raise EngineError(f"server {url}: POST /reset_prefix_cache failed ({type(e).__name__})") from None
+        raise EngineError(f"server {public_url(url)}: POST /reset_prefix_cache failed ({type(e).__name__})") from None
     if r.status_code != 200:
-        raise EngineError(f"server {url}: POST /reset_prefix_cache answered HTTP {r.status_code}; the server "
-                          "needs VLLM_SERVER_DEV_MODE=1 and no request in flight (or drop --reset-cache)")
+        raise EngineError(f"server {public_url(url)}: POST /reset_prefix_cache answered HTTP {r.status_code}; the "
+                          "server needs VLLM_SERVER_DEV_MODE=1 and no request in flight (or drop --reset-cache)")
 
 
 def probe_server(url: str, model: str | None, api_key: str | None, reset_cache: bool = False) -> ServerInfo:
@@ -128,32 +134,32 @@ def probe_server(url: str, model: str | None, api_key: str | None, reset_cache: 
     except (httpx.InvalidURL, ValueError, TypeError):
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise UsageError(f"--server {url!r}: not a valid URL; give one such as http://127.0.0.1:8000")
+        raise UsageError(f"--server {public_url(url)!r}: not a valid URL; give one such as http://127.0.0.1:8000")
     try:
         r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10.0, verify=_tls(url))
     except httpx.TimeoutException as e:
-        raise EngineError(f"server {url} accepted the connection but did not answer GET /v1/models within "
+        raise EngineError(f"server {public_url(url)} accepted the connection but did not answer GET /v1/models within "
                           f"10 s ({type(e).__name__}); is it still starting, or stuck?") from None
     except httpx.HTTPError as e:
-        raise EngineError(f"server {url} unreachable ({type(e).__name__}: {' '.join(str(e).split())}); "
+        raise EngineError(f"server {public_url(url)} unreachable ({type(e).__name__}: {' '.join(str(e).split())}); "
                           "start one with 'kvtrace engine start' or check --server") from None
     if r.status_code in (401, 403):
-        raise EngineError(f"server {url} refused GET /v1/models (HTTP {r.status_code}); "
+        raise EngineError(f"server {public_url(url)} refused GET /v1/models (HTTP {r.status_code}); "
                           "pass the key's environment variable with --api-key-env VAR")
     if r.status_code != 200:
-        raise EngineError(f"server {url}: GET /v1/models answered HTTP {r.status_code}; is it an "
+        raise EngineError(f"server {public_url(url)}: GET /v1/models answered HTTP {r.status_code}; is it an "
                           "OpenAI-compatible vLLM server?")
     try:
         cards = r.json()["data"]
         ids = [c["id"] for c in cards]
     except (ValueError, KeyError, TypeError) as e:
-        raise EngineError(f"server {url}: GET /v1/models returned no model list ({e})") from None
+        raise EngineError(f"server {public_url(url)}: GET /v1/models returned no model list ({e})") from None
     if model is None:
         if not ids:
-            raise EngineError(f"server {url} serves no model")
+            raise EngineError(f"server {public_url(url)} serves no model")
         model = ids[0]
     elif model not in ids:
-        raise UsageError(f"--model {model!r}: server {url} serves {', '.join(ids) or 'nothing'}")
+        raise UsageError(f"--model {model!r}: server {public_url(url)} serves {', '.join(ids) or 'nothing'}")
     if reset_cache:
         reset_prefix_cache(url, api_key)
     card = cards[ids.index(model)]
@@ -287,7 +293,7 @@ def _plan(run: RunDir, opts: ReplayOptions, urls: list[str], infos: list[ServerI
 
     summary: dict[str, Any] = {
         "schema": REPLAY_SCHEMA, "name": opts.name, "status": "running", "error": None,
-        "created_by": f"kvtrace {__version__}", "server": info.url, "model": info.model,
+        "created_by": f"kvtrace {__version__}", "server": public_url(info.url), "model": info.model,
         "started_at": time.time(), "finished_at": None, "wall_s": None,
         "trace": {"source": prov.get("source"), "block_size": prov.get("block_size"),
                   "num_requests": prov.get("num_requests")},
@@ -297,7 +303,7 @@ def _plan(run: RunDir, opts: ReplayOptions, urls: list[str], infos: list[ServerI
         "engine": _engine_figures(info, opts),
     }
     if routing is not None:
-        summary.update(servers=urls, fleet=routing.summary())
+        summary.update(servers=[public_url(u) for u in urls], fleet=routing.summary())
     return ReplayPlan(urls, infos, sched, routing, prompt_of, summary)
 
 
@@ -481,6 +487,11 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
                     "metrics": _no_metrics(), "cost_model": None, "reconciliation": None,
                     "reconciliation_note": "not computed: the replay stopped first; run --reconcile-only",
                     "plugin": None, **_record_figures(recs, summary["selection"]["num_scheduled"])})
+    counts = summary["counts"]
+    if status == "complete" and counts["num_done"] and not counts["num_ok"]:  # nothing measured: no success
+        top = summary["errors"][0]["error"] if summary["errors"] else "unknown error"
+        summary["status"], summary["error"] = "failed", (f"every request failed ({counts['num_error']} of "
+                                                         f"{counts['num_done']}; most often: {top})")
     run.write_artifact(out_dir / "summary.json", summary)
     try:
         with stop_signals_interrupt():
@@ -504,7 +515,7 @@ def _engine_side(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: Repl
         known = all(m["hit_ratio"] is not None for m in per_server) and query_tok > 0
         metrics = {"before": None, "after": None, "hit_ratio": hit_tok / query_tok if known else None,
                    "hit_tokens": hit_tok, "query_tokens": query_tok,
-                   "per_server": [{"server": i.url, **m} for i, m in zip(infos, per_server, strict=True)]}
+                   "per_server": [{"server": public_url(i.url), **m} for i, m in zip(infos, per_server, strict=True)]}
     out: dict[str, Any] = {"metrics": metrics}
     cost = fit_ttft_cost(ok)
     out["cost_model"] = cost

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tongyi_trace.artifact_set import commit_sets, copy_staged, staging_dir
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
@@ -173,7 +174,8 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     hbm = inputs.capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
     curve = lru_curve(stream)
     out_dir = sweep_dir(run, cfg.name) if cfg.write else None
-    sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
+    stage = staging_dir(run.path) if out_dir else None  # the new set, committed at the end (artifact_set.py)
+    sink = RowSink(stage / "results.jsonl" if stage else None, on_result)
     tasks = [_resolve_task(name, base, {**cfg.policy_params.get(base, {}), **over}, cap, fit, stream.block_size)
              for name, (base, over) in zip(cfg.policies, variants, strict=True) for cap in caps]
     rows, failed = sink.rows, sink.failed
@@ -218,11 +220,13 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         "intervals": intervals,
     }
     steps = curve.steps()
-    if out_dir:
-        _write_artifacts(out_dir, rows, summary, steps)
-        write_guard_tables(out_dir, guard_tables)
-        if cfg.name:
-            publish_latest(out_dir, run.subdir("sim"))
+    if out_dir and stage:
+        _write_artifacts(stage, rows, summary, steps)
+        write_guard_tables(stage, guard_tables)
+        sets = [(stage, out_dir)]
+        if cfg.name:  # the latest sweep is also RUN/sim/'s set, which the report reads
+            sets.append((copy_staged(run.path, stage), run.subdir("sim")))
+        commit_sets(run.path, sets, "simulate", run.provenance().get("run_id"))
     return SweepResult(rows, summary, steps)
 
 
@@ -286,31 +290,15 @@ RESERVED_SWEEP_NAMES = frozenset({"fleet", "guard"})  # RUN/sim/ subfolders of o
 
 
 def sweep_dir(run: RunDir, name: str | None) -> Path:
-    """RUN/sim/ for an unnamed sweep, RUN/sim/NAME/ (created, emptied of an earlier sweep's files) for a named one."""
+    """RUN/sim/ for an unnamed sweep, RUN/sim/NAME/ for a named one (its earlier files are replaced when the
+    new sweep commits)."""
     root = run.subdir("sim")
     if not name:
         return root
     if name in RESERVED_SWEEP_NAMES or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
             or name.startswith("."):
         raise UsageError(f"--name {name!r}: use letters, digits, '-', '_' or '.', not {sorted(RESERVED_SWEEP_NAMES)}")
-    d = root / name
-    d.mkdir(exist_ok=True)
-    for f in d.iterdir():
-        if f.is_file():
-            f.unlink()
-    return d
-
-
-def publish_latest(named: Path, root: Path) -> None:
-    """Copy the files of the named sweep NAMED into RUN/sim/ ROOT: the latest sweep is the default."""
-    import shutil
-
-    for f in root.iterdir():
-        if f.is_file():
-            f.unlink()
-    for f in named.iterdir():
-        if f.is_file():
-            shutil.copy2(f, root / f.name)
+    return root / name
 
 
 def list_sweeps(run_path: Path) -> list[str]:

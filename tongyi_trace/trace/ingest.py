@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tongyi_trace import __version__
+from tongyi_trace.artifact_set import commit_tables, staged
 from tongyi_trace.atomic import temp_path
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
@@ -36,7 +37,6 @@ from tongyi_trace.run import (
     RUN_SCHEMA,
     RUN_TABLES,
     RunDir,
-    clear_downstream,
     is_run_dir,
     open_run,
     run_identity,
@@ -170,6 +170,7 @@ def _prepare_out(out: Path) -> bool:
     if out.is_dir():
         if not os.access(out, os.W_OK):
             raise InputError(f"{out}: not writable (permission denied); choose another -o")
+        _existing_run_id(RunDir(out))  # a folder of other files is refused before the lock leaves a file in it
         return False
     try:
         out.mkdir(parents=True)
@@ -192,62 +193,57 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
     findings: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     numbers = ChainNumbers()
-    file_order_path = temp_path(run.path / "blocks_file_order.parquet")
-    blocks_tmp = temp_path(run.blocks_path)
-    requests_tmp = temp_path(run.requests_path)
     cols: dict[str, list[Any]] = {k: [] for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s",
                                                    "input_tokens", "output_tokens", "type", "turn",
                                                    "user_id", "num_blocks")}
     num_req = 0
     try:
-        with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
-                ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
-            written: Future[None] | None = None
-            for chunk in read_chunks(path, fmt, on_error, stats):
-                table = _block_table(chunk, num_req, block_size, numbers)
-                if table is not None:
-                    if written is not None:
-                        written.result()
-                    written = pool.submit(writer.write_table, table)
-                findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
-                for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
-                          "output_tokens", "type", "turn", "user_id"):
-                    cols[k].append(getattr(chunk, k))
-                cols["num_blocks"].append(np.diff(chunk.offsets))
-                num_req += len(chunk)
-            if written is not None:
-                written.result()
-        if progress is not None:  # the whole file, also when its last lines were all skipped
-            progress(stats.num_bytes_read, size)
-        if num_req == 0:
-            raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
-                             "give a trace with at least one request")
-        requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
-        if int(requests["num_blocks"].sum()) == 0:
-            raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
-                             "block ids to analyze")
-        if findings["timestamps_out_of_order"]:
-            _rekey_blocks(run, file_order_path, blocks_tmp, requests)
-        else:
-            file_order_path.replace(blocks_tmp)  # file order is arrival order
-        if infer:
-            requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
-        requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
-        prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                           numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
-        # commit: drop the old identity first (a crash in between leaves "not a run folder", never a mix)
-        if old_id != run_id:
-            clear_downstream(run)
-        run.provenance_path.unlink(missing_ok=True)
-        os.replace(blocks_tmp, run.blocks_path)
-        os.replace(requests_tmp, run.requests_path)
-        write_json(run.provenance_path, prov)
+        with staged(run.path) as stage:  # the new tables; the old run stays whole until the commit
+            file_order_path = stage / "blocks_file_order.parquet"
+            blocks_tmp, requests_tmp = stage / run.blocks_path.name, stage / run.requests_path.name
+            with pq.ParquetWriter(file_order_path, BLOCKS_SCHEMA, **BLOCKS_WRITE_OPTIONS) as writer, \
+                    ThreadPoolExecutor(1) as pool:  # Parquet encoding (no GIL) overlaps the parsing of the next chunk
+                written: Future[None] | None = None
+                for chunk in read_chunks(path, fmt, on_error, stats):
+                    table = _block_table(chunk, num_req, block_size, numbers)
+                    if table is not None:
+                        if written is not None:
+                            written.result()
+                        written = pool.submit(writer.write_table, table)
+                    findings["hash_len_mismatch"] += _hash_len_mismatches(chunk, block_size)
+                    for k in ("line_no", "chat_id", "parent_chat_id", "timestamp_s", "input_tokens",
+                              "output_tokens", "type", "turn", "user_id"):
+                        cols[k].append(getattr(chunk, k))
+                    cols["num_blocks"].append(np.diff(chunk.offsets))
+                    num_req += len(chunk)
+                if written is not None:
+                    written.result()
+            if progress is not None:  # the whole file, also when its last lines were all skipped
+                progress(stats.num_bytes_read, size)
+            if num_req == 0:
+                raise InputError(f"{path}: no requests in the file (it is empty or every line was skipped); "
+                                 "give a trace with at least one request")
+            requests = _normalize_requests(path, fmt, cols, buckets, findings, examples, infer)
+            if int(requests["num_blocks"].sum()) == 0:
+                raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
+                                 "block ids to analyze")
+            if findings["timestamps_out_of_order"]:
+                _rekey_blocks(stage, file_order_path, blocks_tmp, requests)
+                file_order_path.unlink()
+            else:
+                file_order_path.replace(blocks_tmp)  # file order is arrival order
+            if infer:
+                requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
+            requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
+            prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
+                               numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
+            write_json(stage / run.provenance_path.name, prov)
+            # commit as one step: the tables, provenance.json last; another identity's results deleted only
+            # after the new tables are in (artifact_set.py: a crash completes the commit or leaves the old run)
+            commit_tables(run.path, stage, run.provenance_path.name, DOWNSTREAM if old_id != run_id else ())
     except OSError as e:
         raise InputError(f"{run.path}: cannot write the run folder ({e.strerror or e}); check free space "
                          "and permissions") from None
-    finally:
-        for p in (file_order_path, blocks_tmp, requests_tmp):
-            p.unlink(missing_ok=True)
     return prov
 
 
@@ -347,11 +343,59 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
                                              for ln, p in first]
                 df = df.with_columns(parent_chat_id=pl.when(known).then(pl.col("parent_chat_id")).otherwise(-1))
             sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
-                                 df["parent_chat_id"].to_numpy())
+                                 df["parent_chat_id"].to_numpy())  # a cycle of links is an error
+            if _check_parent_links(path, df, findings, examples):
+                df = df.with_columns(parent_chat_id=pl.Series(_late_parents_cut(df), dtype=pl.Int64))
+                sessions = _sessions(path, df["line_no"].to_numpy(), df["chat_id"].to_numpy(),
+                                     df["parent_chat_id"].to_numpy())
         untyped = df["type"].null_count() == df.height and df["turn"].null_count() == df.height
         df = df.with_columns(session_id=pl.Series(sessions, dtype=pl.Int64),
                              category=pl.lit(NO_CATEGORY) if untyped else categories(df["type"], df["turn"], buckets))
     return df.select("raw_idx", "line_no", *REQUEST_COLUMNS)
+
+
+def _parent_rows(df: pl.DataFrame) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The rows of DF that have a parent, and each one's parent row (every parent known)."""
+    chat, parent = df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy()
+    linked = np.flatnonzero(parent != -1)
+    order = np.argsort(chat, kind="stable")
+    return linked, order[np.searchsorted(chat[order], parent[linked])]
+
+
+def _late_parents_cut(df: pl.DataFrame) -> npt.NDArray[np.int64]:
+    """DF's parent_chat_id with -1 where the parent arrives after the request."""
+    arrival, parent = df["arrival_s"].to_numpy(), df["parent_chat_id"].to_numpy().copy()
+    linked, up = _parent_rows(df)
+    parent[linked[arrival[up] > arrival[linked]]] = -1
+    return parent
+
+
+def _check_parent_links(path: Path, df: pl.DataFrame, findings: Counter[str],
+                        examples: dict[str, list[str]]) -> bool:
+    """Count, with examples, the requests of DF (every parent known) whose parent arrives after them
+    (finding parent_after_child: True, they are to be made roots, their gap would be negative) and those
+    whose turn is not their parent's turn + 1 (finding turn_parent_mismatch: the turns are kept)."""
+    chat, parent = df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy()
+    arrival, line = df["arrival_s"].to_numpy(), df["line_no"].to_numpy()
+    linked, up = _parent_rows(df)
+    late = arrival[up] > arrival[linked]
+    if late.any():
+        findings["parent_after_child"] = int(late.sum())
+        examples["parent_after_child"] = [
+            f"{path}:{line[i]}: chat_id {chat[i]} at {arrival[i]:g} s has parent_chat_id {parent[i]}, which "
+            f"arrives later ({arrival[j]:g} s, line {line[j]}); treated as a root"
+            for i, j in zip(linked[late][:5], up[late][:5], strict=True)]
+    if df["turn"].null_count() == 0 and len(linked):
+        turn = df["turn"].to_numpy()
+        kept, kept_up = linked[~late], up[~late]
+        bad = turn[kept] != turn[kept_up] + 1
+        if bad.any():
+            findings["turn_parent_mismatch"] = int(bad.sum())
+            examples["turn_parent_mismatch"] = [
+                f"{path}:{line[i]}: turn {turn[i]} of chat_id {chat[i]} is not its parent's turn {turn[j]} + 1 "
+                f"(line {line[j]}); the turn is kept as given"
+                for i, j in zip(kept[bad][:5], kept_up[bad][:5], strict=True)]
+    return bool(late.any())
 
 
 def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: int,
@@ -370,9 +414,10 @@ def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: in
         category=categories(requests["type"], turn, buckets))
 
 
-def _rekey_blocks(run: RunDir, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
-    """Write blocks to OUT in arrival order (DuckDB, spills to disk) when the file was not sorted by time."""
-    spill = temp_path(run.path / "duckdb")
+def _rekey_blocks(stage: Path, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
+    """Write blocks to OUT in arrival order (DuckDB, spills to disk in STAGE) when the file was not sorted by
+    time."""
+    spill = temp_path(stage / "duckdb")
     con = duckdb_connect(spill)
     try:
         con.read_parquet(str(file_order_path)).create_view("file_blocks")

@@ -52,6 +52,8 @@ def _parquet_kind_ok(kind: str, t: pa.DataType) -> bool:
     if kind == "number":
         return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
     if kind == "string":
+        if pa.types.is_dictionary(t):  # dictionary-encoded strings (pandas categoricals, Spark) are strings
+            t = t.value_type
         return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
     return bool((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type))
 
@@ -89,6 +91,10 @@ def read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
         raise InputError(f"{path}: column '{missing[0]}' is missing; a Parquet trace needs the columns "
                          f"{', '.join(_PARQUET_COLUMNS)} (write one with 'kvtrace export')")
     cols = [*_PARQUET_COLUMNS, *(["user_id"] if "user_id" in schema.names else [])]
+    twice = [c for c in cols if schema.names.count(c) > 1]
+    if twice:
+        raise InputError(f"{path}: column '{twice[0]}' appears {schema.names.count(twice[0])} times; a Parquet "
+                         "trace has each column once (write one with 'kvtrace export')")
     for name in cols:
         t = schema.field(name).type
         nullable = name in ("type", "turn", "user_id") and pa.types.is_null(t)

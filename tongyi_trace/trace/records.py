@@ -5,6 +5,7 @@ and `Chunk`, the columns the JSONL and Parquet readers hand to ingest. Formats: 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -194,6 +195,10 @@ def hash_array(path: Path, line_no: int, hashes: list[Any]) -> npt.NDArray[np.in
         return np.zeros(0, dtype=np.int64)
     if set(map(type, hashes)) != {int}:
         bad = next(h for h in hashes if type(h) is not int)
+        # an integer too large for 64 bits (2^64) reaches here as the float the JSON parser made of it
+        if type(bad) is float and math.isfinite(bad) and bad == int(bad) and abs(bad) >= 2**63:
+            raise located(path, line_no, "hash_ids", f"holds the id {int(bad)}, out of range: ids are 64-bit "
+                          "(-2^63 .. 2^64 - 1)", FIX)
         raise located(path, line_no, "hash_ids", f"must be a list of integers (flat), found {show(bad)}", FIX)
     try:
         return np.array(hashes, dtype=np.int64)

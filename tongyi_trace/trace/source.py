@@ -4,8 +4,10 @@ into whole lines."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +21,26 @@ UTF8_BOM = b"\xef\xbb\xbf"  # a byte-order mark some editors put first (byte_blo
 
 
 def check_trace_path(path: Path) -> None:
-    """Raise InputError unless PATH is a readable file."""
-    if path.is_dir():
+    """Raise InputError unless PATH is a readable regular file (never opened here: a FIFO without a writer
+    would block; a pipe, /dev/stdin or a device cannot be read the several times ingest reads a trace)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: a loop of symbolic links; point it at the trace file") from None
+        if e.errno == errno.ENOENT and path.is_symlink():
+            raise InputError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; check the "
+                             "trace path") from None
+        if e.errno == errno.ENOENT:
+            raise InputError(f"{path}: no such file; check the trace path") from None
+        raise InputError(f"{path}: cannot read ({e.strerror}); check the trace path") from None
+    if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{path}: is a directory, not a trace file; give the trace file itself")
-    if not path.exists():
-        raise InputError(f"{path}: no such file; check the trace path")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else "a character device"
+                if stat.S_ISCHR(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise InputError(f"{path}: is {kind}, not a regular file; a trace is read several times (its hash, its "
+                         "format, its records): save it to a file first (e.g. cat > trace.jsonl) and give that")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: not readable (permission denied); check the file's permissions")
 
@@ -94,15 +111,24 @@ def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
                          "it if it is not zstd-compressed") from None
 
 
+MAX_LINE_BYTES = 64 << 20  # one record: 64 MiB is ~3 million hash ids, far above any real request
+
+
 def line_segments(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
     """The bytes of PATH (as byte_blocks) cut after a newline: whole lines only, the last one perhaps
     without its newline. A line longer than a block is joined once, from its pieces."""
     pending: list[bytes] = []  # the start of a line not yet ended
+    num_pending = 0
     for block in byte_blocks(path, stats):
         cut = block.rfind(b"\n") + 1
         if not cut:
             pending.append(block)
+            num_pending += len(block)
+            if num_pending > MAX_LINE_BYTES:  # e.g. a file of zeros: memory would grow without bound
+                raise InputError(f"{path}: a line longer than {MAX_LINE_BYTES >> 20} MiB (no newline in it); a trace "
+                                 "has one JSON record a line: is this a trace file?")
             continue
+        num_pending = 0
         yield b"".join((*pending, block[:cut])) if pending else block[:cut]
         pending = [block[cut:]] if cut < len(block) else []
     if pending:

@@ -1,0 +1,247 @@
+"""Crash consistency (issue 42 item 2): each writing command killed with SIGKILL after its N-th committed write.
+
+The kill points come from tracing the command's writes on the tiny trace (the test hook of
+tongyi_trace/atomic.py: KVTRACE_WRITE_LOG lists the committed writes, KVTRACE_CRASH_AFTER_WRITES=N makes the
+command SIGKILL itself right after the N-th). After each kill, the next command's start (the run lock, which
+runs artifact_set.recover) must leave: the previous good state byte for byte, or the new one complete (every
+file the uninterrupted command writes, its manifest listing exactly them); no temporary, staging or journal
+file; a report that renders. The fast lane kills each command right before its commit point (the journal)
+and half-way through applying it; `full` kills it after every write (at most MAX_FULL_POINTS, evenly spread).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tongyi_trace.artifact_set import JOURNAL_NAME, MANIFEST_NAME
+from tongyi_trace.cli import app
+from tongyi_trace.errors import InputError
+from tongyi_trace.run import open_run, run_lock
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+MAX_FULL_POINTS = 12
+LEFTOVER = re.compile(r"(^\.staging\.|^\.trash\.|\.tmp(\.[^.]*)?$|^duckdb-)")
+
+
+def _cli(args: list[str]) -> None:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, (args, r.output)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, tiny_bailian_path: Path) -> dict[str, Path]:
+    """A complete run of the tiny trace (ingest, analyze, fit, simulate with WA, report), a second trace and
+    an exported file: the previous good state every case starts from."""
+    d = tmp_path_factory.mktemp("crash")
+    run = d / "run"
+    _cli(["ingest", str(tiny_bailian_path), "-o", str(run), "-q"])
+    _cli(["analyze", str(run), "-q"])
+    _cli(["fit", str(run), "-q"])
+    _cli(["simulate", str(run), "-p", "lru,wa", "-c", "0.5x,1x", "--jobs", "1", "-q"])
+    _cli(["report", str(run), "-q"])
+    other = d / "other.jsonl"  # another trace: its first five requests
+    other.write_text("".join(tiny_bailian_path.read_text().splitlines(keepends=True)[:5]))
+    (d / "old_export.jsonl").write_text('{"an": "earlier export"}\n')
+    return {"dir": d, "run": run, "trace": tiny_bailian_path, "other": other}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One command of the harness: its arguments in the work folder W, and the folder it replaces."""
+
+    name: str
+    args: Callable[[Path, dict[str, Path]], list[str]]
+    target: str  # what the command replaces: a path under W ("run/analysis", "run", "new", "out.jsonl")
+
+
+CASES = [
+    Case("ingest", lambda w, b: ["ingest", str(b["trace"]), "-o", str(w / "new"), "-q"], "new"),
+    Case("ingest-overwrite", lambda w, b: ["ingest", str(b["other"]), "-o", str(w / "run"), "--overwrite", "-q"],
+         "run"),
+    Case("analyze", lambda w, b: ["analyze", str(w / "run"), "-q"], "run/analysis"),
+    Case("fit", lambda w, b: ["fit", str(w / "run"), "--life-quantile", "0.5", "-q"], "run/fit"),
+    Case("simulate", lambda w, b: ["simulate", str(w / "run"), "-p", "lru", "-c", "0.5x,1x", "--jobs", "1", "-q"],
+         "run/sim"),
+    Case("report", lambda w, b: ["report", str(w / "run"), "-q"], "run/report.html"),
+    Case("export", lambda w, b: ["export", str(w / "run"), "-o", str(w / "out.jsonl"), "--force", "-q"],
+         "out.jsonl"),
+]
+
+
+def _workdir(base: dict[str, Path], dest: Path) -> Path:
+    shutil.copytree(base["run"], dest / "run")
+    shutil.copy(base["dir"] / "old_export.jsonl", dest / "out.jsonl")
+    return dest
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every visible file under ROOT (the lock file aside), by relative path."""
+    if root.is_file():
+        return {".": hashlib.sha256(root.read_bytes()).hexdigest()}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not any(s.startswith(".") for s in
+                                                                         p.relative_to(root).parts)}
+
+
+def _leftovers(work: Path) -> list[str]:
+    return [str(p.relative_to(work)) for p in work.rglob("*")
+            if LEFTOVER.search(p.name) or p.name == JOURNAL_NAME]
+
+
+@pytest.fixture(scope="module")
+def reference(base: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[str]]]:
+    """Each case run uninterrupted on a copy of the base, traced: (its work folder, its committed writes)."""
+    out = {}
+    for case in CASES:
+        work = _workdir(base, tmp_path_factory.mktemp(f"ref-{case.name}"))
+        log = work / "writes.log"
+        os.environ["KVTRACE_WRITE_LOG"] = str(log)  # in this process: the hook reads it at each write
+        try:
+            _cli(case.args(work, base))
+        finally:
+            del os.environ["KVTRACE_WRITE_LOG"]
+        out[case.name] = (work, [line.split("\t", 1)[1] for line in log.read_text().splitlines()])
+    return out
+
+
+def kill_points(writes: list[str], full: bool) -> list[int]:
+    """Fast: right before the commit point (the journal) and right after the first file moved in (a commit
+    half applied, which the next command completes); a single-file write: after it.
+    FULL: after every write (at most MAX_FULL_POINTS evenly spread, plus the fast ones and the journal's)."""
+    journal = [i for i, w in enumerate(writes, 1) if w.endswith(JOURNAL_NAME)]
+    fast = [journal[0] - 1, min(journal[0] + 1, len(writes))] if journal else [len(writes)]
+    if not full:
+        return fast
+    n = len(writes)
+    spread = {1 + round(i * (n - 1) / (MAX_FULL_POINTS - 1)) for i in range(MAX_FULL_POINTS)} if n > MAX_FULL_POINTS \
+        else set(range(1, n + 1))
+    return sorted(spread | set(fast) | set(journal))
+
+
+def _check_after_kill(case: Case, work: Path, base: dict[str, Path], ref_work: Path) -> str:
+    """Take the lock as the next command does, then: previous state identical, or the new one complete.
+    Returns 'old' or 'new'."""
+    target, old, new = work / case.target, _workdir_target(base, case), ref_work / case.target
+    if case.name == "ingest":
+        if not target.exists():
+            return "old"
+        with run_lock(target):
+            pass
+        try:
+            open_run(target)
+        except InputError as e:  # the new run was never committed: the folder is no run, in one line
+            assert "not a kvtrace run folder" in str(e)
+            state = "old"
+        else:
+            assert _snapshot(target / "requests.parquet") == _snapshot(new / "requests.parquet")
+            assert _snapshot(target / "blocks.parquet") == _snapshot(new / "blocks.parquet")
+            state = "new"
+    else:
+        with run_lock(work / "run"):  # the next command's start
+            pass
+        now = _snapshot(target)
+        if now == _snapshot(old):
+            state = "old"
+        else:
+            state = "new"
+            assert sorted(now) == sorted(_snapshot(new)), case.name  # every file of the new set, no other
+            if target.is_dir() and case.name != "ingest-overwrite":
+                manifest = json.loads((target / MANIFEST_NAME).read_text())
+                assert manifest["files"] == sorted(p for p in now if p != MANIFEST_NAME and "/" not in p)
+                assert manifest["run_id"] == json.loads((work / "run" / "provenance.json").read_text())["run_id"]
+            if case.name in ("ingest-overwrite", "export"):  # deterministic outputs: byte for byte
+                assert {k: v for k, v in now.items() if k != "report.html"} == \
+                    {k: v for k, v in _snapshot(new).items() if k != "report.html"}
+        if case.target.startswith("run/"):  # nothing outside the replaced set changed
+            rest = {k: v for k, v in _snapshot(work / "run").items() if not k.startswith(case.target[4:])}
+            assert rest == {k: v for k, v in _snapshot(base["run"]).items() if not k.startswith(case.target[4:])}
+    assert _leftovers(work) == [], case.name
+    run = work / "new" if case.name == "ingest" else work / "run"
+    if (run / "provenance.json").is_file():  # the report renders what is there, never a partial set
+        r = runner.invoke(app, ["report", str(run), "-o", str(work / "check.html"), "-q"])
+        assert r.exit_code == 0, (case.name, r.output)
+    return state
+
+
+def _workdir_target(base: dict[str, Path], case: Case) -> Path:
+    if case.target == "out.jsonl":
+        return base["dir"] / "old_export.jsonl"
+    if case.target == "new":
+        return base["dir"] / "no-such-folder"
+    return base["dir"] / case.target
+
+
+def _run_case(case: Case, base: dict[str, Path], reference: dict[str, tuple[Path, list[str]]], tmp_path: Path,
+              full: bool) -> list[tuple[int, str]]:
+    ref_work, writes = reference[case.name]
+    outcomes = []
+    for k in kill_points(writes, full):
+        work = _workdir(base, tmp_path / f"{case.name}-{k}")
+        r = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", *case.args(work, base)],
+                           env={**os.environ, "KVTRACE_CRASH_AFTER_WRITES": str(k)}, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == -signal.SIGKILL, (case.name, k, r.returncode, r.stderr[-2000:])
+        outcomes.append((k, _check_after_kill(case, work, base, ref_work)))
+    print(f"\n{case.name}: {len(writes)} writes, killed after {outcomes}")
+    return outcomes
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_killed_command_leaves_old_or_new(case: Case, base: dict[str, Path],
+                                          reference: dict[str, tuple[Path, list[str]]], tmp_path: Path) -> None:
+    outcomes = _run_case(case, base, reference, tmp_path, full=False)
+    states = [s for _, s in outcomes]
+    if len(states) == 2:  # killed before the commit point: the old state; right after: the new one, completed
+        assert states == ["old", "new"], outcomes
+    else:
+        assert states == ["new"], outcomes
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_killed_after_every_write(case: Case, base: dict[str, Path], reference: dict[str, tuple[Path, list[str]]],
+                                  tmp_path: Path) -> None:
+    _run_case(case, base, reference, tmp_path, full=True)
+
+
+def _file_size_limit(num_bytes: int) -> Callable[[], None]:
+    def limit() -> None:  # in the child: writes past NUM_BYTES fail with EFBIG, as on a full disk (no SIGXFSZ)
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (num_bytes, num_bytes))
+    return limit
+
+
+@pytest.mark.parametrize("limit_bytes", [4_000, 10_000])  # results.jsonl cut / results.parquet (14 kB) cut
+def test_a_full_disk_during_simulate_is_one_line_and_keeps_the_old_sweep(base: dict[str, Path], tmp_path: Path,
+                                                                         limit_bytes: int) -> None:
+    """Issue 42: a disk that fills up during simulate was a 67-line polars traceback and left sim/ without
+    summary.json; now one line, exit 1, and the previous sweep stays whole."""
+    work = _workdir(base, tmp_path)
+    r = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "simulate", str(work / "run"), "-p", "lru,wa",
+                        "-c", "0.5x,1x", "--jobs", "1", "-q"], preexec_fn=_file_size_limit(limit_bytes),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "cannot write (file too large for the file system or the file size limit); the previous results " \
+        "are kept" in r.stderr
+    assert _snapshot(work / "run" / "sim") == _snapshot(base["run"] / "sim")
+    with run_lock(work / "run"):  # the next command's start removes the staged half
+        pass
+    assert _leftovers(work) == []
