@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
+    from tongyi_trace.budget import MemoryBudget
+
 
 # output to a file or pipe (no terminal, no COLUMNS): tables at their natural width and messages on one line
 # each, not cut or wrapped at Rich's default of 80 columns
@@ -78,17 +80,29 @@ def say(*parts: Part, err: bool = False) -> None:
     (err_console if err else console).print(line, highlight=False, soft_wrap=True)
 
 
-def run_cli(fn: Callable[[], T]) -> T:
+def run_cli(fn: Callable[[], T], budget: MemoryBudget | None = None) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
-    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
+    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized). With a
+    BUDGET (`--memory-limit-gib`), FN runs under its watch (tongyi_trace/budget.py), and running out of
+    memory is one line naming the step and the option to raise."""
+    from tongyi_trace.budget import MemoryWatch, out_of_memory
     from tongyi_trace.stops import stop_exit_code, stop_signals_interrupt
 
     try:
         with stop_signals_interrupt():
-            return fn()
+            if budget is None:
+                return fn()
+            with MemoryWatch(budget):
+                return fn()
     except KvtraceError as e:
         say(("error:", "bold red"), " ", " ".join(str(e).split()), err=True)
         raise typer.Exit(e.exit_code) from None
+    except Exception as e:  # MemoryError, DuckDB's OutOfMemoryException: one line; anything else as it is
+        oom = out_of_memory(e, budget)
+        if oom is None:
+            raise
+        say(("error:", "bold red"), " ", str(oom), err=True)
+        raise typer.Exit(oom.exit_code) from None
     except KeyboardInterrupt as e:
         say(("interrupted", "yellow"), f"{f' ({e})' if str(e) else ''}: results written so far are kept", err=True)
         raise typer.Exit(stop_exit_code(e)) from None
