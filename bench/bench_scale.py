@@ -21,7 +21,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BENCH_DIR, KVTRACE  # noqa: E402
+import contextlib
+
+from _common import BENCH_DIR, KVTRACE
 
 GB = 1e9
 POLL_S = 0.05
@@ -44,10 +46,8 @@ def tree_rss_bytes(proc: psutil.Process) -> int:
     """Resident memory of PROC and its children now (0 for those that are gone)."""
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
@@ -62,10 +62,8 @@ def run_capped(args: list[str], ceiling_bytes: int) -> Measured:
         peak = max(peak, rss)
         if rss > ceiling_bytes:
             for p in [*proc.children(recursive=True), proc]:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
             killed = True
             break
         time.sleep(POLL_S)
@@ -90,7 +88,8 @@ def main() -> None:
     ap.add_argument("--scales", default="1,30,100")
     ap.add_argument("--ceiling-gib", type=float, default=None,
                     help="Ceiling per command (default: 6 up to 30x, 12 above).")
-    ap.add_argument("--only", default=None, help="Comma-separated command names (ingest, analyze, fit, simulate lru...).")
+    ap.add_argument("--only", default=None,
+                    help="Comma-separated command names (ingest, analyze, fit, simulate lru...).")
     a = ap.parse_args()
     scales = [float(s) for s in a.scales.split(",")]
     per_mref: dict[str, dict[float, float]] = {}
