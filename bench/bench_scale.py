@@ -14,61 +14,13 @@ import argparse
 import json
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
+from _common import BENCH_DIR, GB, KVTRACE, run_capped
 
-from _common import BENCH_DIR, KVTRACE
-
-GB = 1e9
-POLL_S = 0.05
 SIM_POLICIES = ("lru", "s3fifo", "wa", "oracle")
 CAPACITIES = "0.25L,1L"
-
-
-@dataclass
-class Measured:
-    """One child's wall time, the peak resident memory of its process tree, and how it ended."""
-
-    wall_s: float
-    peak_bytes: int
-    code: int
-    killed: bool
-    stderr: str
-
-
-def tree_rss_bytes(proc: psutil.Process) -> int:
-    """Resident memory of PROC and its children now (0 for those that are gone)."""
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
-def run_capped(args: list[str], ceiling_bytes: int) -> Measured:
-    """Run ARGS as a child, polling its tree's resident memory; kill the tree past CEILING_BYTES."""
-    t0 = time.perf_counter()
-    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    proc = psutil.Process(child.pid)
-    peak, killed = 0, False
-    while child.poll() is None:
-        rss = tree_rss_bytes(proc)
-        peak = max(peak, rss)
-        if rss > ceiling_bytes:
-            for p in [*proc.children(recursive=True), proc]:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            killed = True
-            break
-        time.sleep(POLL_S)
-    _, err = child.communicate()
-    return Measured(time.perf_counter() - t0, peak, child.returncode, killed, (err or "").strip())
 
 
 def commands(run: Path, trace: Path, limit_gib: float, policy_file: Path) -> list[tuple[str, list[str]]]:
