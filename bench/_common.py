@@ -61,10 +61,12 @@ def tree_rss_bytes(proc: psutil.Process) -> int:
     return total
 
 
-def run_capped(args: list[str], ceiling_bytes: int) -> Measured:
-    """Run ARGS as a child, polling its tree's resident memory; kill the tree past CEILING_BYTES."""
+def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) -> Measured:
+    """Run ARGS as a child (its stdout into the file STDOUT, or dropped), polling its tree's resident memory;
+    kill the tree past CEILING_BYTES."""
     t0 = time.perf_counter()
-    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = stdout.open("w") if stdout else subprocess.DEVNULL
+    child = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak, killed = 0, False
     while child.poll() is None:
@@ -78,6 +80,8 @@ def run_capped(args: list[str], ceiling_bytes: int) -> Measured:
             break
         time.sleep(POLL_S)
     _, err = child.communicate()
+    if stdout:
+        out.close()
     return Measured(time.perf_counter() - t0, peak, child.returncode, killed, (err or "").strip())
 
 

@@ -128,7 +128,7 @@ def abs_path(p: str | Path | None) -> str | None:
 def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
     (a log would only get the blank line Rich prints in its place). UNIT "bytes" shows the counts as sizes
-    (12.3/45.6 MB), "items" as N/M."""
+    (12.3/45.6 MB), "items" as N/M; then the time spent and the estimate of the time left."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -136,6 +136,7 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     with Progress(
@@ -143,6 +144,7 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         BarColumn(),
         DownloadColumn() if unit == "bytes" else MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),  # the estimate of the time left (blank while the total is unknown)
         console=live_console(),
         disable=quiet or not err_console.is_interactive,
         transient=True,
