@@ -1,17 +1,24 @@
-"""Shared helpers of the benchmark scripts: the default synthetic traces, timing child processes."""
+"""Shared helpers of the benchmark scripts: the default synthetic traces, timing child processes, running
+one under a ceiling on its resident memory (bench/bench_scale.py, tests/hardening/test_memory_ceiling.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"
 KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
+GB = 1e9
+POLL_S = 0.05
 
 
 def kvtrace(*args: str) -> float:
@@ -32,6 +39,50 @@ def timed_child(args: list[str]) -> tuple[float, float]:
     if code:
         raise subprocess.CalledProcessError(code, args)
     return wall, usage.ru_maxrss / 1024
+
+
+@dataclass
+class Measured:
+    """One child's wall time, the peak resident memory of its process tree, and how it ended."""
+
+    wall_s: float
+    peak_bytes: int
+    code: int
+    killed: bool
+    stderr: str
+
+
+def tree_rss_bytes(proc: psutil.Process) -> int:
+    """Resident memory of PROC and its children now (0 for those that are gone)."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) -> Measured:
+    """Run ARGS as a child (its stdout into the file STDOUT, or dropped), polling its tree's resident memory;
+    kill the tree past CEILING_BYTES."""
+    t0 = time.perf_counter()
+    out = stdout.open("w") if stdout else subprocess.DEVNULL
+    child = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True)
+    proc = psutil.Process(child.pid)
+    peak, killed = 0, False
+    while child.poll() is None:
+        rss = tree_rss_bytes(proc)
+        peak = max(peak, rss)
+        if rss > ceiling_bytes:
+            for p in [*proc.children(recursive=True), proc]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            killed = True
+            break
+        time.sleep(POLL_S)
+    _, err = child.communicate()
+    if stdout:
+        out.close()
+    return Measured(time.perf_counter() - t0, peak, child.returncode, killed, (err or "").strip())
 
 
 def _generator_digest() -> str:

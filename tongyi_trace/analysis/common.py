@@ -13,7 +13,6 @@ disk instead of running out of memory.
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import duckdb
 import polars as pl
 
 from tongyi_trace.analysis.chains import chains_table
+from tongyi_trace.budget import spill_dir
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.models import DEFAULT_MODEL, MAX_GPU_MEM_GIB, MAX_MODEL_NUMBER, PRESETS, ModelPreset, get_preset
@@ -174,16 +174,15 @@ def open_context(tables: RunTables, options: AnalysisOptions,
     if options.top_n < 1 or not 0 < options.window_s < math.inf:
         raise UsageError(f"--top-n {options.top_n} must be >= 1 and --window-s {options.window_s} a finite "
                          "number > 0")
-    spill = Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))
-    con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", options.threads)
-    try:
-        con.read_parquet(str(tables.requests_path)).create_view("requests")
-        con.read_parquet(str(tables.blocks_path)).create_view("blocks")
-        con.execute(read_query("refs_view"))
-        yield AnalysisContext(tables, options, con)
-    finally:
-        con.close()
-        shutil.rmtree(spill, ignore_errors=True)
+    with spill_dir(Path(tempfile.mkdtemp(prefix="duckdb-", dir=temp_dir))) as spill:  # removed after, and by a stop
+        con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", options.threads)
+        try:
+            con.read_parquet(str(tables.requests_path)).create_view("requests")
+            con.read_parquet(str(tables.blocks_path)).create_view("blocks")
+            con.execute(read_query("refs_view"))
+            yield AnalysisContext(tables, options, con)
+        finally:
+            con.close()
 
 
 def absent(result: AnalysisResult, reason: str) -> AnalysisResult:

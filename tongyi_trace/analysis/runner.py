@@ -36,6 +36,7 @@ from tongyi_trace.analysis.spatial import spatial
 from tongyi_trace.analysis.turn_hits import turn_hits
 from tongyi_trace.analysis.user_heatmap import user_heatmap
 from tongyi_trace.artifact_set import commit_sets, staged
+from tongyi_trace.budget import MemoryLimitError, step
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.run import RunDir, load_provenance, read_artifact, write_json, write_parquet_atomic
 
@@ -124,10 +125,11 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
         for name in names:
             t = time.perf_counter()
             try:
-                res = ANALYSES[name](ctx)
+                with step(f"analysis {name}"):
+                    res = ANALYSES[name](ctx)
             except duckdb.OutOfMemoryException:
-                raise UsageError(f"analysis {name}: DuckDB ran out of memory under --memory-limit-gib "
-                                 f"{opts.memory_limit_gib}; raise it") from None
+                raise MemoryLimitError(f"analysis {name}: DuckDB ran out of memory at its {opts.memory_limit_gib:g} "
+                                       "GiB (half of --memory-limit-gib); raise --memory-limit-gib") from None
             res.elapsed_s = time.perf_counter() - t
             results[name] = res
             if stage is not None:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
+    from tongyi_trace.budget import MemoryBudget
+
 
 # output to a file or pipe (no terminal, no COLUMNS): tables at their natural width and messages on one line
 # each, not cut or wrapped at Rich's default of 80 columns
@@ -79,22 +81,32 @@ def say(*parts: Part, err: bool = False) -> None:
     (err_console if err else console).print(line, highlight=False, soft_wrap=True)
 
 
-def run_cli(fn: Callable[[], T]) -> T:
+def run_cli(fn: Callable[[], T], budget: MemoryBudget | None = None) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
-    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
+    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized). With a
+    BUDGET (`--memory-limit-gib`), FN runs under its watch (tongyi_trace/budget.py), and running out of
+    memory is one line naming the step and the option to raise."""
+    from tongyi_trace.budget import MemoryWatch, out_of_memory
     from tongyi_trace.stops import stop_exit_code, stop_signals_interrupt
 
     try:
         with stop_signals_interrupt():
-            return fn()
+            if budget is None:
+                return fn()
+            with MemoryWatch(budget):
+                return fn()
     except KvtraceError as e:
         say(("error:", "bold red"), " ", " ".join(str(e).split()), err=True)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:
         say(("interrupted", "yellow"), f"{f' ({e})' if str(e) else ''}: results written so far are kept", err=True)
         raise typer.Exit(stop_exit_code(e)) from None
-    except Exception as e:  # a disk that fills up (or a file size limit) mid-write: one line, never a traceback
-        reason = out_of_space(e)
+    except Exception as e:  # out of memory or of disk: one line, never a traceback; anything else as it is
+        oom = out_of_memory(e, budget)  # MemoryError, DuckDB's OutOfMemoryException
+        if oom is not None:
+            say(("error:", "bold red"), " ", str(oom), err=True)
+            raise typer.Exit(oom.exit_code) from None
+        reason = out_of_space(e)  # a disk that fills up (or a file size limit) mid-write
         if reason is None:
             raise
         where = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
@@ -139,7 +151,7 @@ def abs_path(p: str | Path | None) -> str | None:
 def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
     (a log would only get the blank line Rich prints in its place). UNIT "bytes" shows the counts as sizes
-    (12.3/45.6 MB), "items" as N/M."""
+    (12.3/45.6 MB), "items" as N/M; then the time spent and the estimate of the time left."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -147,6 +159,7 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     with Progress(
@@ -154,6 +167,7 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         BarColumn(),
         DownloadColumn() if unit == "bytes" else MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),  # the estimate of the time left (blank while the total is unknown)
         console=live_console(),
         disable=quiet or not err_console.is_interactive,
         transient=True,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tongyi_trace.budget import resolve_budget
 from tongyi_trace.cli import app, source_keys
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, say
 from tongyi_trace.schemas import ANALYSIS_SCHEMA
@@ -42,8 +43,10 @@ def analyze(
     gpu_util: float | None = typer.Option(None, "--gpu-util", help="Override: usable share of GPU memory (0.9)."),
     top_n: int = typer.Option(20, "--top-n", help="Users (or sessions) shown in the producer x consumer heatmap."),
     window_s: float = typer.Option(600.0, "--window-s", help="Window of the next-turn probability, seconds."),
-    memory_limit_gib: float = typer.Option(2.0, "--memory-limit-gib",
-                                           help="DuckDB memory limit; beyond it DuckDB spills to disk."),
+    memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib",
+                                                  help="Memory budget of the whole process, GiB (default: a "
+                                                       "quarter of this machine's, at most 6); DuckDB gets half "
+                                                       "and spills to the run folder beyond it."),
     threads: int = typer.Option(2, "--threads", help="DuckDB threads."),
     report: bool = typer.Option(False, "--report", help="Also write RUN_DIR/report.html."),
     json_out: bool = typer.Option(False, "--json", help="Print every headline figure as JSON."),
@@ -63,7 +66,7 @@ def analyze(
             head_dim=head_dim, dtype_bytes=dtype_bytes, params_b=params_b, gpu_mem_gib=gpu_mem_gib, tp=tp,
             reserve_gib=reserve_gib, utilization=gpu_util)
         opts = AnalysisOptions(models=models, top_n=top_n, window_s=window_s,
-                               memory_limit_gib=memory_limit_gib, threads=threads)
+                               memory_limit_gib=budget.duckdb_gib, threads=threads)
         run = ensure_run(trace_or_run, out)
         with progress(quiet or json_out) as bar:
             task = bar.add_task("analyzing", total=len(parse_only(only)))
@@ -75,7 +78,8 @@ def analyze(
             html = str(render_report(run))
         return rep, html
 
-    rep, html = run_cli(go)
+    budget = run_cli(lambda: resolve_budget(memory_limit_gib))
+    rep, html = run_cli(go, budget)
     summary = rep.summary()
     if json_out:
         print_json({**summary, "run": abs_path(str(summary.get("run", rep.run.path))), "report": abs_path(html)},

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tongyi_trace.budget import name_step, resolve_budget
 from tongyi_trace.cli import app, source_value
 from tongyi_trace.cli._common import abs_path, console, print_json, progress, run_cli, run_or_trace, say
 from tongyi_trace.models import DEFAULT_MODEL
@@ -52,6 +53,10 @@ def fit(
     confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
                                      help="Run another setting than LRU at a capacity only when its gain over "
                                           "LRU is significant at this level (block bootstrap over sessions)."),
+    memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib",
+                                                  help="Memory budget of the whole process, GiB (default: a "
+                                                       "quarter of this machine's, at most 6); --jobs is lowered "
+                                                       "to the simulations it holds at once."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
@@ -61,22 +66,29 @@ def fit(
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
 
+        def on_step(msg: str) -> None:
+            name_step(f"fit: {msg}")  # what a memory stop names
+            bar.update(task, description=msg, completed=0, total=None)
+
         def go() -> FitOutcome:
             from tongyi_trace.fit.policy_fit import fit_policy
             from tongyi_trace.models import get_preset
+            from tongyi_trace.sim.streamed import budget_jobs
 
             run = run_or_trace(run_dir).path
             return fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
-                jobs=jobs, executor=executor, ray_address=ray_address, context=context, holdout=holdout,
+                jobs=budget_jobs(run, jobs, budget), executor=executor, ray_address=ray_address, context=context,
+                holdout=holdout,
                 confidence=confidence,
-                on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
+                on_step=on_step,
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))
 
-        outcome = run_cli(go)
+        budget = run_cli(lambda: resolve_budget(memory_limit_gib))
+        outcome = run_cli(go, budget)
     if json_out:
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tongyi_trace.budget import resolve_budget
 from tongyi_trace.cli import app
 from tongyi_trace.cli._common import console, print_json, progress, run_cli
 from tongyi_trace.errors import InputError, UsageError
@@ -28,6 +29,9 @@ def ingest(
                                         help="Link each request to the earlier one whose whole prompt it "
                                         "continues, for parent_chat_id, turn and session_id (default: on for "
                                         "Mooncake traces, which have no chat ids; off when the trace has them)."),
+    memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib",
+                                                  help="Memory budget of the whole process, GiB (default: a "
+                                                       "quarter of this machine's, at most 6)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
 ) -> None:
@@ -44,10 +48,12 @@ def ingest(
             prov = ingest_trace(trace, out, fmt=fmt, block_size=block_size,
                                 turn_buckets=parse_turn_buckets(turn_buckets), on_error=on_error,
                                 overwrite=overwrite, infer_sessions=infer_sessions,
+                                duckdb_limit=budget.duckdb_limit,
                                 progress=lambda done, size: bar.update(task, completed=done, total=size))
         return summarize(prov)
 
-    summary = run_cli(go)
+    budget = run_cli(lambda: resolve_budget(memory_limit_gib))
+    summary = run_cli(go, budget)
     if json_out:
         print_json({"run_dir": str(out.resolve()), **summary}, INGEST_SCHEMA)
         return

@@ -62,7 +62,11 @@ def simulate(
     ablation: bool = typer.Option(False, "--ablation", help="Also run the WA ablation variants (wa-no-life, "
                                   "wa-conditional, wa-no-offset, wa-no-guard)."),
     set_: list[str] = typer.Option([], "--set", help="POLICY.PARAMETER=VALUE (see --list-policies)."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (0 = one per core)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (0 = one per core; fewer when the memory "
+                             "budget holds fewer simulations at once)."),
+    memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib", help="Memory budget of the whole "
+                                                  "process, GiB (default: a quarter of this machine's, at most 6). "
+                                                  "A stream that does not fit is simulated in chunks."),
     executor: str = typer.Option("local", "--executor", help="Where the simulations run: local (process pool) "
                                  "or ray (a Ray cluster; pip install 'kvtrace[ray]')."),
     ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDR",
@@ -93,7 +97,8 @@ def simulate(
     if run_dir is None:
         run_cli(_missing_run)
         return
-    from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
+    from tongyi_trace.budget import resolve_budget
+    from tongyi_trace.sim.sweep import SimulateOptions
 
     opts = SimulateOptions(
         policies=policy, capacities=capacity, params_path=params, engine_block_size=engine_block_size,
@@ -117,7 +122,15 @@ def simulate(
             bar.update(task, completed=done, total=total,
                        description=f"simulate {row['policy']} @ {row['capacity']}")
 
-        result = run_cli(lambda: simulate_run(run_dir, opts, on_result))
+        def on_progress(step: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=step)
+
+        def go() -> SweepResult:
+            from tongyi_trace.sim.streamed import simulate_budgeted
+
+            return simulate_budgeted(run_dir, opts, memory_limit_gib, on_result, on_progress)
+
+        result = run_cli(go, run_cli(lambda: resolve_budget(memory_limit_gib)))
     if json_out:
         print_json({"summary": result.summary, "rows": result.rows, "recommendation": recommendation_json(result)},
                    "kvtrace.simulate-output/1")
@@ -126,6 +139,8 @@ def simulate(
         console.print(_table(result))
         for w in result.summary.get("warnings") or []:
             say(("warning:", "yellow"), f" {w}", err=True)
+        for note in (result.summary.get("memory") or {}).get("notes") or []:
+            say(("memory:", "yellow"), f" {note}", err=True)
         s = result.summary
         console.print(f"ideal hit ratio {s['ideal_hit_ratio']:.4f}; oracle's peak live set "
                       f"{s['peak_live_blocks']:,} blocks; results in {Path(s.get('run_dir', run_dir)) / 'sim'}")

@@ -175,28 +175,39 @@ def _req_sums(off: np.ndarray, ntok: np.ndarray) -> np.ndarray:
     return c[off[1:]] - c[off[:-1]]
 
 
-@njit(cache=True)
 def next_request_of_refs(req_off: np.ndarray, blk: np.ndarray, num_ids: int) -> np.ndarray:
     """For each reference, the index of the next request that references the same id (N if none)."""
     n = req_off.shape[0] - 1
     nxt = np.empty(blk.shape[0], np.int64)
-    seen = np.full(num_ids, n, np.int64)
-    for r in range(n - 1, -1, -1):
-        for i in range(req_off[r], req_off[r + 1]):
-            nxt[i] = seen[blk[i]]
-        for i in range(req_off[r], req_off[r + 1]):
-            seen[blk[i]] = r
+    next_request_update(req_off, blk, np.full(num_ids, n, np.int64), 0, nxt)
     return nxt
 
 
-
 @njit(cache=True)
+def next_request_update(req_off: np.ndarray, blk: np.ndarray, seen: np.ndarray, first_req: int,
+                        nxt: np.ndarray) -> None:
+    """next_request_of_refs over one slice of whole requests, numbered from FIRST_REQ, taken last slice
+    first (sim/chunked.py): NXT[i] = the next request referencing BLK[i], from SEEN[id] (the earliest
+    request of the later slices that references id), which is then updated."""
+    for r in range(req_off.shape[0] - 2, -1, -1):
+        for i in range(req_off[r], req_off[r + 1]):
+            nxt[i] = seen[blk[i]]
+        for i in range(req_off[r], req_off[r + 1]):
+            seen[blk[i]] = first_req + r
+
+
 def parent_of_ids(req_off: np.ndarray, blk: np.ndarray, num_ids: int) -> np.ndarray:
     """For each id, the id before it in the first request that references it (-1: first block)."""
     par = np.full(num_ids, -2, np.int64)
+    extend_parents(par, req_off, blk)
+    return par
+
+
+@njit(cache=True)
+def extend_parents(par: np.ndarray, req_off: np.ndarray, blk: np.ndarray) -> None:
+    """parent_of_ids over one more slice of whole requests (PAR: -2 = an id not referenced yet)."""
     for r in range(req_off.shape[0] - 1):
         for i in range(req_off[r], req_off[r + 1]):
             x = blk[i]
             if par[x] == -2:
                 par[x] = blk[i - 1] if i > req_off[r] else -1
-    return par

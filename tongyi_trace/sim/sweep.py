@@ -419,6 +419,14 @@ def hbm_policy(opts: SimulateOptions) -> str | None:
 def simulate_run(run_dir: Path, opts: SimulateOptions,
                  on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
     """`kvtrace simulate`: open RUN_DIR, resolve OPTS, run the sweep, write RUN_DIR/sim/."""
+    run, cfg = simulate_inputs(run_dir, opts)
+    with run.lock():
+        return run_sweep(run, cfg, on_result)
+
+
+def simulate_inputs(run_dir: Path, opts: SimulateOptions) -> tuple[RunDir, SweepConfig]:
+    """The run of RUN_DIR (a raw trace ingested first) and OPTS resolved into its SweepConfig (the run's own
+    fit/policy.json by default for wa and fitted)."""
     from tongyi_trace.run import open_run
     from tongyi_trace.trace.ingest import ensure_run
 
@@ -431,8 +439,7 @@ def simulate_run(run_dir: Path, opts: SimulateOptions,
         cfg = replace(cfg, params_path=fitted_file)
     elif cfg.params_path is not None:
         cfg = replace(cfg, params_path=Path(cfg.params_path).resolve())
-    with run.lock():
-        return run_sweep(run, cfg, on_result)
+    return run, cfg
 
 
 def describe_policies() -> list[dict[str, Any]]:

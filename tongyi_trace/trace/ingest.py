@@ -126,8 +126,10 @@ KNOWN_RUN_FILES = (*RUN_TABLES, *DOWNSTREAM)
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
                  block_size: int | None = None, turn_buckets: list[int] | None = None,
                  on_error: str = "fail", progress: ProgressFn | None = None,
-                 overwrite: bool = False, infer_sessions: bool | None = None) -> dict[str, Any]:
+                 overwrite: bool = False, infer_sessions: bool | None = None,
+                 duckdb_limit: str = "4GB") -> dict[str, Any]:
     """Read TRACE, validate and normalize it, write the run folder OUT_DIR; return the provenance.
+    DUCKDB_LIMIT: DuckDB's memory limit when the blocks are re-keyed (budget.MemoryBudget.duckdb_limit).
 
     INFER_SESSIONS (default: for a Mooncake trace, which has no chat ids) links each request to the earlier
     one it continues (trace/sessions.py) and writes parent_chat_id, turn, session_id and the categories
@@ -156,7 +158,7 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
     try:
         with run_lock(out):
             return _ingest_locked(path, RunDir(out), fmt, block_size, buckets, on_error, (sha256, run_id),
-                                  progress, overwrite, infer)
+                                  progress, overwrite, infer, duckdb_limit)
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -181,7 +183,7 @@ def _prepare_out(out: Path) -> bool:
 
 def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: list[int], on_error: str,
                    identity: tuple[str, str], progress: ProgressFn | None, overwrite: bool,
-                   infer: bool = False) -> dict[str, Any]:
+                   infer: bool = False, duckdb_limit: str = "4GB") -> dict[str, Any]:
     run_id = identity[1]
     old_id = _existing_run_id(run)
     if old_id is not None and old_id != run_id and not overwrite:
@@ -228,7 +230,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
                 raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
                                  "block ids to analyze")
             if findings["timestamps_out_of_order"]:
-                _rekey_blocks(stage, file_order_path, blocks_tmp, requests)
+                _rekey_blocks(stage, file_order_path, blocks_tmp, requests, duckdb_limit)
                 file_order_path.unlink()
             else:
                 file_order_path.replace(blocks_tmp)  # file order is arrival order
@@ -414,11 +416,12 @@ def _inferred_sessions(requests: pl.DataFrame, blocks_path: Path, block_size: in
         category=categories(requests["type"], turn, buckets))
 
 
-def _rekey_blocks(stage: Path, file_order_path: Path, out: Path, requests: pl.DataFrame) -> None:
-    """Write blocks to OUT in arrival order (DuckDB, spills to disk in STAGE) when the file was not sorted by
-    time."""
+def _rekey_blocks(stage: Path, file_order_path: Path, out: Path, requests: pl.DataFrame,
+                  duckdb_limit: str) -> None:
+    """Write blocks to OUT in arrival order (DuckDB under DUCKDB_LIMIT, spills to disk in STAGE) when the file
+    was not sorted by time."""
     spill = temp_path(stage / "duckdb")
-    con = duckdb_connect(spill)
+    con = duckdb_connect(spill, duckdb_limit)
     try:
         con.read_parquet(str(file_order_path)).create_view("file_blocks")
         con.register("req_order", requests.select("raw_idx", "req_idx").to_arrow())

@@ -1,0 +1,82 @@
+"""Issue 41's "Done when": each command runs under a ceiling on the resident memory of its whole process
+tree (polled, the child killed past it: this machine has no cgroups, and RLIMIT_AS counts the gigabytes
+of address space numba, polars and DuckDB reserve, not memory) on a trace large enough that the
+whole-stream simulator exceeds it, with `--memory-limit-gib` just under the ceiling; and a budget too
+small for a step stops the process with one line naming the step and the option, its spill files gone.
+
+The trace: the to-C profile at 1x (`kvtrace synth --profile to-c --seed 5`: 43,000 requests, 6.2 M block
+references, 2.6 M distinct blocks). Measured on it: the whole-stream `simulate -p lru,s3fifo,oracle`
+peaks at 0.80 GB in its main process alone (~93 bytes a reference while the stream is built, plus its
+workers); the streamed one (sim/streamed.py) holds a policy's state per distinct block and one chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench._common import GB, KVTRACE, run_capped
+
+pytestmark = pytest.mark.full
+
+CEILING_GB = 0.85
+LIMIT_GIB = "0.75"  # 0.81 GB: the budget, under the ceiling
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The to-C profile at 1x, ingested under the ceiling (the ingest test)."""
+    d = tmp_path_factory.mktemp("ceiling")
+    trace = d / "toc.jsonl"
+    m = run_capped([*KVTRACE, "synth", "--profile", "to-c", "--seed", "5", "-o", str(trace), "-q"], int(4 * GB))
+    assert m.code == 0, m.stderr
+    m = run_capped([*KVTRACE, "ingest", str(trace), "-o", str(d / "run"), "-q", "--memory-limit-gib", LIMIT_GIB],
+                   int(CEILING_GB * GB))
+    assert m.code == 0 and not m.killed, (m.peak_bytes, m.stderr)
+    trace.unlink()
+    return d / "run"
+
+
+def _under_ceiling(*args: str) -> None:
+    m = run_capped([*KVTRACE, *args, "--memory-limit-gib", LIMIT_GIB], int(CEILING_GB * GB))
+    assert not m.killed and m.code == 0, (f"peak {m.peak_bytes / GB:.2f} GB", m.stderr)
+    assert 0 < m.peak_bytes <= CEILING_GB * GB
+
+
+def test_analyze_under_the_ceiling(big_run: Path) -> None:
+    _under_ceiling("analyze", str(big_run), "-q")
+    assert json.loads((big_run / "analysis" / "hit_ratio.json").read_text())["headline"]["hit_ratio"] > 0.3
+    assert not [p for p in (big_run / "analysis").iterdir() if p.is_dir()]  # DuckDB's spill folder removed
+
+
+def test_fit_under_the_ceiling(big_run: Path, tmp_path: Path) -> None:
+    _under_ceiling("fit", str(big_run), "--capacity", "none", "-o", str(tmp_path / "policy.json"), "-q")
+    assert json.loads((tmp_path / "policy.json").read_text())["categories"]
+
+
+def test_simulate_under_the_ceiling(big_run: Path) -> None:
+    out = big_run.parent / "sim.json"
+    m = run_capped([*KVTRACE, "simulate", str(big_run), "-p", "lru,s3fifo,oracle", "-c", "0.25L,1L", "--json",
+                    "-q", "--memory-limit-gib", LIMIT_GIB], int(CEILING_GB * GB), stdout=out)
+    assert not m.killed and m.code == 0, (f"peak {m.peak_bytes / GB:.2f} GB", m.stderr)
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["memory"]["streamed"] and doc["summary"]["memory"]["notes"]
+    ratios = {(r["policy"], r["capacity"]): r["hit_ratio"] for r in doc["rows"]}
+    assert len(ratios) == 6
+    for cap in ("0.25L", "1L"):  # the oracle bounds every policy; LRU beats S3-FIFO on this workload
+        assert ratios[("oracle", cap)] >= ratios[("lru", cap)] > ratios[("s3fifo", cap)] > 0.2
+    assert ratios[("lru", "1L")] >= ratios[("lru", "0.25L")]
+    assert not [p for p in (big_run / "sim").iterdir() if p.is_dir()]  # the next uses' spill folder removed
+
+
+def test_a_budget_too_small_stops_with_one_line(big_run: Path) -> None:
+    m = run_capped([*KVTRACE, "simulate", str(big_run), "-p", "s3fifo", "-c", "1L", "--json", "-q",
+                    "--memory-limit-gib", "0.5"], int(CEILING_GB * GB))
+    assert not m.killed and m.code == 5, m.stderr
+    lines = m.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: simulate") and "--memory-limit-gib 0.5" in lines[0]
+    assert "Traceback" not in m.stderr
+    assert not [p for p in (big_run / "sim").iterdir() if p.is_dir()]  # spill removed by the stop
+

@@ -1,0 +1,125 @@
+"""The simulator in chunks (sim/chunked.py) against the whole-stream simulator, and the streamed sweep
+(sim/streamed.py) against the whole-stream sweep: equal request for request, on a small real trace read
+back from its run folder in chunks far smaller than a request's worth of references."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tongyi_trace.budget import MemoryBudget
+from tongyi_trace.errors import UsageError
+from tongyi_trace.run import open_run
+from tongyi_trace.sim.capacity import peak_live_blocks
+from tongyi_trace.sim.chunked import iter_chunks, simulate_chunked, stream_shape, write_next_uses
+from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.stream import load_stream, next_request_of_refs
+from tongyi_trace.sim.streamed import plan_sweep
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 to-C requests over 10 minutes, ingested."""
+    from tongyi_trace.trace.ingest import ingest_trace
+    from tongyi_trace.trace.synth import synth_to_file
+
+    d = tmp_path_factory.mktemp("chunked")
+    synth_to_file("to-c", 3, d / "t.jsonl", num_requests=400, duration_s=600.0)
+    ingest_trace(d / "t.jsonl", d / "run")
+    return d / "run"
+
+
+@pytest.mark.parametrize("chunk_refs", [1, 97, 10**9])
+def test_chunks_cover_the_stream(small_run: Path, chunk_refs: int) -> None:
+    run = open_run(small_run)
+    st = load_stream(run)
+    shape = stream_shape(run)
+    chunks = list(iter_chunks(run, shape, chunk_refs))
+    assert chunks[0].first_req == 0 and chunks[-1].stop_req == st.num_requests
+    assert all(a.stop_req == b.first_req and a.ref0 + a.blk.shape[0] == b.ref0 for a, b in itertools.pairwise(chunks))
+    assert np.array_equal(np.concatenate([c.blk for c in chunks]), st.blk)  # chain_idx = load_stream's dense ids
+    assert np.array_equal(np.concatenate([c.ntok for c in chunks]), st.ntok)
+    assert np.array_equal(shape.req_tokens, st.req_tokens) and shape.num_ids == st.num_ids
+    if chunk_refs == 1:  # whole requests: one a chunk (or a run of empty ones)
+        assert len(chunks) >= np.count_nonzero(np.diff(st.req_off))
+
+
+def test_next_uses_out_of_core(small_run: Path, tmp_path: Path) -> None:
+    run = open_run(small_run)
+    st = load_stream(run)
+    shape = stream_shape(run)
+    peak = write_next_uses(run, shape, 113, tmp_path / "nxt.i64")
+    want = next_request_of_refs(st.req_off, st.blk, st.num_ids)
+    assert np.array_equal(np.fromfile(tmp_path / "nxt.i64", np.int64), want)
+    assert peak == peak_live_blocks(st.req_off, want) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nxt.i64"]  # the spilled ids are gone
+
+
+@pytest.mark.parametrize("policy, params", [("lru", None), ("s3fifo", None), ("oracle", None), ("fifo", None),
+                                            ("gdsf", None), ("oracle", {"knows": "dead"})])
+def test_chunked_equals_whole_stream(small_run: Path, policy: str, params: dict | None) -> None:
+    run = open_run(small_run)
+    st = load_stream(run)
+    for cap in (st.num_ids // 50, st.num_ids // 5):
+        want = simulate_policy(st, policy, cap, params=params)
+        got = simulate_chunked(run, policy, cap, chunk_refs=101, params=params)
+        assert got.num_hits == want.num_hits > 0
+        assert np.array_equal(got.req_hit_blocks, want.req_hit_blocks)
+        assert np.array_equal(got.req_hit_tokens, want.req_hit_tokens)
+        assert (got.num_evictions, got.num_bypassed, got.num_tokens, got.per_category) == \
+            (want.num_evictions, want.num_bypassed, want.num_tokens, want.per_category)
+    assert not [p for p in (small_run / "sim").iterdir() if p.name.startswith("chunked-")]  # spill removed
+
+
+def test_wa_without_guard_in_chunks(small_run: Path, tmp_path: Path) -> None:
+    from tongyi_trace.fit.policy_fit import fit_policy
+    from tongyi_trace.policy.file import load_policy
+
+    run = open_run(small_run)
+    fit_policy(small_run, tmp_path / "policy.json", capacities=None)
+    fit = load_policy(tmp_path / "policy.json")
+    st = load_stream(run, context=fit.context)
+    params = {"guard": False}
+    want = simulate_policy(st, "wa", st.num_ids // 20, params=params, fit=fit)
+    got = simulate_chunked(run, "wa", st.num_ids // 20, chunk_refs=89, params=params, fit=fit)
+    assert np.array_equal(got.req_hit_blocks, want.req_hit_blocks) and got.num_hits == want.num_hits
+    with pytest.raises(UsageError, match="guard"):
+        simulate_chunked(run, "wa", 100, chunk_refs=89, fit=fit)
+    with pytest.raises(UsageError, match="lfu"):
+        simulate_chunked(run, "lfu", 100, chunk_refs=89)
+
+
+def test_plan_sweep() -> None:
+    small = plan_sweep(10**6, 4 * 10**5, 10**4, 8, 2, MemoryBudget(4.0), streamable=True)
+    assert small == plan_sweep(10**6, 4 * 10**5, 10**4, 8, 2, MemoryBudget(4.0), streamable=False)
+    assert not small.streamed and small.jobs == 2 and small.notes == ()
+    one = plan_sweep(10**7, 15 * 10**6, 10**5, 8, 2, MemoryBudget(4.0), streamable=True)  # 2 GiB a policy
+    assert not one.streamed and one.jobs == 1 and "1 of 2 simulations at once" in one.notes[0]
+    big = plan_sweep(10**8, 4 * 10**7, 10**6, 8, 2, MemoryBudget(4.0), streamable=True)
+    assert big.streamed and big.jobs == 1 and "streamed" in big.notes[0]
+    assert not plan_sweep(10**8, 4 * 10**7, 10**6, 8, 2, MemoryBudget(4.0), streamable=False).streamed
+
+
+def test_streamed_sweep_equals_the_sweep(small_run: Path, private_run, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+    from tongyi_trace.sim import streamed
+
+    run = private_run(small_run)
+    args = ["simulate", str(run), "-p", "lru,s3fifo,oracle", "-c", "2%,1L", "--json", "-q", "--no-intervals"]
+    whole = CliRunner().invoke(app, args)
+    assert whole.exit_code == 0, whole.output
+    monkeypatch.setattr(streamed, "WHOLE_BYTES_PER_REF", 10**5)  # the small trace no longer fits: streamed
+    part = CliRunner().invoke(app, [*args, "--memory-limit-gib", "1"])
+    assert part.exit_code == 0, part.output
+    a, b = json.loads(whole.output), json.loads(part.output)
+    assert b["summary"]["memory"]["streamed"] and not a["summary"]["memory"]["streamed"]
+    assert b["summary"]["peak_live_blocks"] == a["summary"]["peak_live_blocks"]
+    keys = ("policy", "capacity", "capacity_blocks", "num_hits", "num_hit_tokens", "num_evictions", "qttft_mean_s")
+    assert [{k: r[k] for k in keys} for r in b["rows"]] == [{k: r[k] for k in keys} for r in a["rows"]]
+    assert not [p for p in (run / "sim").iterdir() if p.is_dir() and p.name.startswith(("streamed-", "chunked-"))]

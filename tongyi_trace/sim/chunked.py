@@ -1,0 +1,241 @@
+"""The simulator over a run read in chunks: a trace larger than memory, replayed through one policy with
+the kernel's state (per distinct block, sim/structs.py) and one chunk of references in memory, never the
+whole stream (sim/stream.py's Stream holds ~93 bytes per reference).
+
+Chunks are whole requests read in order from the run's blocks.parquet (sorted by req_idx, pos), about
+CHUNK_REFS references each; their block ids are the run's chain_idx, which ingest numbered densely in
+order of first appearance, so they are the ids sim/stream.load_stream gives the whole run. The kernel
+already serves request slices with its state carried between calls (simulate.Cache); here each call
+gets its chunk's arrays, the parents of the ids seen so far (stream.extend_parents: an id's parent is
+fixed at its first reference, before the kernel can insert it) and, for the oracle, the next use of
+each of the chunk's references, computed out of core before the replay: one reverse pass over the
+chunks (stream.next_request_update) writing int64 next-use times to a spill file inside the run folder
+(removed after), read back chunk by chunk. The results equal simulate_policy's on the whole stream,
+request for request (tests/sim/test_chunked.py).
+
+Not streamed (UsageError): LFU (its queues are sized by the largest per-block count of the whole
+stream), WA's guard and refit (simulate_guarded slices the whole stream: run WA with guard=false), the
+engine's block size and shape, and tiers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from tongyi_trace.budget import spill_dir as spill_folder
+from tongyi_trace.budget import step
+from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.policy.file import PolicyParams, RequestContext
+from tongyi_trace.run import RunDir
+from tongyi_trace.sim.registry import Policy
+from tongyi_trace.sim.simulate import Cache, PolicyResult
+from tongyi_trace.sim.stream import Stream, extend_parents, next_request_update
+from tongyi_trace.trace.categories import context_categories
+
+NOT_STREAMED = frozenset({Policy.LFU.value})
+ProgressFn = Callable[[str, int, int], None]  # (step, references done, references in all)
+
+
+@dataclass(frozen=True)
+class StreamShape(Stream):
+    """The whole run as the policies' init hooks see it, without its references: the per-request arrays
+    (N of them), the categories and the number of ids, NUM_REFS_TOTAL references, and REQ_OFF = [0, the
+    longest request] (what a lazy heap is sized by)."""
+
+    num_refs_total: int = 0
+    num_requests_total: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        """Requests in the run."""
+        return self.num_requests_total
+
+    @property
+    def num_refs(self) -> int:
+        """Block references in the run."""
+        return self.num_refs_total
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Requests FIRST_REQ..FIRST_REQ + n - 1 of the run, whole; REF0 = the run's position of their first reference."""
+
+    first_req: int
+    ref0: int
+    req_off: np.ndarray  # int64[n + 1], from 0
+    blk: np.ndarray  # int64: chain_idx
+    ntok: np.ndarray  # int64
+
+    @property
+    def stop_req(self) -> int:
+        """One past the chunk's last request."""
+        return self.first_req + self.req_off.shape[0] - 1
+
+
+def stream_shape(run: RunDir, context: RequestContext | None = None) -> StreamShape:
+    """The run's StreamShape: its requests' categories (with CONTEXT's classes, as load_stream), arrival
+    times and lengths, from requests.parquet and provenance.json (the prompt tokens are filled in by the
+    chunks, iter_chunks)."""
+    prov = run.provenance()
+    block_size = int(prov.get("block_size") or 0)
+    if block_size <= 0:
+        raise InputError(f"{run.provenance_path}: field 'block_size' is missing; re-run 'kvtrace ingest'")
+    reqs = run.requests()
+    cats = reqs.with_columns(category=context_categories(reqs, context))["category"].fill_null("all").to_numpy()
+    names, codes = np.unique(cats.astype(str), return_inverse=True)
+    n = reqs.height
+    lens = reqs["num_blocks"].to_numpy().astype(np.int64)
+    return StreamShape(
+        req_off=np.array([0, int(lens.max()) if n else 0], np.int64), blk=np.zeros(0, np.int64),
+        ntok=np.zeros(0, np.int64), req_cat=codes.astype(np.int64),
+        req_time_s=reqs["arrival_s"].to_numpy().astype(np.float64),
+        req_tokens=np.zeros(n, np.int64), categories=tuple(str(x) for x in names),
+        num_ids=int(prov["num_distinct_blocks"]), block_size=block_size, req_idx=np.arange(n, dtype=np.int64),
+        num_refs_total=int(lens.sum()), num_requests_total=n)
+
+
+def iter_chunks(run: RunDir, shape: StreamShape, chunk_refs: int) -> Iterator[Chunk]:
+    """The run's requests in order, in chunks of whole requests of about CHUNK_REFS references (a longer
+    request is a chunk of its own); each request's prompt tokens are written into SHAPE.req_tokens."""
+    n = shape.num_requests
+    carry: list[np.ndarray] = []
+    first_req, ref0 = 0, 0
+    batches = pq.ParquetFile(run.blocks_path).iter_batches(batch_size=max(1, chunk_refs),
+                                                           columns=["req_idx", "chain_idx", "num_tokens"])
+    for batch in batches:
+        cols = [batch.column(i).to_numpy() for i in range(3)]
+        if carry:
+            cols = [np.concatenate([a, b]) for a, b in zip(carry, cols, strict=True)]
+        req = cols[0]
+        cut = int(np.searchsorted(req, req[-1], side="left"))  # the last request may go on in the next batch
+        if cut == 0:  # one request so far (longer than a chunk: it ends where a larger req_idx starts)
+            carry = cols
+            continue
+        carry = [c[cut:] for c in cols]
+        chunk = _chunk(run, shape, first_req, int(req[-1]), ref0, [c[:cut] for c in cols])
+        first_req, ref0 = chunk.stop_req, ref0 + cut
+        yield chunk
+    if carry or first_req < n:
+        cols = carry or [np.zeros(0, np.int64)] * 3
+        chunk = _chunk(run, shape, first_req, n, ref0, cols)
+        yield chunk
+        ref0 += cols[0].shape[0]
+    if ref0 != shape.num_refs:
+        raise InputError(f"{run.blocks_path}: {ref0:,} block references, but requests.parquet's num_blocks "
+                         f"add up to {shape.num_refs:,}; re-run 'kvtrace ingest'")
+
+
+def _chunk(run: RunDir, shape: StreamShape, first_req: int, stop_req: int, ref0: int,
+           cols: list[np.ndarray]) -> Chunk:
+    req, blk, ntok = (np.array(c, dtype=np.int64) for c in cols)  # writable: the kernel is compiled for that
+    if req.shape[0] and (int(req[0]) < first_req or int(req[-1]) >= stop_req or bool(np.any(np.diff(req) < 0))
+                         or int(blk.min()) < 0 or int(blk.max()) >= shape.num_ids):
+        raise InputError(f"{run.blocks_path}: rows are not sorted by req_idx, or a chain_idx is out of "
+                         f"0..{shape.num_ids - 1}; re-run 'kvtrace ingest'")
+    counts = np.bincount(req - first_req, minlength=stop_req - first_req).astype(np.int64)
+    off = np.zeros(stop_req - first_req + 1, np.int64)
+    np.cumsum(counts, out=off[1:])
+    sums = np.zeros(ntok.shape[0] + 1, np.int64)
+    np.cumsum(ntok, out=sums[1:])
+    shape.req_tokens[first_req:stop_req] = sums[off[1:]] - sums[off[:-1]]
+    return Chunk(first_req, ref0, off, blk, ntok)
+
+
+def write_next_uses(run: RunDir, shape: StreamShape, chunk_refs: int, path: Path,
+                    on_progress: ProgressFn | None = None) -> int:
+    """Every reference's next request (stream.next_request_of_refs of the whole run) as int64 into the file
+    PATH, out of core: the chunks' block ids spilled beside it, then read back last chunk first. Returns
+    the oracle's peak live set (capacity.peak_live_blocks of the whole run), counted on the way."""
+    ids_path = path.with_suffix(".ids")
+    spans: list[tuple[int, int, np.ndarray]] = []  # (first_req, ref0, req_off) per chunk
+    with step("simulate: next uses, forward pass"), ids_path.open("wb") as f:
+        for c in iter_chunks(run, shape, chunk_refs):
+            c.blk.tofile(f)
+            spans.append((c.first_req, c.ref0, c.req_off))
+            if on_progress:
+                on_progress("next uses: reading", c.ref0 + c.blk.shape[0], shape.num_refs)
+    n = shape.num_requests
+    seen = np.full(shape.num_ids, n, np.int64)
+    live = np.zeros(n + 1, np.int64)  # peak_live_blocks' difference array
+    done = 0
+    with step("simulate: next uses, reverse pass"), path.open("wb") as out:
+        out.truncate(shape.num_refs * 8)
+        for first_req, ref0, off in reversed(spans):
+            m = int(off[-1])
+            blk = np.fromfile(ids_path, np.int64, count=m, offset=ref0 * 8)
+            nxt = np.empty(m, np.int64)
+            next_request_update(off, blk, seen, first_req, nxt)
+            used = nxt < n
+            req = np.repeat(np.arange(first_req, first_req + off.shape[0] - 1, dtype=np.int64), np.diff(off))
+            np.add.at(live, req[used], 1)
+            np.add.at(live, nxt[used], -1)
+            out.seek(ref0 * 8)
+            nxt.tofile(out)
+            done += m
+            if on_progress:
+                on_progress("next uses: reverse pass", done, shape.num_refs)
+    ids_path.unlink()
+    return max(0, int(np.cumsum(live[:n]).max())) if n else 0
+
+
+def simulate_chunked(run: RunDir, policy: str | Policy, capacity_blocks: int, *, chunk_refs: int,
+                     params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
+                     spill_dir: Path | None = None, next_uses: Path | None = None, timing: bool = True,
+                     on_progress: ProgressFn | None = None) -> PolicyResult:
+    """POLICY at CAPACITY_BLOCKS over RUN's requests in arrival order (simulate_policy over load_stream(RUN)),
+    reading about CHUNK_REFS references at a time (module doc). The oracle reads its next uses from the
+    file NEXT_USES (write_next_uses), or spills them into a temporary folder inside SPILL_DIR (default
+    RUN/sim/), removed after. ON_PROGRESS(step, done, total) after each chunk."""
+    name = str(policy.value if isinstance(policy, Policy) else policy).lower()
+    if name in NOT_STREAMED:
+        raise UsageError(f"policy {name} is not simulated in chunks: its queues need the whole stream's counts")
+    shape = stream_shape(run, fit.context if fit else None)
+    oracle = name == Policy.ORACLE.value
+    cache = Cache(shape, policy, capacity_blocks, params=params, fit=fit,
+                  next_req=np.zeros(1, np.int64) if oracle else None, timing=timing)
+    if cache.params.get("guard") or cache.params.get("refit_s"):
+        raise UsageError(f"policy {cache.spec.name} with its guard or refit is not simulated in chunks: "
+                         "set guard=false and refit_s=0 (--set wa.guard=false)")
+    with spill_folder(Path(tempfile.mkdtemp(prefix="chunked-", dir=spill_dir or run.subdir("sim")))) as tmp:
+        nxt_path = next_uses or tmp / "next_uses.i64"
+        if oracle and next_uses is None:
+            write_next_uses(run, shape, chunk_refs, nxt_path, on_progress)
+        parent = np.full(shape.num_ids, -2, np.int64)
+        empty = np.zeros(0, np.int64)  # compile the kernel (or load it) outside the timed calls, as Cache.warm
+        _serve_chunk(cache, shape, Chunk(0, 0, np.zeros(1, np.int64), empty, empty), parent)
+        with step(f"simulate {cache.spec.name}: replay in chunks"):
+            for c in iter_chunks(run, shape, chunk_refs):
+                extend_parents(parent, c.req_off, c.blk)
+                if oracle:
+                    cache.nxt = np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8)
+                _serve_chunk(cache, shape, c, parent)
+                if on_progress:
+                    on_progress(f"simulate {cache.spec.name}", c.ref0 + c.blk.shape[0], shape.num_refs)
+    return cache.result()
+
+
+def _serve_chunk(cache: Cache, shape: StreamShape, c: Chunk, parent: np.ndarray) -> None:
+    """Cache.serve over one chunk: the kernel with the chunk's arrays and the state carried on."""
+    lo, hi = c.first_req, c.stop_req
+    lens = np.diff(c.req_off)
+    bk, hp, g, gf, qs, rl = cache.state
+    t0 = time.perf_counter()
+    stats, hits, hit_tok, cats = cache.kernel(
+        c.req_off, c.blk, c.ntok, shape.req_cat[lo:hi], shape.req_time_s[lo:hi], lens, lens,
+        np.zeros(hi - lo, np.int64), cache.capacity_blocks, bk, hp, g, gf, qs, cache.ip, cache.fp, cache.cw,
+        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out)
+    cache.elapsed_s += time.perf_counter() - t0
+    cache.last_stats = stats
+    cache.stats += stats
+    cache.cat_stats[:len(cats)] += cats
+    cache.req_hit_blocks[lo:hi] = hits
+    cache.req_hit_tokens[lo:hi] = hit_tok
+

@@ -1,0 +1,186 @@
+"""`kvtrace simulate` within its memory budget (tongyi_trace/budget.py): the plan (whole stream in memory,
+with as many policies at once as the budget allows, or streamed) and the streamed sweep.
+
+The whole-stream sweep (sim/sweep.py) holds the stream (WHOLE_BYTES_PER_REF a reference while it is
+built, the issue's measured ~93 bytes) and each running policy its state (per distinct block). When the
+stream does not fit the budget, the sweep is streamed: every policy x capacity, one at a time, through
+sim/chunked.py (the kernel's state and one chunk in memory); the next uses and the oracle's peak live set
+(the `L` capacities) come from one out-of-core pass whose spill file, inside RUN/sim/, every oracle row
+reads and which is removed after. A streamed sweep has no LRU curve and no intervals (both need the
+whole stream), runs WA without its guard and refit, and says so in its summary's `memory` notes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tongyi_trace.budget import BASE_BYTES, MemoryBudget, resolve_budget, spill_dir, step
+from tongyi_trace.errors import UsageError
+from tongyi_trace.policy.file import load_policy
+from tongyi_trace.run import RunDir, load_provenance, write_json
+from tongyi_trace.schemas import SIM_SCHEMA
+from tongyi_trace.sim.capacity import parse_capacities
+from tongyi_trace.sim.chunked import NOT_STREAMED, ProgressFn, simulate_chunked, stream_shape, write_next_uses
+from tongyi_trace.sim.cost_model import queue_summary
+from tongyi_trace.sim.registry import FITTED, Policy
+from tongyi_trace.sim.simulate import resolve_fitted
+from tongyi_trace.sim.structs import NUM_ROWS
+from tongyi_trace.sim.sweep import (
+    RowSink,
+    SimulateOptions,
+    SweepConfig,
+    SweepResult,
+    _write_artifacts,
+    policy_variant,
+    publish_latest,
+    run_sweep,
+    simulate_inputs,
+    sweep_dir,
+)
+
+WHOLE_BYTES_PER_REF = 100  # the whole-stream sweep's peak per reference (the issue measured ~93)
+STATE_BYTES_PER_ID = NUM_ROWS * 8 + 16  # a policy's widest state row, its parent and next-use slots
+BYTES_PER_REQUEST = 96  # per-request arrays of a sweep (hits, tokens, times, categories, costs)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """How a sweep runs within the budget: STREAMED or not, JOBS policies at once, and NOTES saying why."""
+
+    streamed: bool
+    jobs: int
+    notes: tuple[str, ...]
+
+
+def plan_sweep(num_refs: int, num_ids: int, num_requests: int, num_tasks: int, jobs: int,
+               budget: MemoryBudget, *, streamable: bool) -> SweepPlan:
+    """The plan of a sweep of NUM_TASKS rows over a stream of NUM_REFS references, NUM_IDS distinct blocks
+    and NUM_REQUESTS requests, asked to run JOBS at once (0: one per core), under BUDGET. STREAMABLE: the
+    options allow a streamed sweep (no engine block size, tiers, fleet or Ray)."""
+    wanted = min(jobs or os.cpu_count() or 1, max(num_tasks, 1))
+    task = num_ids * STATE_BYTES_PER_ID + num_requests * BYTES_PER_REQUEST
+    whole = num_refs * WHOLE_BYTES_PER_REF
+    gib = budget.limit_gib
+    if BASE_BYTES + whole + task <= budget.limit_bytes or not streamable:
+        fit = budget.parallel_tasks(whole, task, wanted)
+        notes = () if fit >= wanted else (
+            f"{fit} of {wanted} simulations at once: each needs ~{task / 2**30:.1f} GiB of the "
+            f"--memory-limit-gib {gib:g} budget",)
+        return SweepPlan(False, fit, notes)
+    return SweepPlan(True, 1, (
+        f"streamed: the whole stream (~{whole / 2**30:.1f} GiB) does not fit --memory-limit-gib {gib:g}; one "
+        "simulation at a time in chunks, without the LRU curve and the intervals",))
+
+
+def budget_jobs(run_dir: Path, jobs: int, budget: MemoryBudget) -> int:
+    """JOBS (0: one per core) lowered to the whole-stream simulations of RUN_DIR's run that BUDGET holds at
+    once (what `kvtrace fit --capacity` runs)."""
+    prov = load_provenance(RunDir(Path(run_dir)))
+    return plan_sweep(int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0),
+                      int(prov.get("num_requests") or 0), os.cpu_count() or 1, jobs, budget, streamable=False).jobs
+
+
+def streamable(cfg: SweepConfig) -> bool:
+    """Whether a SweepConfig may be streamed (sim/chunked.py's limits)."""
+    return (cfg.engine_block_size is None and cfg.hbm_capacity is None and cfg.executor == "local"
+            and not any(p.split("-")[0] in NOT_STREAMED for p in cfg.policies))
+
+
+def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan: SweepPlan,
+                       on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+                       on_progress: ProgressFn | None = None) -> SweepResult:
+    """The sweep of CFG over RUN, streamed (module doc): rows as the whole-stream sweep's, but for the
+    intervals and the guard's."""
+    fit = load_policy(cfg.params_path) if cfg.params_path else None
+    variants = [policy_variant(p) for p in cfg.policies]
+    needy = [base for base, _ in variants if base in ("wa", FITTED)]
+    if fit is None and needy:
+        raise UsageError(f"policy {needy[0]} needs fitted parameters: run 'kvtrace fit {run.path}' first "
+                         "(simulate then uses its fit/policy.json) or pass --policy-file FILE")
+    shape = stream_shape(run, fit.context if fit else None)
+    if shape.num_refs == 0:
+        raise UsageError(f"{run.path}: no block references to simulate")
+    out_dir = sweep_dir(run, cfg.name) if cfg.write else None
+    sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
+    notes = list(plan.notes)
+    t0 = time.perf_counter()
+    with spill_dir(Path(tempfile.mkdtemp(prefix="streamed-", dir=run.subdir("sim")))) as tmp:
+        nxt_path = tmp / "next_uses.i64"
+        peak = write_next_uses(run, shape, budget.chunk_refs, nxt_path, on_progress)
+        caps = parse_capacities(cfg.capacities, num_distinct=shape.num_ids, block_size_tokens=shape.block_size,
+                                model=cfg.model, peak_live=peak)
+        tasks = []
+        for name, (base, over) in zip(cfg.policies, variants, strict=True):
+            for cap in caps:
+                params = {**cfg.policy_params.get(base, {}), **over}
+                pol = base
+                if base == FITTED:
+                    assert fit is not None
+                    pol, chosen, _ = resolve_fitted(fit, cap.num_blocks, shape.block_size)
+                    params = {**chosen, **params}
+                if pol == Policy.WA.value and (params.get("guard", True) or params.get("refit_s")):
+                    params = {**params, "guard": False, "refit_s": 0.0}
+                    if not any("guard" in n for n in notes):
+                        notes.append("streamed: WA runs without its guard and refit")
+                tasks.append((name, base, pol, params, cap))
+        for name, base, pol, params, cap in tasks:
+            with step(f"simulate {name} @ {cap.label}"):
+                res = simulate_chunked(run, pol, cap.num_blocks, chunk_refs=budget.chunk_refs, params=params,
+                                       fit=fit, next_uses=nxt_path, on_progress=on_progress)
+            row = {**res.summary(), "policy": name, "base_policy": base, "capacity": cap.label,
+                   "capacity_blocks": cap.num_blocks, "refs_per_s": res.refs_per_s}
+            if cfg.cost is not None:
+                row.update(queue_summary(cfg.cost, shape.req_time_s, shape.req_tokens - res.req_hit_tokens))
+            sink.add(row, True, len(tasks))
+    summary = {
+        "schema": SIM_SCHEMA, "run_dir": str(run.path.resolve()), "num_requests": shape.num_requests,
+        "num_refs": shape.num_refs, "num_distinct_blocks": shape.num_ids, "block_size": shape.block_size,
+        "engine_block_size": None, "ideal_hit_ratio": (shape.num_refs - shape.num_ids) / shape.num_refs,
+        "peak_live_blocks": peak, "capacities": [asdict(c) for c in caps], "hbm_capacity": None,
+        "hbm_policy": None, "model": cfg.model.name if cfg.model else None,
+        "model_shape": asdict(cfg.model) if cfg.model else None,
+        "cost_model": asdict(cfg.cost) if cfg.cost else None, "params_path": cfg.params_path,
+        "policies": cfg.policies, "lru_curve_elapsed_s": 0.0, "elapsed_s": time.perf_counter() - t0,
+        "warnings": [], "executor": cfg.executor, "num_failed": 0,
+        "num_saturated": sum(bool(r.get("saturated")) for r in sink.rows), "failed": [], "intervals": None,
+        "memory": {"limit_gib": budget.limit_gib, "streamed": True, "jobs": 1, "notes": notes},
+    }
+    steps = {"capacity_blocks": np.zeros(1, np.int64), "hit_ratio": np.zeros(1), "token_hit_ratio": np.zeros(1)}
+    if out_dir:
+        _write_artifacts(out_dir, sink.rows, summary, steps)
+        if cfg.name:
+            publish_latest(out_dir, run.subdir("sim"))
+    return SweepResult(sink.rows, summary, steps)
+
+
+def simulate_budgeted(run_dir: Path, opts: SimulateOptions, limit_gib: float | None,
+                      on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+                      on_progress: ProgressFn | None = None) -> SweepResult:
+    """`kvtrace simulate --memory-limit-gib LIMIT_GIB` (None: the default budget): sweep.simulate_run with
+    the sweep planned within the budget (plan_sweep); the plan's notes are in the summary's `memory`."""
+    budget = resolve_budget(limit_gib)
+    run, cfg = simulate_inputs(run_dir, opts)
+    prov = run.provenance()
+    num_tasks = len(cfg.policies) * max(1, len([c for c in cfg.capacities.split(",") if c.strip()]))
+    plan = plan_sweep(int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0),
+                      int(prov.get("num_requests") or 0), num_tasks, cfg.jobs, budget, streamable=streamable(cfg))
+    with run.lock():
+        if plan.streamed:
+            return run_streamed_sweep(run, cfg, budget, plan, on_result, on_progress)
+        with step("simulate"):
+            result = run_sweep(run, replace(cfg, jobs=plan.jobs), on_result)
+    result.summary["memory"] = {"limit_gib": budget.limit_gib, "streamed": False, "jobs": plan.jobs,
+                                "notes": list(plan.notes)}
+    if cfg.write:
+        for d in {run.path / "sim", run.path / "sim" / (cfg.name or "")}:
+            if (d / "summary.json").is_file():
+                write_json(d / "summary.json", result.summary)
+    return result
