@@ -53,23 +53,27 @@ def fit(
                                      help="Run another setting than LRU at a capacity only when its gain over "
                                           "LRU is significant at this level (block bootstrap over sessions)."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the per-category fit tables (train "
+                                 "and held-out windows; always in RUN_DIR/fit/)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
     """Fit reuse models per category (exponential by right-censored MLE, and Kaplan-Meier), choose the
     setting to run at each --capacity (a WA variant or a baseline, by simulation on the train window,
     checked on --test), and write the policy file."""
+    from tongyi_trace.models import get_preset
+
+    preset = run_cli(lambda: get_preset(model))
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
 
         def go() -> FitOutcome:
             from tongyi_trace.fit.policy_fit import fit_policy
-            from tongyi_trace.models import get_preset
 
             run = run_or_trace(run_dir).path
             return fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
-                capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
+                capacities=None if capacity.strip().lower() == "none" else capacity, model=preset,
                 jobs=jobs, executor=executor, ray_address=ray_address, context=context, holdout=holdout,
                 confidence=confidence,
                 on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
@@ -85,12 +89,17 @@ def fit(
                    "kvtrace.fit-output/1")
     elif not quiet:
         if outcome.policy.choices:
-            from tongyi_trace.fit.tune import choice_answer
+            from tongyi_trace.sim.recommend import choice_answer
 
+            say(("Recommendation", "bold"))
             for choice in outcome.policy.choices:
-                console.print(choice_answer(choice))
-        for table in _tables(outcome):
-            console.print(table)
+                say("  " + choice_answer(choice, preset, outcome.policy.block_size))
+            say(f"  Sizes for {preset.name}: {preset.hbm_definition()}.")
+        if verbose:
+            for table in _tables(outcome):
+                console.print(table)
+        else:
+            say(f"{len(outcome.rows)} categories fitted (tables: --verbose, or {outcome.artifact_dir})")
         if outcome.policy.choices:
             console.print(_choice_table(outcome, holdout))
         say("policy written to ", (str(outcome.policy_path), "bold"),

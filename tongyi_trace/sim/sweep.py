@@ -24,7 +24,7 @@ import polars as pl
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
-from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
+from tongyi_trace.models import DEFAULT_MODEL, ModelPreset, remember_sizing, run_sizing
 from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.run import RunDir, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
@@ -34,6 +34,7 @@ from tongyi_trace.sim.cost_model import CostModel, qttft_s, queue_summary
 from tongyi_trace.sim.guarded import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.sim.intervals import HITS, QTTFT, sweep_intervals
 from tongyi_trace.sim.lru_curve import lru_curve
+from tongyi_trace.sim.recommend import PIN_FILE, pin_after_sweep
 from tongyi_trace.sim.registry import (
     BASELINES,
     DEFAULT_CAPACITIES,
@@ -223,6 +224,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
         write_guard_tables(out_dir, guard_tables)
         if cfg.name:
             publish_latest(out_dir, run.subdir("sim"))
+        pin_after_sweep(run.subdir("sim"), cfg.name, summary)
     return SweepResult(rows, summary, steps)
 
 
@@ -315,11 +317,11 @@ def sweep_dir(run: RunDir, name: str | None) -> Path:
 
 
 def publish_latest(named: Path, root: Path) -> None:
-    """Copy the files of the named sweep NAMED into RUN/sim/ ROOT: the latest sweep is the default."""
+    """Copy the files of the named sweep NAMED into RUN/sim/ ROOT: the latest sweep (the pin stays)."""
     import shutil
 
     for f in root.iterdir():
-        if f.is_file():
+        if f.is_file() and f.name != PIN_FILE:
             f.unlink()
     for f in named.iterdir():
         if f.is_file():
@@ -355,7 +357,7 @@ class SimulateOptions:
     capacities: str = DEFAULT_CAPACITIES
     params_path: Path | None = None
     engine_block_size: int | None = None
-    model: str = DEFAULT_MODEL  # preset name or a Hugging Face config.json path
+    model: str | None = None  # preset name or a Hugging Face config.json path; None: the run's (models.run_sizing)
     gpu_mem_gib: float | None = None
     tp: int | None = None
     hbm_capacity: str | None = None
@@ -414,7 +416,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
         wa["conditional"] = True
     if opts.wa_no_offset:
         wa["use_offset"] = False
-    model = get_preset(opts.model, gpu_mem_gib=opts.gpu_mem_gib, tp=opts.tp)
+    model = get_preset(opts.model or DEFAULT_MODEL, gpu_mem_gib=opts.gpu_mem_gib, tp=opts.tp)
     cost = override(preset_cost(opts.cost_model or model), overhead_s=opts.overhead_s,
                     s_per_token=opts.s_per_token, s_per_loaded_token=opts.s_per_loaded_token,
                     arrival_scale=opts.arrival_scale)
@@ -449,7 +451,8 @@ def simulate_run(run_dir: Path, opts: SimulateOptions,
 
     # a raw trace is ingested once into ./<trace name>.kvtrace; a missing path says how to make a run
     run = ensure_run(run_dir) if Path(run_dir).exists() else open_run(run_dir)
-    cfg = build_config(opts)
+    sizing = run_sizing(run.path, opts.model, opts.gpu_mem_gib, opts.tp)
+    cfg = build_config(replace(opts, model=sizing.model, gpu_mem_gib=sizing.gpu_mem_gib, tp=sizing.tp))
     fitted_file = run.path.resolve() / "fit" / "policy.json"  # the run's own `kvtrace fit` output is the default
     if cfg.params_path is None and fitted_file.is_file() and any(
             policy_variant(p)[0] in ("wa", FITTED) for p in cfg.policies):
@@ -457,7 +460,9 @@ def simulate_run(run_dir: Path, opts: SimulateOptions,
     elif cfg.params_path is not None:
         cfg = replace(cfg, params_path=Path(cfg.params_path).resolve())
     with run.lock():
-        return run_sweep(run, cfg, on_result)
+        result = run_sweep(run, cfg, on_result)
+        remember_sizing(run.path, sizing, "simulate")
+        return result
 
 
 def describe_policies() -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from tongyi_trace.report.artifacts import read_parquet
 from tongyi_trace.report.figures import downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import WA_ABLATION
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
@@ -24,7 +25,10 @@ SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minute
 
 def build(run: RunDir) -> list[Section]:
     """One section per guarded run in which the guard switched or the refit ran; nothing when none did."""
-    d = run.path / "sim"
+    sweep = report_sweep(run.path)
+    if sweep is None:
+        return []
+    d = sweep.path
     tl = read_parquet(d / "guard_timeline.parquet", REMEDY)
     if tl is None or tl.height == 0:
         return []

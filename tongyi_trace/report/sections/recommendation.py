@@ -14,12 +14,12 @@ from typing import Any
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
-from tongyi_trace.sim.recommend import describe, recommend_sim_dir
+from tongyi_trace.sim.recommend import describe, recommend_run
 
 
 def build(run: RunDir) -> list[Section]:
     """The Recommendation section, or nothing when no finished `kvtrace simulate` sweep is in RUN_DIR/sim/."""
-    rec = recommend_sim_dir(run.path / "sim")
+    rec = recommend_run(run.path)
     if rec is None or not rec["capacities"]:
         return []
     iv = rec.get("intervals") or {}
@@ -78,7 +78,7 @@ def _size(size: dict[str, Any] | None, model: str, blocks: int | None) -> str:
     if blocks is None or not size:
         return "never"
     g = size[model]
-    return f"{fmt.count(blocks)} blocks = {g['gib']:,.1f} GiB ({g['x_gpu_hbm']:.2f}x HBM)"
+    return f"{fmt.count(blocks)} blocks = {g['gib']:,.1f} GiB ({g['x_hbm']:.2f}x HBM)"
 
 
 def _pp(v: float | None) -> str:

@@ -19,6 +19,7 @@ from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim import registry
+from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import (
     COLORS,
     FITTED,
@@ -42,7 +43,10 @@ OPTIONAL = ["orphaned_refs", "num_refs", "base_policy", "guard_switches", "refit
 
 def build(run: RunDir) -> list[Section]:
     """The simulation section, or nothing when `kvtrace simulate` was not run."""
-    d = run.path / "sim"
+    sweep = report_sweep(run.path)
+    if sweep is None:
+        return []
+    d = sweep.path
     results = _results(d)
     if results is None:
         return []
