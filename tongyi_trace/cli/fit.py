@@ -36,8 +36,9 @@ def fit(
     capacity: str = typer.Option(source_value("fit.tune", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
                                       "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset or Hugging Face config.json path "
-                              "(x HBM and byte capacities)."),
+    model: str | None = typer.Option(None, "--model", help="Model preset or Hugging Face config.json path "
+                                     "(x HBM and byte capacities; default: the model the run was last sized with, "
+                                     f"else {DEFAULT_MODEL})."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster) for the "
                                  "simulations of the capacity-aware choice."),
@@ -60,9 +61,9 @@ def fit(
     """Fit reuse models per category (exponential by right-censored MLE, and Kaplan-Meier), choose the
     setting to run at each --capacity (a WA variant or a baseline, by simulation on the train window,
     checked on --test), and write the policy file."""
-    from tongyi_trace.models import get_preset
+    from tongyi_trace.models import ModelPreset, remember_sizing, run_sizing
 
-    preset = run_cli(lambda: get_preset(model))
+    sized: list[ModelPreset] = []
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
 
@@ -70,7 +71,9 @@ def fit(
             from tongyi_trace.fit.policy_fit import fit_policy
 
             run = run_or_trace(run_dir).path
-            return fit_policy(
+            sizing = run_sizing(run, model)
+            sized.append(preset := sizing.preset())
+            out = fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=preset,
@@ -79,8 +82,11 @@ def fit(
                 on_step=lambda msg: bar.update(task, description=msg, completed=0, total=None),
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))
+            remember_sizing(run, sizing, "fit")
+            return out
 
         outcome = run_cli(go)
+    preset = sized[0]
     if json_out:
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),
