@@ -63,7 +63,10 @@ def test_x_hbm_one_meaning(fitted_run: tuple[Path, Path]) -> None:
     # 1L = the oracle's peak live set, the same blocks the analysis measured
     assert by["1L"]["capacity_blocks"] == res.summary["peak_live_blocks"]
     assert by["1L"]["size"]["qwen2-7b"]["x_hbm"] == pytest.approx(peak_x, rel=1e-9)
-    assert by["1x"]["size"]["qwen2-7b"]["x_hbm"] == pytest.approx(1.0, abs=1e-4)  # 1x is one HBM for KV
+    # 1x is one HBM for KV (to the block: whole blocks fit)
+    hbm_blocks = qwen.hbm_blocks(int(res.summary["block_size"]))
+    assert by["1x"]["capacity_blocks"] == hbm_blocks
+    assert by["1x"]["size"]["qwen2-7b"]["x_hbm"] == pytest.approx(1.0, abs=1 / hbm_blocks)
     lines = describe(rec)
     text = "\n".join(lines)
     assert f"{peak_x:.2f}x HBM" in next(line for line in lines if line.startswith("At 1L "))

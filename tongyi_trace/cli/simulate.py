@@ -77,7 +77,8 @@ def simulate(
     remote_load_s_per_token: float | None = typer.Option(None, "--remote-load-s-per-token",
                                                          help="Fleet: s per token loaded from the remote pool."),
     name: str | None = typer.Option(None, "--name", help="Keep this sweep in RUN_DIR/sim/NAME/ (replacing a sweep "
-                                    "of that name); the latest sweep is also RUN_DIR/sim/, which the report reads."),
+                                    "of that name) and pin it: the report reads it (without a pin: the first full "
+                                    "sweep); the latest sweep is also RUN_DIR/sim/."),
     no_intervals: bool = typer.Option(False, "--no-intervals", help="Skip the intervals of every gain over LRU, "
                                       "QTTFT change and target size (block bootstrap over sessions)."),
     confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
