@@ -107,7 +107,7 @@ def fit(
         else:
             say(f"{len(outcome.rows)} categories fitted (tables: --verbose, or {outcome.artifact_dir})")
         if outcome.policy.choices:
-            console.print(_choice_table(outcome, holdout))
+            console.print(_choice_table(outcome, holdout, verbose))
         say("policy written to ", (str(outcome.policy_path), "bold"),
             f"; table, CDFs and tuning in {outcome.artifact_dir}")
 
@@ -116,8 +116,9 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
-    """The answer per capacity: the setting the policy file runs there (policy.file.choice_table)."""
+def _choice_table(outcome: FitOutcome, holdout: float, verbose: bool) -> Table:
+    """The answer per capacity: the setting the policy file runs there (policy.file.choice_table); its `why`
+    column (the Recommendation's sentences say it) only with VERBOSE."""
     from rich.table import Table
 
     from tongyi_trace.policy.file import choice_table
@@ -126,10 +127,11 @@ def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
              else "the train window")
     table = Table(title=f"setting to run per capacity (chosen by simulation on {where}; gains in points)")
     columns, rows = choice_table(outcome.policy.choices)
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("capacity", "run", "why") else "right")
+    keep = [i for i, col in enumerate(columns) if verbose or col != "why"]
+    for i in keep:
+        table.add_column(columns[i], justify="left" if columns[i] in ("capacity", "run", "why") else "right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in keep))
     return table
 
 
