@@ -5,12 +5,14 @@
   var template = JSON.parse(document.getElementById("kv-template").textContent);
   var figures = JSON.parse(document.getElementById("kv-figures").textContent);
   var config = { responsive: true, displaylogo: false };
+  var GRID_HEIGHT_PX = 270;  // a figure beside another (half the page's width) is drawn this high at most
   var jobs = Object.keys(figures).map(function (id) {
     var el = document.getElementById(id);
     if (!el) { return Promise.reject(new Error("report figure without a place: " + id)); }
     var fig = figures[id];
     var layout = fig.layout || {};
     layout.template = template;
+    if (el.closest(".kv-grid") && (layout.height || 0) > GRID_HEIGHT_PX) { layout.height = GRID_HEIGHT_PX; }
     return Plotly.newPlot(el, fig.data || [], layout, config);
   });
   window.kvReport = {

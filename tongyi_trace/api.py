@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tongyi_trace.models import DEFAULT_MODEL, PRESETS
+from tongyi_trace.models import PRESETS
 from tongyi_trace.sim.registry import DEFAULT_CAPACITIES, DEFAULT_POLICIES  # light: names only (no numba)
 
 if TYPE_CHECKING:
@@ -69,25 +69,29 @@ class Run:
         return {name: (r.headline if r.ok else {"status": r.status, "reason": r.reason})
                 for name, r in rep.results.items()}
 
-    def fit(self, capacities: str | None = "1L", *, model: str = DEFAULT_MODEL, train: str | None = None,
+    def fit(self, capacities: str | None = "1L", *, model: str | None = None, train: str | None = None,
             test: str | None = None, jobs: int = 0) -> Path:
         """Fit the reuse model per category, choose the setting per capacity (None: no choice) and write
-        RUN/fit/policy.json; return its path. MODEL: preset name or Hugging Face config.json path."""
+        RUN/fit/policy.json; return its path. MODEL: preset name or Hugging Face config.json path (default:
+        the model the run was last sized with, else the default preset)."""
         from tongyi_trace.fit.policy_fit import fit_policy
-        from tongyi_trace.models import get_preset
+        from tongyi_trace.models import remember_sizing, run_sizing
 
+        sizing = run_sizing(self.path, model)
         out = fit_policy(self.path, self.path / "fit" / "policy.json", train=train, test=test,
-                         capacities=capacities, model=get_preset(model), jobs=jobs)
+                         capacities=capacities, model=sizing.preset(), jobs=jobs)
+        remember_sizing(self.path, sizing, "fit")
         return out.policy_path
 
     def simulate(self, policies: Sequence[str] | str = DEFAULT_POLICIES,
-                 capacities: Sequence[str] | str = DEFAULT_CAPACITIES, *, model: str = DEFAULT_MODEL,
+                 capacities: Sequence[str] | str = DEFAULT_CAPACITIES, *, model: str | None = None,
                  params: str | Path | None = None, gpu_mem_gib: float | None = None, tp: int | None = None,
                  name: str | None = None, jobs: int = 0) -> pl.DataFrame:
         """Simulate POLICIES x CAPACITIES (as `kvtrace simulate -p/-c`: blocks, 5%, 0.5x, 2L, 40GiB, inf) and
         write RUN/sim/ (and RUN/sim/NAME/ when NAME is given); return one row per policy x capacity (hit
         ratios, evictions, QTTFT, utilization). `wa` and `fitted` use PARAMS, a policy file from `fit`
-        (default RUN/fit/policy.json)."""
+        (default RUN/fit/policy.json). MODEL (and GPU_MEM_GIB, TP) default to what the run was last sized
+        with, else the default preset."""
         import polars as pl
 
         from tongyi_trace.sim.sweep import SimulateOptions, simulate_run
@@ -109,10 +113,19 @@ class Run:
         return pl.DataFrame(lru_curve(load_stream(self._dir.tables())).steps())
 
     def recommend(self) -> dict[str, Any] | None:
-        """The Recommendation of the last `simulate` (schema kvtrace.recommendation/1), None before one."""
-        from tongyi_trace.sim.recommend import recommend_sim_dir
+        """The Recommendation of the run's pinned sweep (the one the report reads; schema
+        kvtrace.recommendation/1), None before a sweep."""
+        from tongyi_trace.sim.recommend import recommend_run
 
-        return recommend_sim_dir(self.path / "sim")
+        return recommend_run(self.path)
+
+    def recommendation_lines(self) -> list[str]:
+        """The Recommendation in plain words, the lines `kvtrace simulate` and the report print ([] before a
+        sweep)."""
+        from tongyi_trace.sim.recommend import describe
+
+        rec = self.recommend()
+        return [] if rec is None else describe(rec)
 
     def report(self) -> Path:
         """Write RUN/report.html from the saved artifacts; return its path."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.errors import InputError, KvtraceError, UsageError
+from tongyi_trace.schemas import SIZING_SCHEMA
 
 GIB = 1024**3
 
@@ -60,6 +61,20 @@ class ModelPreset:
     def hbm_blocks(self, block_size_tokens: int) -> int:
         """How many blocks of BLOCK_SIZE_TOKENS fit in the HBM left for KV."""
         return self.hbm_kv_bytes // self.kv_bytes_per_block(block_size_tokens)
+
+    def x_hbm(self, num_bytes: float) -> float:
+        """NUM_BYTES of KV in "x HBM": over the HBM left for KV (hbm_kv_bytes), the one meaning of x HBM
+        everywhere (capacities such as 1x, the live set, request sizes, the Recommendation)."""
+        return num_bytes / self.hbm_kv_bytes
+
+    def hbm_definition(self) -> str:
+        """The sentence that defines 1x HBM for this model and GPU settings, printed once per output:
+        '1x HBM = 55.8 GiB: the KV memory of 1 x 80 GiB GPU at 90% after qwen2-7b's 14.2 GiB weights and
+        a 2.0 GiB reserve per GPU'."""
+        gpus = f"{self.tp} x {self.gpu_mem_bytes / GIB:g} GiB GPU{'s' if self.tp != 1 else ''}"
+        return (f"1x HBM = {self.hbm_kv_bytes / GIB:,.1f} GiB: the KV memory of {gpus} at "
+                f"{100 * self.gpu_mem_utilization:g}% after {self.name}'s {self.weights_bytes / GIB:,.1f} GiB "
+                f"weights and a {self.activation_reserve_bytes / GIB:g} GiB reserve per GPU")
 
 
 DEFAULT_MODEL = "qwen2-7b"  # the model of x HBM capacities, bytes and QTTFT when no --model is given
@@ -124,7 +139,7 @@ def load_hf_config(path: Path) -> ModelPreset:
         raise InputError(f"{path}:1: a config.json is a JSON object")
     if "num_hidden_layers" not in doc and isinstance(doc.get("text_config"), dict):
         doc = {**doc, **doc["text_config"]}  # multimodal configs nest the language model
-    name = str(doc.get("_name_or_path") or path.parent.name or path.stem).rstrip("/").split("/")[-1] or "model"
+    name = config_model_name(doc, path)
     layers = _field(path, doc, "num_hidden_layers")
     heads = _field(path, doc, "num_attention_heads")
     kv_heads = _field(path, doc, "num_key_value_heads", heads)
@@ -136,6 +151,19 @@ def load_hf_config(path: Path) -> ModelPreset:
     return ModelPreset(name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                        dtype_bytes=DTYPE_BYTES[dtype], num_params=_count_params(doc, layers, heads, kv_heads,
                                                                                 head_dim, hidden))
+
+
+def config_model_name(doc: dict[str, Any], path: Path) -> str:
+    """The name of a model given by a config.json: its `_name_or_path` (last part), else its first
+    `architectures` entry, else the file's name (a folder's config.json: the folder's name)."""
+    named = str(doc.get("_name_or_path") or "").rstrip("/").split("/")[-1]
+    if named:
+        return named
+    archs = doc.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str) and archs[0]:
+        return archs[0]
+    stem = path.stem
+    return (path.parent.name or stem) if stem == "config" else stem
 
 
 def _field(path: Path, doc: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -157,3 +185,55 @@ def _count_params(doc: dict[str, Any], layers: int, heads: int, kv_heads: int, h
     experts = int(doc.get("num_local_experts") or doc.get("num_experts") or 1)
     emb = vocab * hidden * (1 if doc.get("tie_word_embeddings") else 2)
     return float(emb + layers * (attn + experts * mlp))
+
+
+SIZING_FILE = "sizing.json"  # RUN/sizing.json: the model and GPU settings the run was last sized with
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The model (a preset name or a config.json path) and the GPU settings a run is sized with."""
+
+    model: str = DEFAULT_MODEL
+    gpu_mem_gib: float | None = None
+    tp: int | None = None
+
+    def preset(self) -> ModelPreset:
+        """The model shape with the GPU settings applied."""
+        return get_preset(self.model, gpu_mem_gib=self.gpu_mem_gib, tp=self.tp)
+
+
+def run_sizing(run_path: Path, model: str | None = None, gpu_mem_gib: float | None = None,
+               tp: int | None = None) -> Sizing:
+    """The sizing of a command over RUN_PATH: MODEL, GPU_MEM_GIB and TP where given, the rest from what the
+    run was last sized with (RUN/sizing.json: only when MODEL is not given or names the same model), else
+    the defaults (DEFAULT_MODEL, 80 GiB, the preset's TP). A config path is kept absolute."""
+    if model is not None and _is_config_path(model):
+        model = str(Path(model).resolve())
+    last = remembered_sizing(run_path)
+    if last is not None and model in (None, last.model):
+        return Sizing(last.model, last.gpu_mem_gib if gpu_mem_gib is None else gpu_mem_gib,
+                      last.tp if tp is None else tp)
+    return Sizing(model or DEFAULT_MODEL, gpu_mem_gib, tp)
+
+
+def remembered_sizing(run_path: Path) -> Sizing | None:
+    """What RUN/sizing.json holds, None when there is none (or it is of another ingest, or unreadable)."""
+    from tongyi_trace.run import read_artifact
+
+    try:
+        doc = read_artifact(Path(run_path) / SIZING_FILE, SIZING_SCHEMA, required=False)
+    except KvtraceError:
+        return None
+    if not doc or not isinstance(doc.get("model"), str):
+        return None
+    return Sizing(doc["model"], doc.get("gpu_mem_gib"), doc.get("tp"))
+
+
+def remember_sizing(run_path: Path, sizing: Sizing, by: str) -> None:
+    """Write RUN/sizing.json: SIZING, with the model's resolved name and who sized the run (BY)."""
+    from tongyi_trace.run import write_json
+
+    write_json(Path(run_path) / SIZING_FILE, {"schema": SIZING_SCHEMA, "model": sizing.model,
+                                              "model_name": sizing.preset().name, "gpu_mem_gib": sizing.gpu_mem_gib,
+                                              "tp": sizing.tp, "by": by})

@@ -30,6 +30,7 @@ from tongyi_trace.atomic import atomic_write_text
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, check_options, map_tasks
 from tongyi_trace.models import DEFAULT_MODEL
+from tongyi_trace.resources import reports_dir
 from tongyi_trace.run import run_root, write_json
 from tongyi_trace.schemas import STUDY_SCHEMA
 
@@ -257,6 +258,8 @@ def _transfer_row(name: str, index: int, r: dict[str, Any], policy: str, fitted_
 
 # ---- the cross-trace page: one self-contained HTML file (plotly.js inline, no network) ----------------
 
+TEMPLATE_NAME = "plotly_white"  # as the report's figures
+
 
 def write_page(res: StudyResult, path: Path) -> None:
     """The study's HTML page: drift of the fits and the ideal hit ratio, and the next-window check."""
@@ -284,22 +287,29 @@ def write_page(res: StudyResult, path: Path) -> None:
             by_w = {r["window"]: r["hit_ratio"] for r in res.transfer if r["capacity"] == cap and r["policy"] == pol}
             fig.add_trace(go.Scatter(x=names, y=[by_w.get(n) for n in names], mode="lines+markers", name=label))
         figs.append((f"Hit ratio at capacity {cap}: does the previous window's fit hold?", fig))
+    y_titles = ["ideal hit ratio", "reuse probability p", "mean reuse time (s)", "life_s (s)"]
     parts = []
-    for title, fig in figs:
-        fig.update_layout(height=340, margin={"l": 50, "r": 20, "t": 20, "b": 40}, xaxis_title="window")
+    for i, (title, fig) in enumerate(figs):
+        fig.update_layout(template=TEMPLATE_NAME, height=320, margin={"l": 60, "r": 20, "t": 20, "b": 50},
+                          xaxis_title="window", yaxis_title=y_titles[i] if i < len(y_titles) else "hit ratio",
+                          legend={"orientation": "h", "y": -0.25})
         parts.append(f"<h2>{html.escape(title)}</h2>" + pio.to_html(fig, full_html=False, include_plotlyjs=False))
     rows = "".join(
         f"<tr><td>{html.escape(w['window'])}</td><td>{w.get('num_requests', '')}</td>"
         f"<td>{_fmt(w.get('ideal_hit_ratio'))}</td><td>{html.escape(w.get('error') or '')}</td>"
         f"<td>{_link(w.get('report'), path.parent)}</td></tr>" for w in res.windows)
     gain = "".join(f"<li>{html.escape(c)}: WA with the previous window's fit - LRU = {_fmt(g['wa_prev_minus_lru'])},"
-                   f" WA with its own fit - LRU = {_fmt(g['wa_own_minus_lru'])} (mean of {g['num_windows']} windows)"
-                   f"</li>" for c, g in res.summary["transfer_gain"].items())
-    page = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>kvtrace study</title>"
-            f"<script>{get_plotlyjs()}</script><style>body{{font-family:sans-serif;margin:2em;max-width:70em}}"
-            f"td,th{{padding:2px 10px;text-align:left}}</style></head><body><h1>kvtrace study: "
-            f"{len(res.windows)} windows</h1><ul>{gain}</ul><table><tr><th>window</th><th>requests</th>"
-            f"<th>ideal hit ratio</th><th>error</th><th>report</th></tr>{rows}</table>{''.join(parts)}</body></html>")
+                   f" WA with its own fit - LRU = {_fmt(g['wa_own_minus_lru'])} (mean of {g['num_windows']} "
+                   f"window{'' if g['num_windows'] == 1 else 's'})</li>"
+                   for c, g in res.summary["transfer_gain"].items())
+    css = (reports_dir() / "report.css").read_text()  # the report's style: one look for both pages
+    n = len(res.windows)
+    page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>kvtrace study</title>"
+            f"<script>{get_plotlyjs()}</script><style>{css}</style></head><body><header><h1>kvtrace study: "
+            f"{n} window{'' if n == 1 else 's'}</h1></header><main><ul class=\"kv-recommendation\">{gain}</ul>"
+            f"<table class=\"kv-table\"><thead><tr><th>window</th><th>requests</th><th>ideal hit ratio</th>"
+            f"<th>error</th><th>report</th></tr></thead><tbody>{rows}</tbody></table>{''.join(parts)}</main>"
+            f"<footer><p>kvtrace study &middot; self-contained page, works offline.</p></footer></body></html>")
     atomic_write_text(path, page)
 
 

@@ -19,7 +19,7 @@ def test_simulate_table_piped(tiny_bailian_path: Path, tmp_path: Path, columns: 
     cli = [sys.executable, "-m", "tongyi_trace.cli"]
     run = str(tmp_path / "run")
     subprocess.run([*cli, "ingest", str(tiny_bailian_path), "-o", run, "-q"], env=env, check=True)
-    out = subprocess.run([*cli, "simulate", run, "-p", "lru,fifo,lfu,s3fifo,gdsf,oracle", "-c", "1,2,3"],
+    out = subprocess.run([*cli, "simulate", run, "-p", "lru,fifo,lfu,s3fifo,gdsf,oracle", "-c", "1,2,3", "--verbose"],
                          capture_output=True, text=True, env=env, check=True).stdout
     lines = [line for line in out.splitlines() if line.startswith("│ ")]
     rows = [line for line in lines if line.split("│")[1].strip()]  # a cut cell wraps onto lines of its own

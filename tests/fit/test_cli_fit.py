@@ -36,6 +36,9 @@ def test_table_and_default_output(make_run: Callable[..., Path]) -> None:
     run = make_run(two_conversations())
     res = runner.invoke(app, ["fit", str(run), "--min-samples", "1", "--test", "5:"])
     assert res.exit_code == 0, res.output
+    assert "held-out window" not in res.output and "categories fitted (tables: --verbose" in res.output
+    res = runner.invoke(app, ["fit", str(run), "--min-samples", "1", "--test", "5:", "--verbose"])
+    assert res.exit_code == 0, res.output
     assert "text-1" in res.output and "held-out window" in res.output
     assert (run / "fit" / "policy.json").is_file()  # no -o: the policy lands in RUN_DIR/fit/
     quiet = runner.invoke(app, ["fit", str(run), "-q"])
@@ -63,9 +66,15 @@ def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path:
     assert "setting to run per capacity (chosen by simulation on the train window" in res.output
     row = next(line for line in res.output.splitlines() if line.startswith("│ 4 "))
     assert [c.strip() for c in row.strip("│").split("│")] == [
-        "4", "4", "lru", "0.2500", "0.2500", "+0.00 +- 0.00", "+0.00 (lru)",
-        "no candidate beats LRU (best: fifo +0.00 +- 0.00 points)", "0.3333", "+0.00 +- 0.00"]
-    assert res.output.startswith("At 4 (4 blocks) run lru: no candidate beats it (best: fifo +0.00 +- 0.00 points).\n")
+        "4", "4", "lru", "0.2500", "0.2500", "+0.00 +- 0.00", "+0.00 (lru)", "0.3333", "+0.00 +- 0.00"]
+    # the answer first, in the Recommendation's words (sim/recommend.py answer_line), sized for the model
+    first, answer = res.output.splitlines()[:2]
+    assert first == "Recommendation" and answer.startswith("  At 4 (4 blocks = ")
+    assert answer.endswith(" HBM) run LRU (the fitted choice): no policy beats it here (best: fifo +0.00 +- 0.00 "
+                           "points).")
+    assert len(res.output.splitlines()) <= 25
+    verbose = runner.invoke(app, [*args, "--verbose"])
+    assert "no candidate beats LRU (best: fifo +0.00 +- 0.00 points)" in verbose.output  # the why column
     doc = json.loads(runner.invoke(app, [*args, "--json"]).output)
     choices = load_policy(tmp_path / "p.json").choices
     assert [(c["capacity_blocks"], c["policy"]) for c in doc["choices"]] == [(4, "lru")]

@@ -10,10 +10,11 @@ import pytest
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.policy_fit import fit_policy
-from tongyi_trace.fit.tune import Candidate, CapacityTuning, WindowBootstrap, choice_answer
+from tongyi_trace.fit.tune import Candidate, CapacityTuning, WindowBootstrap
 from tongyi_trace.policy.file import choice_table, load_policy
 from tongyi_trace.sim.bootstrap import make_resampler
 from tongyi_trace.sim.capacity import Capacity
+from tongyi_trace.sim.recommend import choice_answer
 
 Request = tuple[float, str | None, int | None, list[int]]
 
@@ -53,8 +54,8 @@ def test_a_baseline_ahead_of_lru_by_noise_only_leaves_lru(make_run: Callable[...
     assert ch.train["reason"] == f"best candidate s3fifo {best['point']:+.2f} +- {(best['hi'] - best['lo']) / 2:.2f} " \
                                  "points: not significant at 95%"
     assert ch.train["resampled"] == "time slices" and ch.train["num_groups"] == 50  # no sessions in this trace
-    assert choice_answer(ch).startswith("At 400 (400 blocks) run lru: no candidate is significantly better at 95% "
-                                        "(best: s3fifo +1.86 +- ")
+    assert choice_answer(ch).startswith("At 400 (400 blocks) run LRU (the fitted choice): no policy is "
+                                        "significantly better here at 95% (best: s3fifo +1.86 +- ")
     columns, rows = choice_table(load_policy(tmp_path / "p.json").choices)  # the policy file keeps it
     assert rows[0][columns.index("why")] == ch.train["reason"]
     assert rows[0][columns.index("vs LRU")] == "+0.00 +- 0.00"
@@ -69,7 +70,7 @@ def test_a_baseline_that_wins_clearly_is_chosen(make_run: Callable[..., Path], t
     assert gain["lo"] > 8.0 and gain["point"] == pytest.approx(100 * ch.train["gain_vs_lru"])
     assert ch.train["reason"].endswith(f"points over LRU, significant at 95% (lower bound {gain['lo']:+.2f})")
     assert ch.test["gain_vs_lru_pp"]["lo"] > 8.0  # the whole trace as the test window: an interval there too
-    assert choice_answer(ch) == f"At 120 (120 blocks) run s3fifo: {gain['point']:+.2f} +- " \
+    assert choice_answer(ch) == f"At 120 (120 blocks) run the fitted choice (s3fifo): {gain['point']:+.2f} +- " \
                                 f"{(gain['hi'] - gain['lo']) / 2:.2f} points over LRU (significant at 95%)."
 
 
@@ -109,4 +110,5 @@ def test_a_policy_file_without_intervals_still_reads() -> None:
                               "gain_vs_best_baseline": 0.0})
     columns, rows = choice_table([old])
     assert rows[0][columns.index("vs LRU")] == "+5.00" and rows[0][columns.index("why")] == "-"
-    assert choice_answer(old) == "At 1L (100 blocks) run s3fifo: +5.00 points over LRU (no interval in this file)."
+    assert choice_answer(old) == ("At 1L (100 blocks) run the fitted choice (s3fifo): +5.00 points over LRU "
+                                  "(no interval in this file).")

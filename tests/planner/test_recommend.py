@@ -41,7 +41,7 @@ def test_targets_and_capacities() -> None:
     assert rec["fitted_loses_at"] == ["a"] and rec["saturated_at"] == ["a"] and a["instances_needed"] == 2
     per_block = PRESETS["qwen2-7b"].kv_bytes_per_block(16)
     assert t80["lru"]["size"]["qwen2-7b"]["gib"] == pytest.approx(40 * per_block / GIB)
-    assert t80["lru"]["size"]["qwen2-7b"]["x_gpu_hbm"] == pytest.approx(40 * per_block / (80 * GIB))
+    assert t80["lru"]["size"]["qwen2-7b"]["x_hbm"] == pytest.approx(40 * per_block / PRESETS["qwen2-7b"].hbm_kv_bytes)
     text = "\n".join(describe(rec))
     assert "WARNING: the fitted policy (wa) loses to LRU at a" in text
     assert "the smallest simulated capacity reaching it: a = 20 blocks = " in text

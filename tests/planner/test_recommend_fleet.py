@@ -44,9 +44,12 @@ def test_best_fleet_configuration_golden() -> None:
     assert (fewest["router"], fewest["num_instances"], fewest["max_utilization"]) == ("prefix", 2, 0.97)
     assert f["least_utilized"] is None
     line = next(ln for ln in describe(recommend(SINGLE, CURVE, SUMMARY, fleet_rows=FLEET)) if ln.startswith("Fleet"))
+    # the gain over round-robin where the sweep has rr at the same instances (2: 0.55 - 0.30), none at 4
+    assert fewest["gain_vs_rr_pp"] == pytest.approx(25.0) and best["gain_vs_rr_pp"] is None
     assert line == ("Fleet: best configuration that keeps utilization below 1: router prefix, 4 instances, lru at "
-                    "100 per instance: hit 0.5500, P99 QTTFT 1.20 s, utilization 0.81; fewest instances: router "
-                    "prefix, 2 instances, lru at 100 per instance: hit 0.5500, P99 QTTFT 400.00 s, utilization 0.97.")
+                    "100 per instance: hit 0.5500, P99 QTTFT 1.20 s, busiest instance's utilization 0.81; fewest "
+                    "instances: router prefix, 2 instances, lru at 100 per instance: hit 0.5500 (+25.00 points over "
+                    "round-robin), P99 QTTFT 400.00 s, busiest instance's utilization 0.97.")
 
 
 def test_no_fleet_configuration_keeps_up() -> None:
@@ -121,3 +124,31 @@ def test_report_and_simulate_name_the_fleet(tmp_path: Path) -> None:
            f"hit {best['hit_ratio']:.4f}" in fleet_line
     assert any(h.label.startswith("fleet with the lowest P99") and f"{best['router']} x {best['num_instances']}"
                in h.value for h in section.headline)
+
+
+def test_fleet_command_prints_its_recommendation(mooncake_synthetic_path: Path, tmp_path: Path) -> None:
+    """`simulate --instances 2,4 --router all` off a terminal: progress lines on stderr while it runs, then the
+    Recommendation (router, instances, gain over round-robin, utilization) and a utilization column; with LRU
+    instances `prefix` equals `oracle-affinity` (its index of routed prompts is the LRU caches) and says why."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    run_dir = tmp_path / "run"
+    ingest_trace(mooncake_synthetic_path, run_dir)
+    res = CliRunner().invoke(app, ["simulate", str(run_dir), "--instances", "2,4", "--router", "all", "-p", "lru",
+                                   "-c", "2000", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert out.startswith("Recommendation\n  Fleet: best configuration that keeps utilization below 1: router ")
+    assert "points over round-robin" in out and "busiest instance's utilization" in out
+    assert "prefix = oracle-affinity here: with LRU instances" in out
+    header = next(line for line in out.splitlines() if "router" in line and "inst" in line)
+    assert "max util" in header
+    rows = pl.read_parquet(run_dir / "sim" / "fleet" / "results.parquet").to_dicts()
+    by = {(r["router"], r["num_instances"]): r for r in rows}
+    for n in (2, 4):  # the same caches, so the same decisions
+        assert by[("prefix", n)]["hit_ratio"] == by[("oracle-affinity", n)]["hit_ratio"]
+    assert "fleet " in res.stderr and "/12 (" in res.stderr  # 'fleet ... 12/12 (N s)': progress off a terminal
+    assert len([r for r in rows if "error" not in r]) == 12

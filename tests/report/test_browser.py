@@ -42,7 +42,7 @@ _FIGURES_JS = """() => {
 # The first section of the page: its id, the next one's, its sentences and its per-capacity table by column.
 _FIRST_SECTION_JS = """() => {
   const s = document.querySelector('main > section');
-  const table = s.querySelectorAll('table')[1];
+  const table = s.querySelectorAll('table')[0];
   const columns = Array.from(table.querySelectorAll('thead th')).map(th => th.textContent.trim());
   const rows = Array.from(table.querySelectorAll('tbody tr')).map(
     tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent.trim()));
@@ -88,8 +88,9 @@ def test_report_loads_offline_and_draws_every_figure(evil_run: RunDir) -> None:
     answers = [line for line in first["lines"] if line.startswith("At ")]
     assert len(answers) == 4 and all(" +- " in line and " points" in line for line in answers)
     assert all(" run " in line for line in answers)
-    gains = first["table"][first["columns"].index("gain over LRU (points, 95%)")]
-    assert len(gains) == 4 and all(" +- " in cell for cell in gains)
+    gains = first["table"][first["columns"].index("vs LRU (points)")]
+    runs = first["table"][first["columns"].index("run")]
+    assert len(gains) == 4 and all(" +- " in cell or run == "lru" for cell, run in zip(gains, runs, strict=True))
 
 
 def test_screenshot_is_a_png_of_the_drawn_page(evil_run: RunDir, tmp_path: Path) -> None:

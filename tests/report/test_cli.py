@@ -19,7 +19,7 @@ def test_report_writes_into_the_run_folder_and_says_where(bare_run: RunDir) -> N
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out == {"schema": "kvtrace.report-output/1", "report": str(bare_run.path / "report.html"),
-                   "screenshot": None}
+                   "screenshot": None, "sweep": None}  # no simulator sweep in a bare run
     assert Path(out["report"]).read_text().startswith("<!DOCTYPE html>")
 
 

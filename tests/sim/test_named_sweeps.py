@@ -1,4 +1,5 @@
-"""Named sweeps coexist in RUN/sim/NAME/; the latest is also RUN/sim/, which the report reads."""
+"""Named sweeps coexist in RUN/sim/NAME/; the latest is also RUN/sim/; the report reads the pinned one (the
+last --name)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def test_named_sweeps_coexist(make_run: Callable[..., Path]) -> None:
     assert [r[1] for r in sim.tables["hit"].rows] == ["4", "6"]
     _sim(run, "-c", "3")  # an unnamed sweep replaces RUN/sim/ only
     assert pl.read_parquet(run / "sim" / "results.parquet")["capacity_blocks"].to_list() == [3]
+    sim = next(s for s in build_sections(open_run(run)) if s.key == "sim")
+    assert [r[1] for r in sim.tables["hit"].rows] == ["4", "6"]  # the report still reads the pinned 'big'
     assert list_sweeps(run) == ["big", "small"]
     assert json.loads((run / "sim" / "small" / "summary.json").read_text())["capacities"][0]["num_blocks"] == 2
     res = CliRunner().invoke(app, ["simulate", str(run), "-c", "2", "--name", "fleet"])

@@ -56,6 +56,9 @@ def test_study_on_ray(windows: Path, ray_address: str, tmp_path: Path) -> None:
         assert (out / "runs" / w / "report.html").is_file()
     page = (out / "index.html").read_text()
     assert "day1-04" in page and "Plotly" in page and "previous window" in page
+    # styled like the report: its stylesheet and table class, plotly_white, axis titles, counted right
+    assert ".kv-table" in page and 'class="kv-table"' in page and "reuse probability p" in page
+    assert "(mean of 2 windows)" in page and "(mean of 1 windows)" not in page
     assert set(res.summary["transfer_gain"]) == {"10%", "1L"}
 
 

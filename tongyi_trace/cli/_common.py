@@ -148,10 +148,12 @@ def abs_path(p: str | Path | None) -> str | None:
 
 
 @contextmanager
-def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
+def progress(quiet: bool = False, unit: str = "items", log_every_s: float | None = None) -> Iterator[Progress]:
     """A Rich progress bar on stderr, disabled with --quiet or --json and when stderr is not a terminal
     (a log would only get the blank line Rich prints in its place). UNIT "bytes" shows the counts as sizes
-    (12.3/45.6 MB), "items" as N/M; then the time spent and the estimate of the time left."""
+    (12.3/45.6 MB), "items" as N/M; then the time spent and the estimate of the time left. LOG_EVERY_S: when
+    stderr is not a terminal (and not quiet), a plain line 'description N/M (T s)' at most this often instead,
+    so that a log shows the work moving."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -162,6 +164,10 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         TimeRemainingColumn,
     )
 
+    if log_every_s is not None and not quiet and not err_console.is_interactive:
+        with _line_progress(log_every_s) as lines:
+            yield lines
+        return
     with Progress(
         TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
@@ -173,6 +179,39 @@ def progress(quiet: bool = False, unit: str = "items") -> Iterator[Progress]:
         transient=True,
     ) as p:
         yield p
+
+
+@contextmanager
+def _line_progress(every_s: float) -> Iterator[Progress]:
+    """A disabled Rich Progress whose update also prints 'description N/M (T s)' on stderr at most every
+    EVERY_S seconds (and the last state when it ends)."""
+    import time
+
+    from rich.progress import Progress, TaskID
+
+    class LineProgress(Progress):
+        last_s = 0.0
+        start_s = time.monotonic()
+
+        def update(self, task_id: TaskID, **kw: Any) -> None:
+            super().update(task_id, **kw)
+            now = time.monotonic()
+            if now - self.last_s >= every_s:
+                self.last_s = now
+                self.say(task_id)
+
+        def say(self, task_id: TaskID) -> None:
+            t = self._tasks[task_id]
+            total = "?" if t.total is None else f"{t.total:,.0f}"
+            print(f"{t.description} {t.completed:,.0f}/{total} ({time.monotonic() - self.start_s:,.0f} s)",
+                  file=sys.stderr, flush=True)
+
+    lines = LineProgress(disable=True)
+    try:
+        yield lines
+    finally:
+        for task_id in lines.task_ids:
+            lines.say(task_id)
 
 
 def run_or_trace(path: Path) -> Any:

@@ -37,8 +37,9 @@ def fit(
     capacity: str = typer.Option(source_value("fit.tune", "DEFAULT_CAPACITIES"), "--capacity", "-c",
                                  help="Choose the setting to run at each of these cache sizes (blocks, N%, Nx "
                                       "HBM of --model, NL x the oracle's peak live set, 40GiB); 'none': no choice."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset or Hugging Face config.json path "
-                              "(x HBM and byte capacities)."),
+    model: str | None = typer.Option(None, "--model", help="Model preset or Hugging Face config.json path "
+                                     "(x HBM and byte capacities; default: the model the run was last sized with, "
+                                     f"else {DEFAULT_MODEL})."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster) for the "
                                  "simulations of the capacity-aware choice."),
@@ -58,11 +59,16 @@ def fit(
                                                        "quarter of this machine's, at most 6); --jobs is lowered "
                                                        "to the simulations it holds at once."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the per-category fit tables (train "
+                                 "and held-out windows; always in RUN_DIR/fit/)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
     """Fit reuse models per category (exponential by right-censored MLE, and Kaplan-Meier), choose the
     setting to run at each --capacity (a WA variant or a baseline, by simulation on the train window,
     checked on --test), and write the policy file."""
+    from tongyi_trace.models import ModelPreset, remember_sizing, run_sizing
+
+    sized: list[ModelPreset] = []
     with progress(quiet or json_out) as bar:
         task = bar.add_task("fit", total=None)
 
@@ -72,23 +78,27 @@ def fit(
 
         def go() -> FitOutcome:
             from tongyi_trace.fit.policy_fit import fit_policy
-            from tongyi_trace.models import get_preset
             from tongyi_trace.sim.streamed import budget_jobs
 
             run = run_or_trace(run_dir).path
-            return fit_policy(
+            sizing = run_sizing(run, model)
+            sized.append(preset := sizing.preset())
+            out = fit_policy(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
-                capacities=None if capacity.strip().lower() == "none" else capacity, model=get_preset(model),
+                capacities=None if capacity.strip().lower() == "none" else capacity, model=preset,
                 jobs=budget_jobs(run, jobs, budget), executor=executor, ray_address=ray_address, context=context,
                 holdout=holdout,
                 confidence=confidence,
                 on_step=on_step,
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,
                                                                  total=total))
+            remember_sizing(run, sizing, "fit")
+            return out
 
         budget = run_cli(lambda: resolve_budget(memory_limit_gib))
         outcome = run_cli(go, budget)
+    preset = sized[0]
     if json_out:
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),
@@ -97,14 +107,19 @@ def fit(
                    "kvtrace.fit-output/1")
     elif not quiet:
         if outcome.policy.choices:
-            from tongyi_trace.fit.tune import choice_answer
+            from tongyi_trace.sim.recommend import choice_answer
 
+            say(("Recommendation", "bold"))
             for choice in outcome.policy.choices:
-                console.print(choice_answer(choice))
-        for table in _tables(outcome):
-            console.print(table)
+                say("  " + choice_answer(choice, preset, outcome.policy.block_size))
+            say(f"  Sizes for {preset.name}: {preset.hbm_definition()}.")
+        if verbose:
+            for table in _tables(outcome):
+                console.print(table)
+        else:
+            say(f"{len(outcome.rows)} categories fitted (tables: --verbose, or {outcome.artifact_dir})")
         if outcome.policy.choices:
-            console.print(_choice_table(outcome, holdout))
+            console.print(_choice_table(outcome, holdout, verbose))
         say("policy written to ", (str(outcome.policy_path), "bold"),
             f"; table, CDFs and tuning in {outcome.artifact_dir}")
 
@@ -113,8 +128,9 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
-    """The answer per capacity: the setting the policy file runs there (policy.file.choice_table)."""
+def _choice_table(outcome: FitOutcome, holdout: float, verbose: bool) -> Table:
+    """The answer per capacity: the setting the policy file runs there (policy.file.choice_table); its `why`
+    column (the Recommendation's sentences say it) only with VERBOSE."""
     from rich.table import Table
 
     from tongyi_trace.policy.file import choice_table
@@ -123,10 +139,11 @@ def _choice_table(outcome: FitOutcome, holdout: float) -> Table:
              else "the train window")
     table = Table(title=f"setting to run per capacity (chosen by simulation on {where}; gains in points)")
     columns, rows = choice_table(outcome.policy.choices)
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("capacity", "run", "why") else "right")
+    keep = [i for i, col in enumerate(columns) if verbose or col != "why"]
+    for i in keep:
+        table.add_column(columns[i], justify="left" if columns[i] in ("capacity", "run", "why") else "right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in keep))
     return table
 
 

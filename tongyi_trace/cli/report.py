@@ -25,15 +25,21 @@ def report(
 
     def go() -> dict[str, str | None]:
         from tongyi_trace.report import render_report, screenshot
+        from tongyi_trace.sim.recommend import report_sweep
 
-        html = render_report(run_or_trace(run_dir), out)
+        run = run_or_trace(run_dir)
+        html = render_report(run, out)
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
-        return {"report": abs_path(html), "screenshot": abs_path(png) if png else None}
+        sweep = report_sweep(run.path)
+        return {"report": abs_path(html), "screenshot": abs_path(png) if png else None,
+                "sweep": sweep.describe() if sweep else None}
 
     written = run_cli(go)
     if as_json:
         print_json(written, "kvtrace.report-output/1")
     elif not quiet:
+        if written["sweep"]:
+            say(f"the Recommendation and the simulator's sections read {written['sweep']}")
         say("report: ", (str(written["report"]), "bold"))
         if written["screenshot"]:
             say("screenshot: ", (str(written["screenshot"]), "bold"))

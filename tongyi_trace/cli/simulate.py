@@ -37,8 +37,9 @@ def simulate(
                                             "RUN_DIR/fit/policy.json)."),
     engine_block_size: int | None = typer.Option(None, "--engine-block-size",
                                                  help="Regroup trace blocks to this many tokens a block."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Model preset or Hugging Face config.json path (x HBM "
-                              "and byte capacities, QTTFT)."),
+    model: str | None = typer.Option(None, "--model", help="Model preset or Hugging Face config.json path (x HBM "
+                                     "and byte capacities, QTTFT; default: the model the run was last sized with, "
+                                     f"else {DEFAULT_MODEL})."),
     gpu_mem_gib: float | None = typer.Option(None, "--gpu-mem", "--gpu-mem-gib",
                                              help="Override: memory per GPU in GiB (80)."),
     tp: int | None = typer.Option(None, "--tp", help="Override: tensor-parallel degree (GPUs)."),
@@ -80,7 +81,8 @@ def simulate(
     remote_load_s_per_token: float | None = typer.Option(None, "--remote-load-s-per-token",
                                                          help="Fleet: s per token loaded from the remote pool."),
     name: str | None = typer.Option(None, "--name", help="Keep this sweep in RUN_DIR/sim/NAME/ (replacing a sweep "
-                                    "of that name); the latest sweep is also RUN_DIR/sim/, which the report reads."),
+                                    "of that name) and pin it: the report reads it (without a pin: the first full "
+                                    "sweep); the latest sweep is also RUN_DIR/sim/."),
     no_intervals: bool = typer.Option(False, "--no-intervals", help="Skip the intervals of every gain over LRU, "
                                       "QTTFT change and target size (block bootstrap over sessions)."),
     confidence: float = typer.Option(source_value("sim.bootstrap", "DEFAULT_CONFIDENCE"), "--confidence",
@@ -88,6 +90,8 @@ def simulate(
                                           "only when its gain is significant at it."),
     list_policies: bool = typer.Option(False, "--list-policies", help="Print the policies and parameters."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every policy x capacity row with its "
+                                 "developer columns (always in RUN_DIR/sim/results.parquet)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
 ) -> None:
     """Simulate eviction policies x capacities over RUN_DIR with vLLM's prefix-cache semantics."""
@@ -113,7 +117,7 @@ def simulate(
         from tongyi_trace.cli._fleet import simulate_fleet_cli
 
         simulate_fleet_cli(run_dir, opts, instances, router, remote_capacity, remote_load_s_per_token,
-                           quiet=quiet, json_out=json_out)
+                           quiet=quiet, json_out=json_out, verbose=verbose)
         return
     with progress(quiet or json_out) as bar:
         task = bar.add_task("simulate", total=None)
@@ -135,8 +139,10 @@ def simulate(
         print_json({"summary": result.summary, "rows": result.rows, "recommendation": recommendation_json(result)},
                    "kvtrace.simulate-output/1")
     elif not quiet:
-        print_recommendation(result)
-        console.print(_table(result))
+        rec = print_recommendation(result)
+        console.print(_table(result) if verbose else _answer_table(rec))
+        if not verbose:
+            say(f"{len(result.rows)} policy x capacity rows: --verbose, or RUN_DIR/sim/results.parquet")
         for w in result.summary.get("warnings") or []:
             say(("warning:", "yellow"), f" {w}", err=True)
         for note in (result.summary.get("memory") or {}).get("notes") or []:
@@ -180,6 +186,22 @@ def _table(result: SweepResult) -> Table:
                   f"{r['token_hit_ratio']:.4f}", f"{r['num_evictions']:,}", f"{r['evict_decision_ns']:.0f}",
                   f"{r.get('qttft_mean_s', 0):.3f}", f"{r.get('qttft_p99_s', 0):.3f}",
                   f"{r['refs_per_s'] / 1e6:.1f}", guard_cell(r))
+    return t
+
+
+def _answer_table(rec: dict[str, Any]) -> Table:
+    """One row per capacity: LRU, what to run there (the Recommendation's answer) and its gain, QTTFT and
+    the queue's utilization (the full sweep: --verbose)."""
+    from rich.table import Table
+
+    from tongyi_trace.sim.recommend import answer_cells
+
+    t = Table(title="per capacity (run = the Recommendation's answer)")
+    columns, rows = answer_cells(rec)
+    for c in columns:
+        t.add_column(c, justify="left" if c in ("capacity", "run", "best other") else "right")
+    for row in rows:
+        t.add_row(*row)
     return t
 
 

@@ -296,32 +296,6 @@ def choice_reason(chosen: str, gain: Interval, best: str, best_gain: Interval) -
     return f"best candidate {best} {best_gain.text()} points: not significant at {level}"
 
 
-def choice_answer(choice: PolicyChoice) -> str:
-    """The answer at one capacity in plain words, from a policy file's choice: 'At 0.5L (10,023 blocks) run
-    LRU: no candidate is significantly better (best: s3fifo +0.05 +- 0.31 points).' or 'At 1L (...) run wa
-    model=km ...: +5.70 +- 1.10 points over LRU.' (a file without intervals: the point gain alone)."""
-    tr = choice.train
-    at = f"At {choice.capacity} ({choice.capacity_blocks:,} blocks) run {setting_label(choice.policy, choice.params)}"
-    gain, best = tr.get("gain_vs_lru_pp"), tr.get("best_candidate_gain_vs_lru_pp")
-    if not isinstance(gain, dict):
-        pts = tr.get("gain_vs_lru")
-        return at + ("." if pts is None else f": {100 * pts:+.2f} points over LRU (no interval in this file).")
-    level = f"{100 * float(tr.get('confidence') or DEFAULT_CONFIDENCE):g}%"
-    if choice.policy != "lru":
-        return at + f": {_pm(gain)} points over LRU (significant at {level})."
-    if not isinstance(best, dict) or tr.get("best_candidate") in (None, "lru"):
-        return at + "."
-    if best["point"] <= 0:
-        return at + f": no candidate beats it (best: {tr['best_candidate']} {_pm(best)} points)."
-    return (at + f": no candidate is significantly better at {level} (best: {tr['best_candidate']} "
-            f"{_pm(best)} points).")
-
-
-def _pm(interval: dict[str, Any]) -> str:
-    """'+0.05 +- 0.31' from an Interval's JSON."""
-    return Interval(**interval).text()
-
-
 def _figures(rows: list[dict[str, Any]], chosen: Candidate) -> dict[str, Any]:
     """Hit ratio of the choice, of LRU and of the best baseline in ROWS, and the gains (points of 1.0)."""
     by = {r["candidate"]: r for r in rows}

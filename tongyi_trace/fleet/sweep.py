@@ -15,7 +15,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -241,9 +241,12 @@ def fleet_simulate_run(run_dir: Path, opts: SimulateOptions, fleet: FleetOptions
                        on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> FleetSweepResult:
     """`kvtrace simulate --instances`: open RUN_DIR (a raw trace is ingested first, as `simulate` does),
     resolve OPTS and FLEET, run the sweep, write RUN_DIR/sim/fleet/."""
+    from tongyi_trace.models import run_sizing
     from tongyi_trace.run import open_run
     from tongyi_trace.trace.ingest import ensure_run
 
     run = ensure_run(run_dir) if Path(run_dir).exists() else open_run(run_dir)
+    sizing = run_sizing(run.path, opts.model, opts.gpu_mem_gib, opts.tp)
+    cfg = build_config(replace(opts, model=sizing.model, gpu_mem_gib=sizing.gpu_mem_gib, tp=sizing.tp))
     with run.lock():
-        return run_fleet_sweep(run, build_config(opts), fleet, on_result)
+        return run_fleet_sweep(run, cfg, fleet, on_result)

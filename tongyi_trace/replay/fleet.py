@@ -29,11 +29,11 @@ from tongyi_trace.errors import UsageError
 from tongyi_trace.fleet.routers import get_router
 from tongyi_trace.fleet.simulate import simulate_fleet
 from tongyi_trace.fleet.sweep import run_sessions
+from tongyi_trace.models import DEFAULT_MODEL
 from tongyi_trace.replay.reconcile import Reconciliation, aggregate_reconciliation, reconcile
 from tongyi_trace.run import RunDir
 from tongyi_trace.sim.cost_model import CostModel, preset_cost
 from tongyi_trace.sim.engine_model import engine_case
-from tongyi_trace.sim.sweep import SimulateOptions
 
 ROUTING_SCHEMA: dict[str, type[pl.DataType]] = {
     "order": pl.Int64, "req_idx": pl.Int64, "instance": pl.Int64, "fleet_predicted_hit_tokens": pl.Int64,
@@ -75,7 +75,7 @@ def engine_shape_of(engines: list[tuple[str, int | None, int | None]]) -> tuple[
 
 def routing_cost() -> CostModel:
     """The cost model of the routers' queue estimate: `kvtrace simulate`'s default model's."""
-    return preset_cost(SimulateOptions().model)
+    return preset_cost(DEFAULT_MODEL)
 
 
 @dataclass(frozen=True)

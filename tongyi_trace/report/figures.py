@@ -196,13 +196,26 @@ def downsample_max(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndar
     return xa[idx], ya[idx]
 
 
-def new_figure(*, x_title: str = "", y_title: str = "", height_px: int = 360, **layout: Any) -> Fig:
+def new_figure(*, x_title: str = "", y_title: str = "", height_px: int = 300, **layout: Any) -> Fig:
     """An empty figure with the report's common layout (axis titles, height, margins, legend)."""
     fig = Fig()
     fig.update_layout(height=height_px, margin={"l": 60, "r": 20, "t": 30, "b": 50},
                       legend={"orientation": "h", "y": -0.2, "traceorder": "normal"},
                       xaxis={"title": {"text": x_title}}, yaxis={"title": {"text": y_title}})
     return fig.update_layout(**layout)
+
+
+def fit_range(values: Sequence[float | None], lo_bound: float = -math.inf, hi_bound: float = math.inf,
+              pad: float = 0.3) -> list[float] | None:
+    """An axis range around VALUES (finite ones) padded by PAD x their spread on each side, within
+    [LO_BOUND, HI_BOUND], so that their differences fill most of the axis (bars of 8.8-10.3% on a 0-100% axis
+    hide a 1.5-point difference); None when there are no finite values."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return None
+    lo, hi = min(v), max(v)
+    spread = hi - lo if hi > lo else max(abs(hi), 1e-9) * 0.1
+    return [max(lo_bound, lo - pad * spread), min(hi_bound, hi + pad * spread)]
 
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",

@@ -26,6 +26,7 @@ from tongyi_trace.resources import reports_dir
 from tongyi_trace.run import RunDir, atomic_write_text, check_not_run_table
 
 REPORT_NAME = "report.html"
+HEADLINE_ROWS = 12  # rows of the headline table shown; the rest behind "show all"
 
 # Steps whose artifacts add sections, and the command that produces them (shown when not run).
 STEPS: list[tuple[str, str]] = [
@@ -113,6 +114,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.globals["fig_dom_id"] = fig_dom_id
+    env.globals["HEADLINE_ROWS"] = HEADLINE_ROWS
     return env
 
 

@@ -102,12 +102,22 @@ def write_guard_tables(out_dir: Path, tables: list[dict[str, list[dict[str, Any]
             pl.DataFrame(lines).write_parquet(out_dir / f"{name}.parquet")
 
 
+def lru_time_share(row: dict[str, Any]) -> float | None:
+    """The share of the trace a guarded ROW (a sweep row) spent in LRU order: guard_time_lru_s over the
+    guarded time; None for a row without the guard. The one source of this figure (simulate's table, the
+    report's guard table and guard sections)."""
+    pol, lru = row.get("guard_time_policy_s"), row.get("guard_time_lru_s")
+    if lru is None:
+        return None
+    total = float(pol or 0.0) + float(lru)
+    return float(lru) / total if total > 0 else 0.0
+
+
 def guard_cell(row: dict[str, Any]) -> str:
     """The guard's column of `kvtrace simulate`'s table: switches, refits and the share of time in LRU."""
-    pol, lru = row.get("guard_time_policy_s"), row.get("guard_time_lru_s")
-    if pol is None or lru is None:
+    share = lru_time_share(row)
+    if share is None or row.get("guard_time_policy_s") is None:
         return "-"
-    share = lru / (pol + lru) if pol + lru > 0 else 0.0
     return f"{row['guard_switches']} sw, {row['refits']} refits, lru {share:.0%}"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tongyi_trace.artifact_set import STAGING_PREFIX, staging_dir
 from tongyi_trace.budget import BASE_BYTES, MemoryBudget, resolve_budget, spill_dir, step
 from tongyi_trace.errors import UsageError
 from tongyi_trace.policy.file import load_policy
@@ -39,8 +40,8 @@ from tongyi_trace.sim.sweep import (
     SweepConfig,
     SweepResult,
     _write_artifacts,
+    commit_sweep,
     policy_variant,
-    publish_latest,
     run_sweep,
     simulate_inputs,
     sweep_dir,
@@ -109,10 +110,11 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
     if shape.num_refs == 0:
         raise UsageError(f"{run.path}: no block references to simulate")
     out_dir = sweep_dir(run, cfg.name) if cfg.write else None
-    sink = RowSink(out_dir / "results.jsonl" if out_dir else None, on_result)
+    stage = staging_dir(run.path) if out_dir else None  # the new set, committed at the end (artifact_set.py)
+    sink = RowSink(stage / "results.jsonl" if stage else None, on_result)
     notes = list(plan.notes)
     t0 = time.perf_counter()
-    with spill_dir(Path(tempfile.mkdtemp(prefix="streamed-", dir=run.subdir("sim")))) as tmp:
+    with spill_dir(Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}streamed-", dir=run.path))) as tmp:
         nxt_path = tmp / "next_uses.i64"
         peak = write_next_uses(run, shape, budget.chunk_refs, nxt_path, on_progress)
         caps = parse_capacities(cfg.capacities, num_distinct=shape.num_ids, block_size_tokens=shape.block_size,
@@ -154,10 +156,9 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
         "memory": {"limit_gib": budget.limit_gib, "streamed": True, "jobs": 1, "notes": notes},
     }
     steps = {"capacity_blocks": np.zeros(1, np.int64), "hit_ratio": np.zeros(1), "token_hit_ratio": np.zeros(1)}
-    if out_dir:
-        _write_artifacts(out_dir, sink.rows, summary, steps)
-        if cfg.name:
-            publish_latest(out_dir, run.subdir("sim"))
+    if out_dir and stage:
+        _write_artifacts(stage, sink.rows, summary, steps)
+        commit_sweep(run, cfg, stage, out_dir, summary)
     return SweepResult(sink.rows, summary, steps)
 
 

@@ -24,7 +24,7 @@ from tongyi_trace.artifact_set import commit_sets, copy_staged, staging_dir
 from tongyi_trace.atomic import json_default
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
-from tongyi_trace.models import DEFAULT_MODEL, ModelPreset
+from tongyi_trace.models import DEFAULT_MODEL, ModelPreset, Sizing, remember_sizing, run_sizing
 from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.run import RunDir, RunTables, atomic_write_text, write_json, write_parquet_atomic
 from tongyi_trace.schemas import SIM_SCHEMA
@@ -34,6 +34,7 @@ from tongyi_trace.sim.cost_model import CostModel, qttft_s, queue_summary
 from tongyi_trace.sim.guarded import pop_guard_tables, simulate_guarded, write_guard_tables
 from tongyi_trace.sim.intervals import HITS, QTTFT, sweep_intervals
 from tongyi_trace.sim.lru_curve import lru_curve
+from tongyi_trace.sim.recommend import FIRST_SWEEP, first_sweep_due, pin_after_sweep
 from tongyi_trace.sim.registry import (
     BASELINES,
     DEFAULT_CAPACITIES,
@@ -68,6 +69,7 @@ class SweepConfig:
     name: str | None = None  # RUN/sim/NAME/, then copied to RUN/sim/ (the latest, which the report reads)
     intervals: bool = True  # the bootstrap intervals of every gain, QTTFT change and target size (sim/intervals.py)
     confidence: float = DEFAULT_CONFIDENCE
+    sizing: Sizing | None = None  # the model and GPU settings, remembered in RUN/sizing.json once committed
 
 
 @dataclass
@@ -223,10 +225,7 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     if out_dir and stage:
         _write_artifacts(stage, rows, summary, steps)
         write_guard_tables(stage, guard_tables)
-        sets = [(stage, out_dir)]
-        if cfg.name:  # the latest sweep is also RUN/sim/'s set, which the report reads
-            sets.append((copy_staged(run.path, stage), run.subdir("sim")))
-        commit_sets(run.path, sets, "simulate", run.provenance().get("run_id"))
+        commit_sweep(run, cfg, stage, out_dir, summary)
     return SweepResult(rows, summary, steps)
 
 
@@ -301,6 +300,24 @@ def sweep_dir(run: RunDir, name: str | None) -> Path:
     return root / name
 
 
+def commit_sweep(run: RunDir, cfg: SweepConfig, stage: Path, out_dir: Path, summary: dict[str, Any]) -> None:
+    """Commit the sweep of CFG staged in STAGE to OUT_DIR as one step (artifact_set.py); a named sweep is also
+    RUN/sim/'s set (the latest), and the first full unnamed sweep also RUN/sim/first/, then pinned
+    (recommend.pin_after_sweep): the report reads the pin, not whatever one-off ran last. The sizing is
+    remembered after (RUN/sizing.json)."""
+    sim_root, name = run.subdir("sim"), cfg.name
+    sets = [(stage, out_dir)]
+    if name:
+        sets.append((copy_staged(run.path, stage), sim_root))
+    first = first_sweep_due(sim_root, name, summary)
+    if first:
+        sets.append((copy_staged(run.path, stage), sim_root / FIRST_SWEEP))
+    commit_sets(run.path, sets, "simulate", run.provenance().get("run_id"))
+    pin_after_sweep(sim_root, name, first)
+    if cfg.sizing is not None:
+        remember_sizing(run.path, cfg.sizing, "simulate")
+
+
 def list_sweeps(run_path: Path) -> list[str]:
     """Names of the named sweeps in RUN/sim/ (folders holding a summary.json), sorted."""
     root = Path(run_path) / "sim"
@@ -330,7 +347,7 @@ class SimulateOptions:
     capacities: str = DEFAULT_CAPACITIES
     params_path: Path | None = None
     engine_block_size: int | None = None
-    model: str = DEFAULT_MODEL  # preset name or a Hugging Face config.json path
+    model: str | None = None  # preset name or a Hugging Face config.json path; None: the run's (models.run_sizing)
     gpu_mem_gib: float | None = None
     tp: int | None = None
     hbm_capacity: str | None = None
@@ -389,7 +406,7 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
         wa["conditional"] = True
     if opts.wa_no_offset:
         wa["use_offset"] = False
-    model = get_preset(opts.model, gpu_mem_gib=opts.gpu_mem_gib, tp=opts.tp)
+    model = get_preset(opts.model or DEFAULT_MODEL, gpu_mem_gib=opts.gpu_mem_gib, tp=opts.tp)
     cost = override(preset_cost(opts.cost_model or model), overhead_s=opts.overhead_s,
                     s_per_token=opts.s_per_token, s_per_loaded_token=opts.s_per_loaded_token,
                     arrival_scale=opts.arrival_scale)
@@ -432,7 +449,9 @@ def simulate_inputs(run_dir: Path, opts: SimulateOptions) -> tuple[RunDir, Sweep
 
     # a raw trace is ingested once into ./<trace name>.kvtrace; a missing path says how to make a run
     run = ensure_run(run_dir) if Path(run_dir).exists() else open_run(run_dir)
-    cfg = build_config(opts)
+    sizing = run_sizing(run.path, opts.model, opts.gpu_mem_gib, opts.tp)
+    cfg = replace(build_config(replace(opts, model=sizing.model, gpu_mem_gib=sizing.gpu_mem_gib, tp=sizing.tp)),
+                  sizing=sizing)
     fitted_file = run.path.resolve() / "fit" / "policy.json"  # the run's own `kvtrace fit` output is the default
     if cfg.params_path is None and fitted_file.is_file() and any(
             policy_variant(p)[0] in ("wa", FITTED) for p in cfg.policies):

@@ -11,7 +11,7 @@ from typing import Any
 
 from tongyi_trace.report import fmt
 from tongyi_trace.report.artifacts import read_versioned
-from tongyi_trace.report.figures import Fig, label, new_figure
+from tongyi_trace.report.figures import Fig, fit_range, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import COMPARE_SCHEMA
@@ -125,12 +125,14 @@ def _plugin(side: dict[str, Any], key: str) -> str:
 
 
 def _hit_figure(na: str, a: dict[str, Any], nb: str, b: dict[str, Any]) -> Fig:
-    fig = new_figure(x_title="replay", y_title="token hit ratio", barmode="group")
-    fig.update_yaxes(range=[0, 1], tickformat=".0%")
+    fig = new_figure(x_title="replay", y_title="token hit ratio (axis fitted to the bars)", barmode="group")
     x = [label(na), label(nb)]
-    fig.add_bar(x=x, y=[a.get("engine_hit_ratio"), b.get("engine_hit_ratio")], name="engine (measured)")
+    drawn = [a.get("engine_hit_ratio"), b.get("engine_hit_ratio")]
+    fig.add_bar(x=x, y=drawn, name="engine (measured)")
     for pol in ("lru", "wa", "fitted"):
         y = [_pred(a, pol), _pred(b, pol)]
         if any(v is not None for v in y):
             fig.add_bar(x=x, y=y, name=f"simulator {pol.upper()} (predicted)")
+            drawn += y
+    fig.update_yaxes(range=fit_range(drawn, 0.0, 1.0), tickformat=".1%")  # the differences, not 0-100%
     return fig

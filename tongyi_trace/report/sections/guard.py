@@ -16,6 +16,8 @@ from tongyi_trace.report.artifacts import read_parquet
 from tongyi_trace.report.figures import downsample, label, new_figure
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.guarded import lru_time_share
+from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import WA_ABLATION
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
@@ -24,12 +26,16 @@ SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minute
 
 def build(run: RunDir) -> list[Section]:
     """One section per guarded run in which the guard switched or the refit ran; nothing when none did."""
-    d = run.path / "sim"
+    sweep = report_sweep(run.path)
+    if sweep is None:
+        return []
+    d = sweep.path
     tl = read_parquet(d / "guard_timeline.parquet", REMEDY)
     if tl is None or tl.height == 0:
         return []
     switches = read_parquet(d / "guard_switches.parquet", REMEDY)
     refits = read_parquet(d / "guard_refits.parquet", REMEDY)
+    results = read_parquet(d / "results.parquet", REMEDY)
     out = []
     for (policy, capacity), part in tl.sort("time_s").group_by(["policy", "capacity"], maintain_order=True):
         if policy in WA_ABLATION or not (part["switched"].any() or part["refit"].any()):
@@ -74,9 +80,27 @@ def build(run: RunDir) -> list[Section]:
                    fmt.num(r["old_reuse_prob"]), fmt.num(r["new_reuse_prob"])]
                   for r in changed.iter_rows(named=True)],
             caption="Categories refitted (their window's KS distance to the running model was too large).")
-        in_lru = float((part["guard_mode"] == "lru").cast(pl.Float64).mean() or 0.0)  # type: ignore[arg-type]
-        s.values = {"switches": fmt.count(sw.height), "refits": fmt.count(int(part["refit"].cast(pl.Int64).sum())),
-                    "lru_share": fmt.pct(in_lru), "num_refitted": fmt.count(changed.height)}
+        num_refits = int(part["refit"].cast(pl.Int64).sum())
+        s.values = {"switches": times(sw.height), "refits": times(num_refits),
+                    "lru_share": fmt.pct(lru_share(results, str(policy), str(capacity), part)),
+                    "num_refitted": fmt.count(changed.height)}
         s.headline = [Headline(f"guard switches ({policy} @ {capacity})", s.values["switches"])]
         out.append(s)
     return out
+
+
+def times(n: int) -> str:
+    """'1 time', '3 times'."""
+    return f"{fmt.count(n)} time{'' if n == 1 else 's'}"
+
+
+def lru_share(results: pl.DataFrame | None, policy: str, capacity: str, timeline: pl.DataFrame) -> float:
+    """The share of the trace the guard kept POLICY at CAPACITY in LRU order: the sweep row's
+    guard_time_lru_s over the guarded time (the one source the simulate table also shows), else the share
+    of the timeline's slices in LRU mode."""
+    if results is not None and "guard_time_lru_s" in results.columns:
+        rows = results.filter((pl.col("policy") == policy) & (pl.col("capacity") == capacity)).to_dicts()
+        share = lru_time_share(rows[0]) if rows else None
+        if share is not None:
+            return share
+    return float((timeline["guard_mode"] == "lru").cast(pl.Float64).mean() or 0.0)  # type: ignore[arg-type]

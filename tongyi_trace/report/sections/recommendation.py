@@ -1,5 +1,5 @@
-"""Section (first in the report): the planner's answer from the simulation sweep: the cache (GiB, and x one
-GPU's memory) at which LRU and the best policy reach 80/90/95% of the ideal hit ratio, per model preset;
+"""Section (first in the report): the planner's answer from the pinned simulation sweep: the cache (GiB, and
+x HBM) at which LRU and the best policy reach 80/90/95% of the ideal hit ratio, per model preset;
 the best policy per capacity with its gain over LRU; QTTFT; a flag when the fitted policy loses to LRU;
 the queue's utilization and the instances that keep it below 1; the fleet (router x instances) with the
 lowest P99 QTTFT that keeps every instance below utilization 1 when a fleet sweep was run, else the
@@ -14,12 +14,12 @@ from typing import Any
 from tongyi_trace.report import fmt
 from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
-from tongyi_trace.sim.recommend import describe, recommend_sim_dir
+from tongyi_trace.sim.recommend import answer_cells, describe, recommend_run
 
 
 def build(run: RunDir) -> list[Section]:
-    """The Recommendation section, or nothing when no finished `kvtrace simulate` sweep is in RUN_DIR/sim/."""
-    rec = recommend_sim_dir(run.path / "sim")
+    """The Recommendation section, or nothing when the run has no finished `kvtrace simulate` sweep."""
+    rec = recommend_run(run.path)
     if rec is None or not rec["capacities"]:
         return []
     iv = rec.get("intervals") or {}
@@ -28,38 +28,41 @@ def build(run: RunDir) -> list[Section]:
            f"({iv.get('num_resamples')} resamples; tongyi_trace/sim/bootstrap.py); a policy other than LRU is "
            "recommended only when its gain over LRU is significant, the one with the highest lower bound."
            if iv else " No intervals (simulated with --no-intervals): the best policy by its point value.")
+    sweep = rec["sweep"]["text"]
     s = Section(key="recommendation", title="Recommendation: how much cache, which policy",
-                definition="Targets are shares of the ideal (infinite cache) hit ratio. LRU's sizes are exact (the "
-                           "one-pass LRU curve, any capacity); the best policy's are the smallest simulated "
-                           "capacity reaching the target (the sweep's grid). Best = highest hit ratio among the "
-                           "deployable policies (not the oracle, not the WA ablations), LRU on ties. GiB = blocks x "
-                           "the model's KV bytes per block; x HBM = GiB over one GPU's memory. QTTFT and "
-                           "utilization: one instance under the cost model of 'kvtrace simulate' (utilization = "
-                           "prefill time / arrival span; >= 1 means the queue grows without bound)." + how)
+                definition=f"From {sweep}. What to run at a capacity is the policy file's choice there (kvtrace fit "
+                           "chose it on the held-out end of its train window) where the file has one, else the "
+                           "sweep's own answer by the same rule. Targets are shares of the ideal (infinite cache) "
+                           "hit ratio. LRU's sizes are exact (the one-pass LRU curve, any capacity); the best "
+                           "policy's are the smallest simulated capacity reaching the target (the sweep's grid). "
+                           "GiB = blocks x the model's KV bytes per block; x HBM = over the HBM left for KV after "
+                           "the weights (stated in the answer). QTTFT and utilization: one instance under the cost "
+                           "model of 'kvtrace simulate' (utilization = prefill time / arrival span; >= 1 means the "
+                           "queue grows without bound)." + how)
     models = [m["name"] for m in rec["models"]]
+    main = rec["sweep_model"] if rec["sweep_model"] in models else models[0]
+    columns, rows = answer_cells(rec)
+    s.tables["capacities"] = Table(columns=columns, rows=rows, caption=f"Gains in points of hit ratio with their "
+                                   f"{level} interval (+- half its width); the full sweep is in the simulator "
+                                   "section below.")
     s.tables["targets"] = Table(
-        columns=["target (of ideal)", "hit ratio", "model", "LRU needs", "best policy reaches it at", "QTTFT mean "
-                 "(LRU / best)"],
-        rows=[[fmt.pct(t["target"], 0), fmt.ratio(t["hit_ratio"]), m,
-               _size(t["lru"]["size"], m, t["lru"]["capacity_blocks"])
+        columns=["target (of ideal)", "hit ratio", "LRU needs", "best policy reaches it at",
+                 "QTTFT mean (LRU / best)"],
+        rows=[[fmt.pct(t["target"], 0), fmt.ratio(t["hit_ratio"]),
+               _size(t["lru"]["size"], main, t["lru"]["capacity_blocks"])
                + _blocks_iv(t.get("lru_capacity_blocks_interval")),
                "not reached in the sweep" if t["best"] is None else f"{t['best']['policy']} at "
-               f"{t['best']['capacity']}: {_size(t['best']['size'], m, t['best']['capacity_blocks'])}",
+               f"{t['best']['capacity']}: {_size(t['best']['size'], main, t['best']['capacity_blocks'])}",
                f"{fmt.seconds(t['lru']['qttft_mean_s'])} / {fmt.seconds((t['best'] or {}).get('qttft_mean_s'))}"]
-              for t in rec["targets"] for m in models],
-        caption="LRU 'never' = the ideal is not reachable by LRU at any size (pinning); QTTFT of LRU at the next "
-                "simulated capacity at or above its size.")
-    main = rec["sweep_model"] if rec["sweep_model"] in models else models[0]
-    s.tables["capacities"] = Table(
-        columns=["capacity", f"size ({main})", "run", f"gain over LRU (points, {level})",
-                 f"QTTFT vs LRU (%, {level})", "best policy (point)", "hit ratio", "gain over LRU (points)",
-                 "fitted policy vs LRU (points)", "QTTFT mean", "utilization", "instances for < 1"],
-        rows=[[e["capacity"], _size(e["size"], main, e["capacity_blocks"]), *_run(e), e["best_policy"],
-               fmt.ratio(e["best_hit_ratio"]), _best_gain(e), _fitted(e["fitted"]),
-               fmt.seconds(e["best_qttft_mean_s"]), _util(e), fmt.count(e["instances_needed"])]
-              for e in rec["capacities"]])
-    s.values = {"lines": describe(rec, main), "fitted_loses_at": ", ".join(rec["fitted_loses_at"]),
-                "fitted_policy": rec["fitted_policy"], "saturated_at": ", ".join(rec["saturated_at"])}
+              for t in rec["targets"]],
+        caption=f"Sizes for {main}; the other presets in 'kvtrace simulate --json'. LRU 'never' = the ideal is not "
+                "reachable by LRU at any size (pinning); QTTFT of LRU at the next simulated capacity at or above "
+                "its size.")
+    lines = describe(rec, main)
+    s.values = {"answers": [x for x in lines if x.startswith("At ")],
+                "notes": [x for x in lines if not x.startswith("At ")], "lines": lines, "sweep": sweep,
+                "fitted_loses_at": ", ".join(rec["fitted_loses_at"]), "fitted_policy": rec["fitted_policy"],
+                "model": main}
     t90 = next(t for t in rec["targets"] if t["target"] == 0.90)
     s.headline = [Headline(f"cache for 90% of the ideal hit ratio with LRU ({main})",
                            _size(t90["lru"]["size"], main, t90["lru"]["capacity_blocks"]))]
@@ -78,33 +81,7 @@ def _size(size: dict[str, Any] | None, model: str, blocks: int | None) -> str:
     if blocks is None or not size:
         return "never"
     g = size[model]
-    return f"{fmt.count(blocks)} blocks = {g['gib']:,.1f} GiB ({g['x_gpu_hbm']:.2f}x HBM)"
-
-
-def _pp(v: float | None) -> str:
-    return fmt.NA if v is None else f"{v:+.2f}"
-
-
-def _pm(g: dict[str, float] | None, spec: str = ".2f") -> str:
-    """'+0.40 +- 0.60' from {point, lo, hi}."""
-    if g is None:
-        return fmt.NA
-    return f"{format(g['point'], '+' + spec)} +- {format((g['hi'] - g['lo']) / 2, spec)}"
-
-
-def _run(e: dict[str, Any]) -> list[str]:
-    """What to run, its gain over LRU and QTTFT change with intervals (LRU: the closest policy's gain)."""
-    if e.get("run_policy") is None:
-        return [fmt.NA, fmt.NA, fmt.NA]
-    if e["run_policy"] == "lru":
-        c = e["closest"]
-        return ["lru", f"best {c['policy']} {_pm(c['gain_pp'])}: not significant", fmt.NA]
-    return [e["run_policy"], _pm(e["run_gain_pp"]), _pm(e.get("run_qttft_change_pct"), ".1f")]
-
-
-def _best_gain(e: dict[str, Any]) -> str:
-    """The best policy's point gain over LRU."""
-    return _pp(e["gain_over_lru_pp"])
+    return f"{fmt.count(blocks)} blocks = {g['gib']:,.1f} GiB ({g['x_hbm']:.2f}x HBM)"
 
 
 def _blocks_iv(iv: dict[str, Any] | None) -> str:
@@ -115,12 +92,3 @@ def _blocks_iv(iv: dict[str, Any] | None) -> str:
     return f" (interval {fmt.count(round(iv['lo']))}-{hi} blocks)"
 
 
-def _fitted(f: dict[str, Any] | None) -> str:
-    if f is None:
-        return fmt.NA
-    return f"{f['policy']} {f['vs_lru_pp']:+.2f}" + (" LOSES TO LRU" if f["loses_to_lru"] else "")
-
-
-def _util(e: dict[str, Any]) -> str:
-    u = e["utilization"]
-    return fmt.NA if u is None else f"{u:.2f}" + (" (saturated)" if e["saturated"] else "")

@@ -25,7 +25,8 @@ def fill(a: Analysis, s: Section) -> None:
                   for r in types.iter_rows(named=True)])
     if a.has_table("turns"):
         turns = a.table("turns")
-        fig = new_figure(x_title="turn number", y_title="requests at that turn / conversations ending there")
+        fig = new_figure(x_title="turn number (log)", y_title="requests at that turn / conversations ending there")
+        fig.update_xaxes(type="log")  # turns 1-20 carry the data; a linear axis to the deepest turn hides them
         fig.update_yaxes(type="log")
         fig.add_bar(x=turns["turn"].to_numpy(), y=turns["num_requests"].to_numpy(), name="requests")
         if a.has_table("conversation_turns"):

@@ -19,6 +19,8 @@ from tongyi_trace.report.model import Headline, Section, Table
 from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim import registry
+from tongyi_trace.sim.guarded import lru_time_share
+from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import (
     COLORS,
     FITTED,
@@ -42,7 +44,10 @@ OPTIONAL = ["orphaned_refs", "num_refs", "base_policy", "guard_switches", "refit
 
 def build(run: RunDir) -> list[Section]:
     """The simulation section, or nothing when `kvtrace simulate` was not run."""
-    d = run.path / "sim"
+    sweep = report_sweep(run.path)
+    if sweep is None:
+        return []
+    d = sweep.path
     results = _results(d)
     if results is None:
         return []
@@ -137,7 +142,7 @@ def _policy_order(names: list[str]) -> list[str]:
 
 def _hit_figure(results: pl.DataFrame, curve: pl.DataFrame | None, ideal: float | None,
                 peak_live: float | None) -> Fig:
-    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit ratio (blocks)", height_px=440)
+    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit ratio (blocks)", height_px=400)
     fig.update_xaxes(type="log")
     fig.update_yaxes(rangemode="tozero", tickformat=".0%")
     lo, hi = float(results["capacity_blocks"].min() or 1) / 4, float(results["capacity_blocks"].max() or 1) * 2  # type: ignore[arg-type]
@@ -209,9 +214,8 @@ def _guard_table(results: pl.DataFrame, caps: pl.DataFrame) -> Table | None:
     for r in sorted(results.filter(pl.col("guard_time_lru_s").is_not_null()
                                    & ~pl.col("policy").is_in(list(WA_ABLATION))).iter_rows(named=True),
                     key=lambda r: (r["policy"] != Policy.WA.value, order.get(r["capacity"], 0))):
-        total = (r["guard_time_policy_s"] or 0.0) + r["guard_time_lru_s"]
         rows.append([r["policy"], str(r["capacity"]), fmt.count(r["guard_switches"]), fmt.count(r["refits"]),
-                     fmt.pct(r["guard_time_lru_s"] / total if total > 0 else 0.0)])
+                     fmt.pct(lru_time_share(r))])
     if not rows:
         return None
     return Table(columns=["policy", "capacity", "guard switches", "refits", "time in LRU order"], rows=rows,
@@ -284,7 +288,7 @@ def _vs_lru(g: dict[str, Any]) -> str:
 
 
 def _gain_figure(gains: list[dict[str, Any]], exported: str) -> Fig:
-    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit-ratio points", height_px=380)
+    fig = new_figure(x_title="cache capacity (blocks, log scale)", y_title="hit-ratio points", height_px=320)
     fig.update_xaxes(type="log")
     x = [g["blocks"] for g in gains]
     fig.add_scatter(x=x, y=[100 * g["vs_lru"] for g in gains], mode="lines+markers", name=f"{exported} - LRU",

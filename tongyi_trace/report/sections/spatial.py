@@ -27,7 +27,7 @@ def fill(a: Analysis, s: Section) -> None:
         types = sizes["type"].to_list()[:MAX_TYPES]
         s.values["types"] = [(f"type{i}", str(t)) for i, t in enumerate(types)]
         for i, t in enumerate(types):
-            s.figures[f"type{i}"] = _heatmap(typed.filter(pl.col("type") == t), height_px=300)
+            s.figures[f"type{i}"] = _heatmap(typed.filter(pl.col("type") == t), height_px=240)
     else:
         s.values["types"] = []
     best = h.get("best_partial_window") or {}
@@ -46,7 +46,7 @@ def fill(a: Analysis, s: Section) -> None:
 build = analysis_builder("spatial", fill)
 
 
-def _heatmap(df: pl.DataFrame, height_px: int = 420) -> Fig:
+def _heatmap(df: pl.DataFrame, height_px: int = 320) -> Fig:
     offsets = sorted(df["offset_pct"].unique().to_list())
     strides = sorted(df["stride_pct"].unique().to_list())
     z = np.full((len(offsets), len(strides)), np.nan)
