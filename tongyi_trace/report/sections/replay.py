@@ -113,7 +113,7 @@ def _predicted(rec: dict[str, Any]) -> str:
 
 def _throughput(t: dict[str, Any] | None) -> str:
     t = t or {}
-    return " / ".join(fmt.num(t.get(k)) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"))
+    return " / ".join(fmt.quantity(t.get(k)) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"))
 
 
 def _too_long(doc: dict[str, Any]) -> str:
