@@ -90,3 +90,23 @@ def test_cli_sweep_prints_the_table(fresh_tiny_run: Path, standin: Standin) -> N
     bad = subprocess.run([*KVTRACE, "replay", str(fresh_tiny_run), "--server", url, "--slo", "ttft_ms=5"],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--slo goes with --sweep" in bad.stderr
+
+
+def test_the_report_plots_the_sweep(fresh_tiny_run: Path, standin: Standin) -> None:
+    """The report has a section per sweep: throughput and goodput against the load, latencies, the table."""
+    from tongyi_trace.report.fmt import quantity
+    from tongyi_trace.report.render import build_sections
+    from tongyi_trace.run import RunDir
+
+    url, _ = standin(block_size=32)
+    doc = run_sweep(fresh_tiny_run, url, ReplayOptions(name="load"), parse_sweep("rate=20,40"),
+                    {"ttft_ms": 1e4}).doc
+    sections = [s for s in build_sections(RunDir(fresh_tiny_run)) if s.partial == "sweep"]
+    assert [s.title for s in sections] == ["Load sweep on vLLM: load"]
+    s = sections[0]
+    assert set(s.figures) == {"throughput", "latency"}
+    assert [r[0] for r in s.tables["points"].rows] == ["20", "40"]
+    assert [r[7] for r in s.tables["points"].rows] == [f"{quantity(r['goodput_per_s'])} (6 of 6)" for r in doc["rows"]]
+    throughput = s.figures["throughput"].data
+    assert [t["name"] for t in throughput] == ["request throughput", "goodput (within SLO)", "offered"]
+    assert list(throughput[1]["y"]) == [r["goodput_per_s"] for r in doc["rows"]]

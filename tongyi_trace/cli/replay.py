@@ -71,7 +71,7 @@ def _render(res: ReplayResult) -> None:
     lat = Table(title="latency (ms)")
     for col in ("", "p50", "p90", "p99", "max"):
         lat.add_column(col, justify="right")
-    for key in ("ttft_ms", "e2e_ms", "drift_ms"):
+    for key in ("ttft_ms", "e2e_ms", "drift_ms", "held_ms"):
         d = s.get(key) or {}
         lat.add_row(key.removesuffix("_ms"), *(_fmt(d.get(k)) for k in ("p50", "p90", "p99", "max")))
     console.print(lat)
