@@ -77,6 +77,29 @@ def bench_drift(seconds: float) -> None:
         server.wait(timeout=10)
 
 
+def bench_wakeup_floor(rate_per_s: float, seconds: float) -> None:
+    """The machine's floor: how late an asyncio loop doing nothing else wakes for deadlines at RATE_PER_S (OS
+    scheduling and timer slack). No dispatch can be more punctual than this."""
+    import asyncio
+
+    import numpy as np
+
+    async def sleeper() -> list[float]:
+        t0, late = time.perf_counter(), []
+        for i in range(int(rate_per_s * seconds)):
+            due = t0 + i / rate_per_s
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            late.append((time.perf_counter() - due) * 1e3)
+        return late
+
+    late = np.array(asyncio.run(sleeper()))
+    print(f"\nfloor: an idle asyncio loop waking at {rate_per_s:g}/s is late by p50 {np.percentile(late, 50):.3f} ms, "
+          f"p99 {np.percentile(late, 99):.3f} ms, max {late.max():.1f} ms (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+
+
 def bench_drift_toc(rate_per_s: float, seconds: float) -> None:
     """Drift of a to-C synthetic trace (its bursts, prompts of up to tens of thousands of tokens, 16 output
     tokens each) at a mean of RATE_PER_S requests/s against the stand-in: the bodies of long prompts are
@@ -155,6 +178,7 @@ def main() -> None:
     a = ap.parse_args()
     bench_drift(a.seconds)
     bench_drift_toc(100.0, a.seconds)
+    bench_wakeup_floor(100.0, a.seconds)
     if not a.skip_engine:
         bench_engine(a.engine_requests)
 
