@@ -1,5 +1,6 @@
 """Replay figures for the note: dispatch drift and client CPU at 20/50/100 req/s against a local stand-in
-endpoint (tongyi_trace.replay.standin in its own process, NOT vLLM; target p99 < 5 ms), and the real CPU
+endpoint (tongyi_trace.replay.standin in its own process, NOT vLLM; target p99 < 5 ms), the drift of a to-C
+trace at 100 req/s (long prompts, bursts; target p99 < 10 ms), and the real CPU
 vLLM engine's hit ratio vs the simulator's LRU prediction at three cache capacities.
 
 Run: .venv/bin/python bench/bench_replay.py [--skip-engine] [--seconds 10]
@@ -76,6 +77,55 @@ def bench_drift(seconds: float) -> None:
         server.wait(timeout=10)
 
 
+def bench_wakeup_floor(rate_per_s: float, seconds: float) -> None:
+    """The machine's floor: how late an asyncio loop doing nothing else wakes for deadlines at RATE_PER_S (OS
+    scheduling and timer slack). No dispatch can be more punctual than this."""
+    import asyncio
+
+    import numpy as np
+
+    async def sleeper() -> list[float]:
+        t0, late = time.perf_counter(), []
+        for i in range(int(rate_per_s * seconds)):
+            due = t0 + i / rate_per_s
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            late.append((time.perf_counter() - due) * 1e3)
+        return late
+
+    late = np.array(asyncio.run(sleeper()))
+    print(f"\nfloor: an idle asyncio loop waking at {rate_per_s:g}/s is late by p50 {np.percentile(late, 50):.3f} ms, "
+          f"p99 {np.percentile(late, 99):.3f} ms, max {late.max():.1f} ms (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+
+
+def bench_drift_toc(rate_per_s: float, seconds: float) -> None:
+    """Drift of a to-C synthetic trace (its bursts, prompts of up to tens of thousands of tokens, 16 output
+    tokens each) at a mean of RATE_PER_S requests/s against the stand-in: the bodies of long prompts are
+    what the dispatch must build off the critical path."""
+    server = subprocess.Popen([sys.executable, "-m", "tongyi_trace.replay.standin"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        with tempfile.TemporaryDirectory() as tmp:
+            trace, run = Path(tmp) / "toc.jsonl", Path(tmp) / "run"
+            num = int(rate_per_s * seconds)
+            synth_to_file("to-c", 1, trace, num_requests=num, duration_s=seconds)
+            ingest_trace(trace, run)
+            res = run_replay(run, url, ReplayOptions(name="bench-toc", schedule=ScheduleOptions(max_output_tokens=16)))
+        s = res.summary
+        d, mean_in = s["drift_ms"], s["prompt_tokens_ok"] / max(s["counts"]["num_ok"], 1)
+        ok = "ok " if d["p99"] < 10.0 else "MISS"
+        print(f"\nto-C trace at {rate_per_s:g} req/s ({s['counts']['num_done']} requests, mean prompt "
+              f"{mean_in:,.0f} tokens, 16 output tokens): drift p50 {d['p50']:.3f} ms, p99 {d['p99']:.3f} ms, "
+              f"max {d['max']:.1f} ms, {s['counts']['num_error']} errors  p99<10ms {ok}")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 def bench_engine(num_requests: int) -> None:
     """Engine /metrics hit ratio vs the simulator's LRU prediction at three capacities (fresh engine each)."""
     if not eng.is_installed():
@@ -127,6 +177,8 @@ def main() -> None:
     ap.add_argument("--skip-engine", action="store_true", help="Only the dispatch drift part.")
     a = ap.parse_args()
     bench_drift(a.seconds)
+    bench_drift_toc(100.0, a.seconds)
+    bench_wakeup_floor(100.0, a.seconds)
     if not a.skip_engine:
         bench_engine(a.engine_requests)
 

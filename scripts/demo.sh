@@ -39,5 +39,4 @@ $K engine stop --name demo-wa
 step "8/9 compare: engine vs simulator, LRU vs the fitted policy"
 $K compare "$OUT/run/replay/lru" "$OUT/run/replay/fitted" --policy-file "$OUT/policy.json"
 step "9/9 report: one self-contained HTML file, and a screenshot from headless Chromium"
-$K report "$OUT/run" --screenshot "$OUT/report.png"
-printf '\nreport: %s\nscreenshot: %s\n' "$(realpath "$OUT/run/report.html")" "$(realpath "$OUT/report.png")"
+$K report "$OUT/run" --screenshot "$OUT/report.png"  # prints "report: PATH" and "screenshot: PATH" (absolute)

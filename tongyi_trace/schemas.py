@@ -17,6 +17,7 @@ SIZING_SCHEMA = "kvtrace.sizing/1"  # RUN/sizing.json: the model and GPU setting
 RECOMMENDATION_SCHEMA = "kvtrace.recommendation/1"  # a sweep's recommendation (sim/recommend.py)
 FLEET_SCHEMA = "kvtrace.fleet/1"  # RUN/sim/fleet/summary.json (fleet/sweep.py), read by the report
 REPLAY_SCHEMA = "kvtrace.replay/1"  # RUN/replay/NAME/summary.json (replay/runner.py), read by compare, report
+SWEEP_SCHEMA = "kvtrace.sweep/1"  # RUN/replay/NAME/sweep.json (replay/sweep.py), a load sweep's table
 COMPARE_SCHEMA = "kvtrace.compare/1"  # two replays compared (replay/compare.py), read by the report
 COST_SCHEMA = "kvtrace.cost/2"  # replay's fitted TTFT cost model (replay/cost.py), read by `simulate --cost-from`
 PLUGIN_STATS_SCHEMA = "kvtrace.plugin_stats/1"  # the vLLM plugin's counters (vllm_plugin/stats.py)

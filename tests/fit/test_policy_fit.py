@@ -185,10 +185,12 @@ def test_life_s_quantile_and_override(make_run: Callable[..., Path], tmp_path: P
     ({"min_samples": 0}, "--min-samples"),
     ({"life_quantile": 1.5}, "--life-quantile"),
     ({"life_s": -1.0}, "--life-s"),
-    ({"train": "500:600"}, "no block access in this window .*; give --train a window inside the trace"),
+    ({"train": "500:600"}, r"--train 500:600: starts past the trace.s end \(the trace spans 0:2 s from its first "
+                            r"request\); give --train a window inside the trace"),
     ({"train": "0:x"}, "must be numbers"),
     ({"test": "9:3"}, "--test"),
-    ({"test": "500:600"}, "--test 500:600: no block access"),
+    ({"test": "500:600"}, "--test 500:600: starts past the trace.s end"),
+    ({"test": "1:1.5"}, r"--test 1:1.5: no block access in this window \(the trace spans 0:2 s"),
 ])
 def test_bad_options(make_run: Callable[..., Path], tmp_path: Path, kwargs: dict, message: str) -> None:
     run = make_run(conversation(0.0, [2.0], "text", 0))
@@ -213,6 +215,18 @@ def test_empty_holdout_end_says_what_to_do(make_run: Callable[..., Path], tmp_pa
                        r"train window$"):
         fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1)
     assert fit_policy(run, tmp_path / "p.json", train="0:8", capacities="1", min_samples=1, holdout=0.0).policy.choices
+
+
+def test_a_train_window_far_past_the_end_says_so_not_holdout(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    """`--train 0:99999` on a 10 s trace: its held-out end (49999.5:99999) is past the trace's end. The error
+    names --train and the trace's length (it blamed --holdout); a window ending a little past the end, whose
+    held-out end still holds requests, fits as the whole trace."""
+    run = make_run([(0.0, "text", 1, [1]), (4.0, "text", 2, [1, 2]), (10.0, "text", 2, [1, 2, 3])])
+    with pytest.raises(UsageError, match=r"^--train 0:99999: ends past the trace's end \(the trace spans 0:10 s from "
+                       r"its first request\), so the held-out end of the train window \(49999.5:99999 s\) holds no "
+                       r"request; give --train a window within 0:10 \(START: runs to the end\)$"):
+        fit_policy(run, tmp_path / "p.json", train="0:99999", capacities="1", min_samples=1)
+    assert fit_policy(run, tmp_path / "p.json", train="0:12", capacities="1", min_samples=1).policy.choices
 
 
 @pytest.mark.parametrize("train", [None, "0:60"])

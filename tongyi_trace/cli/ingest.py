@@ -19,7 +19,7 @@ EXPORT_SCHEMA = "kvtrace.export-output/1"
 def ingest(
     trace: Path = typer.Argument(..., help="Trace file: Bailian or Mooncake JSONL (.gz/.zst ok) or kvtrace Parquet."),
     out: Path = typer.Option(..., "-o", "--out", help="Run folder to write the normalized tables into."),
-    fmt: str = typer.Option(None, "--format", help="Force the format: bailian, mooncake or parquet."),
+    fmt: str = typer.Option(None, "--format", help="Force the format: bailian, mooncake, aiperf or parquet."),
     block_size: int = typer.Option(None, "--block-size", help="Tokens per hash id (default 16 Bailian, 512 Mooncake)."),
     turn_buckets: str = typer.Option("1,2,3", "--turn-buckets", help="Turn bucket lower bounds for categories."),
     on_error: str = typer.Option("fail", "--on-error", help="'fail' on a bad line, or 'skip' it and count it."),

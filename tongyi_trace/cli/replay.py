@@ -71,10 +71,13 @@ def _render(res: ReplayResult) -> None:
     lat = Table(title="latency (ms)")
     for col in ("", "p50", "p90", "p99", "max"):
         lat.add_column(col, justify="right")
-    for key in ("ttft_ms", "e2e_ms", "drift_ms"):
+    for key in ("ttft_ms", "e2e_ms", "drift_ms", "held_ms"):
         d = s.get(key) or {}
         lat.add_row(key.removesuffix("_ms"), *(_fmt(d.get(k)) for k in ("p50", "p90", "p99", "max")))
     console.print(lat)
+    vocab = s.get("vocab") or {}
+    if str(vocab.get("source", "")).startswith("default"):
+        say(("note:", "yellow"), f" token ids drawn below {vocab.get('source')}")
     if s.get("num_cached_over_prompt"):
         say(("warning:", "yellow"), f" {s['num_cached_over_prompt']} requests report more cached tokens than "
             "their prompt; the server's cached_tokens is not trustworthy")
@@ -82,9 +85,37 @@ def _render(res: ReplayResult) -> None:
         say((f"{e['count']} x", "red"), f" {e['error']}")
 
 
+def _render_sweep(doc: dict[str, Any], path: Path) -> None:
+    """The sweep as vllm bench serve prints it: a row per load point."""
+    from rich.table import Table
+
+    from tongyi_trace.report.fmt import quantity
+
+    kind = str(doc.get("kind"))
+    slo = doc.get("slo") or {}
+    unit = "req/s" if kind == "rate" else "in flight"
+    t = Table(title=f"load sweep {doc.get('name')} ({kind}, {doc.get('status')})")
+    for col in (f"{kind} ({unit})", "ok / failed", "req/s", "output tok/s", "TTFT mean / median / P99 ms",
+                "TPOT mean / median / P99 ms", "ITL mean / median / P99 ms", "goodput req/s"):
+        t.add_column(col, justify="right")
+    for r in doc.get("rows") or []:
+        def three(key: str, row: dict[str, Any] = r) -> str:
+            d = row.get(key) or {}
+            return " / ".join(quantity(d.get(k)) for k in ("mean", "median", "p99"))
+
+        good = (f"{quantity(r.get('goodput_per_s'))} ({r.get('num_good')} of {r.get('num_ok')})" if slo
+                else "-")
+        t.add_row(f"{r.get(kind):g}", f"{r.get('num_ok')} / {r.get('num_error')}", quantity(r.get("requests_per_s")),
+                  quantity(r.get("output_tokens_per_s")), three("ttft_ms"), three("tpot_ms"), three("itl_ms"), good)
+    console.print(t)
+    slo_text = ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
+    say(f"goodput: requests/s that finished within {slo_text}" if slo else
+        "goodput: give --slo ttft_ms=...,tpot_ms=... to count the requests within SLOs", f"; -> {path}")
+
+
 @app.command()
 def replay(
-    run_dir: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest' (or 'kvtrace synth')."),
+    run_dir: Path = typer.Argument(..., help="Run folder from 'kvtrace ingest'."),
     server: str | None = typer.Option(None, "--server", help="Base URL of a vLLM OpenAI-compatible server, or "
                                       "several comma-separated (a fleet replay: give --router)."),
     router: str | None = typer.Option(None, "--router", help="Several servers: the fleet router that picks each "
@@ -104,8 +135,9 @@ def replay(
     max_output: int | None = typer.Option(None, "--max-output", help="Cap each request's output tokens."),
     max_in_flight: int | None = typer.Option(None, "--max-in-flight",
                                              help="Cap on concurrent requests (1 = one at a time)."),
-    vocab_size: int = typer.Option(source_value("engine.model", "VOCAB_SIZE"), "--vocab-size",
-                                   help="Token ids are drawn below this (the model's ordinary tokens)."),
+    vocab_size: int | None = typer.Option(None, "--vocab-size", help="Token ids are drawn below this (the "
+                                          "model's ordinary tokens; default: what the server says, else "
+                                          f"{source_value('engine.model', 'VOCAB_SIZE'):,})."),
     min_token_id: int = typer.Option(source_value("replay.prompts", "DEFAULT_MIN_TOKEN_ID"), "--min-token-id",
                                      help="Lowest token id used (keeps clear of BOS/EOS/pad)."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompt synthesis and session sampling."),
@@ -125,7 +157,13 @@ def replay(
                                             "policy file's categories (default: RUN/fit/policy.json if present)."),
     reconcile_only: bool = typer.Option(False, "--reconcile-only", help="Only recompute the reconciliation "
                                         "of replay NAME from its records (no server needed)."),
-    json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    sweep: str | None = typer.Option(None, "--sweep", help="A load sweep, one replay per point (NAME-rate4, ...): "
+                                     "rate=1,2,4,8 (requests/s: the trace's arrival pattern scaled to each mean "
+                                     "rate) or concurrency=1,4,16 (requests in flight, all due at once); the table "
+                                     "goes to RUN/replay/NAME/sweep.json and the report."),
+    slo: str | None = typer.Option(None, "--slo", help="With --sweep: the goodput SLOs in ms, ttft_ms=500,"
+                                   "tpot_ms=50 (and e2e_ms): goodput = requests/s meeting every one."),
+    json_out: bool = typer.Option(False, "--json", help="Print summary.json (with --sweep: sweep.json) on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no tables."),
 ) -> None:
     """Replay a trace against a live vLLM server and reconcile its cache hits with the simulator."""
@@ -152,6 +190,9 @@ def replay(
                                      closed_sessions=closed_sessions, max_output_tokens=max_output, seed=seed))
 
     opts = run_cli(build)
+    if sweep is not None or slo is not None:
+        _sweep(run_dir, server, opts, sweep, slo, json_out, quiet)
+        return
     if reconcile_only:
         res = run_cli(lambda: reconcile_only_fn(run_dir, name))
         if json_out:
@@ -197,3 +238,36 @@ def replay(
         say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; finished requests are in "
             "records.jsonl", err=True)
         raise typer.Exit(stop_exit_code(res.summary.get("error")))
+
+
+def _sweep(run_dir: Path, server: str | None, opts: ReplayOptions, sweep: str | None, slo: str | None,
+           json_out: bool, quiet: bool) -> None:
+    """`--sweep`: one replay per load point, a line per finished point, then the table."""
+    from tongyi_trace.replay.sweep import parse_slo, parse_sweep, run_sweep
+    from tongyi_trace.schemas import SWEEP_SCHEMA
+
+    def check() -> tuple[Any, dict[str, float]]:
+        if sweep is None:
+            raise UsageError("--slo goes with --sweep (e.g. --sweep rate=1,2,4 --slo ttft_ms=500,tpot_ms=50)")
+        if server is None:
+            raise UsageError("--server URL is required (e.g. the URL 'kvtrace engine start' printed)")
+        return parse_sweep(sweep), parse_slo(slo)
+
+    spec, slos = run_cli(check)
+    assert server is not None
+
+    def on_point(kind: str, value: float, res: ReplayResult) -> None:
+        if not quiet and not json_out:
+            t = res.summary.get("throughput") or {}
+            from tongyi_trace.report.fmt import quantity
+
+            say(f"{kind} {value:g}: {res.summary.get('status')}, {(res.summary.get('counts') or {}).get('num_ok', 0)} "
+                f"ok, {quantity(t.get('requests_per_s'))} req/s -> {res.out_dir}", err=True)
+
+    out = run_cli(lambda: run_sweep(run_dir, server, opts, spec, slos, on_point=on_point))
+    if json_out:
+        print_json(out.doc, SWEEP_SCHEMA)
+    elif not quiet:
+        _render_sweep(out.doc, out.path)
+    if out.doc.get("status") == "interrupted":
+        raise typer.Exit(stop_exit_code(out.doc.get("error")))

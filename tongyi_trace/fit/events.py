@@ -60,6 +60,16 @@ class Window:
         return f"{j['start_s']:g}:{j['end_s']:g}"
 
 
+def seconds_text(value_s: float) -> str:
+    """Seconds as the window options take them, to a tenth: 7200, 7199.9, 1700000000."""
+    return f"{round(value_s, 1):.12g}"
+
+
+def trace_span(length_s: float) -> str:
+    """The words that give a trace's length in window terms (messages about --train, --test, --holdout)."""
+    return f"the trace spans 0:{seconds_text(length_s)} s from its first request"
+
+
 def parse_window(text: str, trace_start_s: float, trace_end_s: float, option: str) -> Window:
     """Parse START:END, seconds from the trace start TRACE_START_S (its first arrival; either side may be
     empty: the trace's start / end), into a Window on the trace's clock."""
@@ -72,6 +82,10 @@ def parse_window(text: str, trace_start_s: float, trace_end_s: float, option: st
     except ValueError:
         raise UsageError(f"{option} {text!r}: START and END must be numbers of seconds, "
                          f"e.g. {option} 0:3600") from None
+    length_s = trace_end_s - trace_start_s
+    if np.isfinite(start_s) and start_s > length_s:
+        raise UsageError(f"{option} {text}: starts past the trace's end ({trace_span(length_s)}); give {option} "
+                         "a window inside the trace")
     if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
         raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
     end_abs_s = trace_start_s + end_s if end_txt.strip() else trace_end_s  # no round trip through the offset

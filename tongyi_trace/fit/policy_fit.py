@@ -42,7 +42,15 @@ import polars as pl
 from tongyi_trace.artifact_set import commit_sets, staging_dir
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
-from tongyi_trace.fit.events import Window, block_lifespans, load_accesses, parse_window, window_samples
+from tongyi_trace.fit.events import (
+    Window,
+    block_lifespans,
+    load_accesses,
+    parse_window,
+    seconds_text,
+    trace_span,
+    window_samples,
+)
 from tongyi_trace.fit.synth_like import workload_summary
 from tongyi_trace.fit.tune import DEFAULT_CAPACITIES, ProgressFn, tune
 from tongyi_trace.models import ModelPreset
@@ -161,6 +169,11 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 cut_s = train_w.start_s + (1.0 - holdout) * (train_w.end_s - train_w.start_s)
                 part_w = Window(train_w.start_s, cut_s, origin_s=start_s)
                 held_w = Window(cut_s, train_w.end_s, train_w.include_end, start_s)
+                if held_w.start_s > trace_end_s:  # the train window reaches far past the trace's end
+                    raise UsageError(
+                        f"--train {train}: ends past the trace's end ({trace_span(trace_end_s - start_s)}), "
+                        f"so the held-out end of the train window ({held_w} s) holds no request; give --train "
+                        f"a window within 0:{seconds_text(trace_end_s - start_s)} (START: runs to the end)")
                 _nonempty(window_samples(acc, held_w), held_w, trace_end_s, "--holdout",
                           f"--holdout {holdout:g}: the held-out end of the train window "
                           f"({held_w} s, where the setting per capacity is chosen)")
@@ -230,11 +243,12 @@ def _nonempty(samples: dict[str, Samples], w: Window, trace_end_s: float, option
               what: str | None = None) -> dict[str, Samples]:
     """SAMPLES, or a one-line UsageError naming OPTION (WHAT: the window as the user gave it) when empty."""
     if not samples:
+        span = trace_span(trace_end_s - w.origin_s)
         fix = ("use --holdout 0 or a longer train window" if option == "--holdout"
                else f"give {option} a window inside the trace")
-        raise UsageError(f"{what or f'{option} {w}'}: no block access in this window "
-                         f"(the trace spans 0:{trace_end_s - w.origin_s:g} s from its first request); {fix}")
+        raise UsageError(f"{what or f'{option} {w}'}: no block access in this window ({span}); {fix}")
     return samples
+
 
 
 def _own_fits(by_cat: dict[str, Samples], fitted: Callable[[int, int], None]

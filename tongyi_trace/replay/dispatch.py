@@ -1,6 +1,6 @@
 """Open-loop dispatch of the schedule to an OpenAI-compatible vLLM server (aiohttp, streaming).
 
-Each request is sent at its scheduled time (drift = actual - scheduled send time is recorded) as
+Each request is sent at its scheduled time as
 POST /v1/completions with the token-id prompt, max_tokens = min_tokens = the trace's output length,
 ignore_eos, stream with stream_options.include_usage (the final usage chunk carries
 prompt_tokens_details.cached_tokens), and `"vllm_xargs": {"kv_category": category, "kv_time_s": trace time,
@@ -9,7 +9,15 @@ SamplingParams.extra_args: the WA plugin ages blocks on the trace's clock, as th
 guard samples the blocks the simulator samples). TTFT = first chunk with a choice - send time.
 With several servers (a fleet replay), each request goes to the server of its instance (replay/fleet.py
 routes them) and its record says which.
-A request body is built before its send time, never on the critical path. Optional bounds: max_in_flight
+Drift is the client's own lateness: send time - the time the request was free to go, its scheduled time or,
+when --max-in-flight (a full semaphore) or --closed-sessions (a parent still running) held it back, the moment
+it was released; that hold is recorded apart (held_ms): counted as drift, it made a one-at-a-time replay of a
+bursty trace look hundreds of milliseconds late when the client was on time. A request body is built ahead of
+its send time, never on the critical path: the dispatch prepares the bodies of the next requests (up to
+LOOKAHEAD of them) while the next send is more than BUILD_SLACK_S away, and a request's task starts (records
+its send time, issues the POST) before anything else is built; a body of a long prompt takes up to ~20 ms to
+build, which used to delay the request sent just before it and every request of a burst
+(bench/bench_replay.py, "to-C"). Optional bounds: max_in_flight
 (a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
 A stop (Ctrl-C, SIGTERM, SIGHUP) cancels the dispatch from the event loop, never in the middle of a
 request's bookkeeping; requests it cuts off are not finished (no record), and it ends in KeyboardInterrupt.
@@ -24,6 +32,7 @@ import math
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -37,6 +46,8 @@ from tongyi_trace.stops import STOP_SIGNALS, stop_interrupt
 
 PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
+LOOKAHEAD = 256  # request bodies prepared ahead at most (memory: a body is ~5 bytes a prompt token)
+BUILD_SLACK_S = 0.003  # no body is built when the next send is due sooner than this
 
 
 @dataclass
@@ -108,8 +119,10 @@ def _parse_chunk(data: bytes) -> dict[str, object]:
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
-                num_prompt: int, t0: float, headers: dict[str, str], instance: int = 0) -> RequestRecord:
-    """Send one request; every outcome (including a reply the client cannot understand) is a record."""
+                num_prompt: int, t0: float, headers: dict[str, str], instance: int = 0,
+                ready_s: float | None = None) -> RequestRecord:
+    """Send one request; every outcome (including a reply the client cannot understand) is a record. READY_S:
+    when it was free to go, seconds from T0 (later than its scheduled time when it was held back)."""
     sent = time.perf_counter()
     ttft: float | None = None
     token_times: list[float] = []  # arrival of every chunk carrying choices (tokens)
@@ -145,12 +158,14 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
         status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         usage = None
     end = time.perf_counter()
+    ready = sr.scheduled_s if ready_s is None else ready_s
     details = usage.get("prompt_tokens_details") if usage else None
     tpot, itl = _decode_times(token_times, _int(usage.get("completion_tokens")) if usage else None, status == "ok")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return RequestRecord(
         req_idx=sr.req_idx, session_id=sr.session_id, category=sr.category, scheduled_s=sr.scheduled_s,
-        sent_s=sent - t0, drift_ms=(sent - t0 - sr.scheduled_s) * 1e3,
+        sent_s=sent - t0, drift_ms=(sent - t0 - max(sr.scheduled_s, ready)) * 1e3,
+        held_ms=max(0.0, ready - sr.scheduled_s) * 1e3,
         ttft_ms=ttft * 1e3 if ttft is not None else None,
         e2e_ms=(end - sent) * 1e3 if status == "ok" else None, prompt_tokens=num_prompt,
         engine_prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
@@ -244,13 +259,14 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
         t0 = time.perf_counter() + opts.start_delay_s
 
         async def one(sr: ScheduledRequest, body: bytes, num_prompt: int, parent: asyncio.Event | None,
-                      instance: int) -> None:
+                      instance: int, ready_s: float) -> None:
             try:
-                if parent is not None:
+                if parent is not None and not parent.is_set():
                     await parent.wait()
+                    ready_s = max(ready_s, time.perf_counter() - t0)  # held back by its parent
                 state.num_sent += 1
                 rec = await _send(session, completions_urls[instance], body, sr, num_prompt, t0, headers,
-                                  instance)
+                                  instance, ready_s)
                 if not rec.ok and main is not None and main.cancelling():  # cut off by our own stop: not finished
                     return
                 writer.write(rec)
@@ -268,22 +284,45 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 if sem is not None:
                     sem.release()
 
-        for sr in requests:
+        ahead: deque[tuple[ScheduledRequest, bytes, int]] = deque()  # prepared, in dispatch order
+        pending = iter(requests)
+
+        def prepare() -> bool:
+            """Build the next request's body into AHEAD; False when every request is prepared."""
+            sr = next(pending, None)
+            if sr is None:
+                return False
             prompt, keys = prompt_fn(sr)
-            body = request_body(opts.model, prompt, sr, keys)
+            ahead.append((sr, request_body(opts.model, prompt, sr, keys), len(prompt)))
+            return True
+
+        more = prepare()
+        while ahead:
+            sr = ahead[0][0]
+            due = t0 + sr.scheduled_s
+            while more and len(ahead) < LOOKAHEAD and due - time.perf_counter() > BUILD_SLACK_S:
+                more = prepare()  # the idle time before the next send builds the following bodies
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            ready_s = sr.scheduled_s
+            if sem is not None:
+                held = sem.locked()
+                await sem.acquire()
+                if held:  # held back by --max-in-flight: free to go from now on
+                    ready_s = max(ready_s, time.perf_counter() - t0)
+            sr, body, num_prompt = ahead.popleft()
             if opts.closed_sessions:
                 finished[sr.req_idx] = asyncio.Event()
             parent = finished.get(sr.parent_req_idx) if (
                 opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
             ) else None
-            delay = t0 + sr.scheduled_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is not None:
-                await sem.acquire()
             instance = instance_of[sr.req_idx] if instance_of is not None else 0
-            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance))
+            task = asyncio.create_task(one(sr, body, num_prompt, parent, instance, ready_s))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            await asyncio.sleep(0)  # the task starts now: its send time and POST before any other work
+            if not ahead and more:
+                more = prepare()
         if tasks:
             await asyncio.gather(*tasks)

@@ -4,7 +4,9 @@ Fields (docs/artifacts/replay.md): req_idx, session_id, category, scheduled_s, s
 e2e_ms, prompt_tokens (sent), engine_prompt_tokens (usage.prompt_tokens), cached_tokens
 (usage.prompt_tokens_details.cached_tokens), output_tokens (usage.completion_tokens), max_tokens,
 status ("ok" | "error"), http_status, error, instance (the index in the replay's --server list of the
-engine that served it; 0 with one server). Times are seconds / milliseconds from the replay's start.
+engine that served it; 0 with one server), held_ms (how long --max-in-flight or --closed-sessions held it
+back after its due time; drift_ms is the client's own lateness after that). Times are seconds /
+milliseconds from the replay's start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "prompt_tokens": pl.Int64, "engine_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
     "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.Utf8, "http_status": pl.Int64,
     "error": pl.Utf8, "tpot_ms": pl.Float64, "itl_ms": pl.List(pl.Float64), "instance": pl.Int64,
+    "held_ms": pl.Float64,
 }
 
 
@@ -50,6 +53,7 @@ class RequestRecord:
     tpot_ms: float | None = None  # (last token - first token) / (output tokens - 1), ok requests
     itl_ms: list[float] | None = None  # gaps between successive streamed chunks carrying tokens
     instance: int = 0  # the engine that served it: its index in the replay's --server list
+    held_ms: float = 0.0  # held back after its due time by --max-in-flight or --closed-sessions (not drift)
 
     @property
     def ok(self) -> bool:

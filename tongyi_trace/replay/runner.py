@@ -59,7 +59,7 @@ class ReplayOptions:
     name: str = "default"
     model: str | None = None
     schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int | None = None  # None: what the server says (server_vocab_size), else VOCAB_SIZE
     min_token_id: int = DEFAULT_MIN_TOKEN_ID
     seed: int = 0
     max_in_flight: int | None = None
@@ -82,6 +82,8 @@ class ServerInfo:
     model: str
     max_model_len: int | None
     metrics: MetricsSnapshot | None
+    vocab_size: int | None = None  # the model's ordinary tokens, when the server says (server_vocab_size)
+    vocab_source: str | None = None  # where vocab_size came from
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,36 @@ def probe_server(url: str, model: str | None, api_key: str | None, reset_cache: 
         reset_prefix_cache(url, api_key)
     card = cards[ids.index(model)]
     mml = card.get("max_model_len")
+    vocab, source = server_vocab_size(url, card, api_key)
     return ServerInfo(url=url, model=model, max_model_len=int(mml) if isinstance(mml, int) else None,
-                      metrics=scrape_metrics(url, api_key))
+                      metrics=scrape_metrics(url, api_key), vocab_size=vocab, vocab_source=source)
+
+
+def server_vocab_size(url: str, card: dict[str, Any], api_key: str | None) -> tuple[int | None, str | None]:
+    """The served model's number of ordinary tokens and where it was read, when the server says: a
+    `vocab_size` in its /v1/models card; else vLLM's GET /tokenizer_info (served with
+    --enable-tokenizer-info-endpoint): its `vocab_size`, or the lowest special token id of its
+    added_tokens_decoder (Qwen2: 151643, the ids above are special); else, for a local `kvtrace engine`, its
+    model's vocabulary. (None, None) when none says."""
+    v = card.get("vocab_size")
+    if type(v) is int and v > 1:
+        return v, "the server's /v1/models"
+    try:
+        r = httpx.get(f"{url}/tokenizer_info", headers=_headers(api_key), timeout=10.0, verify=_tls(url))
+        info = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        info = None
+    if isinstance(info, dict):
+        v = info.get("vocab_size")
+        if type(v) is int and v > 1:
+            return v, "the server's /tokenizer_info"
+        added = info.get("added_tokens_decoder")
+        ids = [int(k) for k in added if str(k).isdigit()] if isinstance(added, dict) else []
+        if ids and min(ids) > 1:
+            return min(ids), "the server's /tokenizer_info (its first special token id)"
+    if local_engine_at(url) is not None:
+        return VOCAB_SIZE, "the local kvtrace engine's model"
+    return None, None
 
 
 class BlockIndex:
@@ -235,7 +265,7 @@ def _check_options(run: RunDir, opts: ReplayOptions) -> tuple[Path, bool]:
     for flag, v in (("--engine-block-size", opts.engine_block_size), ("--engine-num-blocks", opts.engine_num_blocks)):
         if v is not None and not 1 <= v < 2**40:
             raise UsageError(f"{flag} {v}: give a positive number of blocks/tokens")
-    if opts.vocab_size >= 2**31:
+    if opts.vocab_size is not None and opts.vocab_size >= 2**31:
         raise UsageError(f"--vocab-size {opts.vocab_size}: give the model's vocabulary size (< 2^31)")
     if not (opts.request_timeout_s > 0 and math.isfinite(opts.request_timeout_s)):
         raise UsageError(f"--request-timeout-s {opts.request_timeout_s}: give a positive number of seconds")
@@ -282,7 +312,10 @@ def _plan(run: RunDir, opts: ReplayOptions, urls: list[str], infos: list[ServerI
         raise UsageError(f"no request to replay after selection ({_selection(sched)}); widen --start/"
                          "--duration/--sample-sessions or raise the server's --max-model-len")
     routing = _fleet_routing(run, sched, infos, opts) if len(infos) > 1 else None
-    synth = PromptSynth(opts.seed, opts.vocab_size, int(prov["block_size"]), opts.min_token_id)
+    vocab_size, vocab_source = ((opts.vocab_size, "--vocab-size") if opts.vocab_size is not None
+                                else (info.vocab_size, info.vocab_source) if info.vocab_size is not None
+                                else (VOCAB_SIZE, f"default {VOCAB_SIZE} (the server did not say; pass --vocab-size)"))
+    synth = PromptSynth(opts.seed, vocab_size, int(prov["block_size"]), opts.min_token_id)
     index = BlockIndex(run, [r.req_idx for r in sched.requests])
     keys = _block_keys(run, sched, {_engine_figures(i, opts)["block_size"] for i in infos})
 
@@ -301,6 +334,7 @@ def _plan(run: RunDir, opts: ReplayOptions, urls: list[str], infos: list[ServerI
                     **asdict(opts.schedule), "api_key_set": opts.api_key is not None},
         "selection": _selection(sched),
         "engine": _engine_figures(info, opts),
+        "vocab": {"size": vocab_size, "source": vocab_source},
     }
     if routing is not None:
         summary.update(servers=[public_url(u) for u in urls], fleet=routing.summary())
@@ -453,6 +487,7 @@ def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, 
         "num_cached_over_prompt": int((ok["cached_tokens"] > ok["prompt_tokens"]).sum() or 0),
         "cached_tokens_reported": hits.num_without_cached_tokens == 0,
         "drift_ms": _pcts(recs["drift_ms"]),
+        "held_ms": _pcts(recs["held_ms"]),
         "ttft_ms": _pcts(ok["ttft_ms"]),
         "e2e_ms": _pcts(ok["e2e_ms"]),
         "tpot_ms": _pcts(ok["tpot_ms"]),

@@ -6,8 +6,9 @@ keep whole sessions whose deterministic hash (seed, session_id) falls below samp
 pattern of the kept sessions is untouched); skip, and count, requests whose prompt + output exceed the
 server's max_model_len; take the first max_requests. Request i is due at
     scheduled_s = (arrival_s - arrival_s of the first kept request) / speedup
-after the replay starts. With closed sessions a child also waits until its parent (parent_chat_id, when
-the parent is replayed too) has finished.
+after the replay starts (speedup inf: every request at 0, as a closed-loop load point sends them). With
+closed sessions a child also waits until its parent (parent_chat_id, when the parent is replayed too) has
+finished.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ class Schedule:
 
 
 def _check(opts: ScheduleOptions) -> None:
-    if not (opts.speedup > 0 and math.isfinite(opts.speedup)):
-        raise UsageError(f"--speedup {opts.speedup} must be a finite number > 0")
+    if not opts.speedup > 0:  # also refuses NaN; inf: every request due at once (a closed-loop load point)
+        raise UsageError(f"--speedup {opts.speedup} must be a number > 0 (inf: every request at once)")
     if not (opts.start_s >= 0 and math.isfinite(opts.start_s)):
         raise UsageError(f"--start {opts.start_s} must be a finite number of seconds >= 0")
     if opts.duration_s is not None and not (opts.duration_s > 0 and math.isfinite(opts.duration_s)):

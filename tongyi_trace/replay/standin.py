@@ -1,6 +1,7 @@
 """A stand-in OpenAI-compatible endpoint for tests and benchmarks of the replay CLIENT (not an engine).
 
 It speaks the subset of vLLM's API that replay uses: GET /health, GET /v1/models (with max_model_len),
+GET /tokenizer_info (only with first_special_id, as vLLM with --enable-tokenizer-info-endpoint),
 GET /metrics (vllm:prefix_cache_{queries,hits}_total, vllm:cache_config_info), and streaming
 POST /v1/completions with a final usage chunk. Its "cache" is an unlimited prefix cache of full blocks
 (chained hashes of block_size-token blocks; a hit never covers the last prompt token), enough to check
@@ -42,7 +43,8 @@ class StandInState:
 
     def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
                  token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None,
-                 fault: str | None = None, fault_every: int = 1, hang_metrics_after: int = 0) -> None:
+                 fault: str | None = None, fault_every: int = 1, hang_metrics_after: int = 0,
+                 first_special_id: int | None = None) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         self.block_size = block_size
@@ -54,6 +56,10 @@ class StandInState:
         self.fault = fault
         self.fault_every = max(1, fault_every)
         self.hang_metrics_after = hang_metrics_after  # > 0: GET /metrics hangs after that many scrapes
+        # set: GET /tokenizer_info answers as vLLM with --enable-tokenizer-info-endpoint, two special tokens
+        # from this id on (the ordinary vocabulary below it); None: 404, as vLLM by default
+        self.first_special_id = first_special_id
+        self.max_token_id = -1  # the largest prompt token id received
         self.num_metrics = 0
         self.stop = threading.Event()  # set at shutdown: releases hanging / trickling handlers
         self.lock = threading.Lock()
@@ -169,6 +175,11 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
                                                              "max_model_len": state.max_model_len}]})
+            elif self.path == "/tokenizer_info" and state.first_special_id is not None:
+                first = state.first_special_id
+                self._json(200, {"tokenizer_class": "StandInTokenizer", "added_tokens_decoder": {
+                    str(first): {"content": "<|endoftext|>", "special": True},
+                    str(first + 1): {"content": "<|im_start|>", "special": True}}})
             elif self.path == "/metrics" and state.hang_metrics_after and self._count_metrics() > \
                     state.hang_metrics_after:
                 state.stop.wait(120)
@@ -215,6 +226,7 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
                 self._json(400, {"error": {"message": "prompt too long for max_model_len"}})
                 return
             cached = state.lookup_and_insert(prompt)
+            state.max_token_id = max(state.max_token_id, max(prompt, default=-1))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")

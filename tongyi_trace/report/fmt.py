@@ -39,6 +39,22 @@ def num(x: float | None, digits: int = 3) -> str:
     return NA if v is None else f"{v:.{digits}g}"
 
 
+def quantity(x: float | None) -> str:
+    """A measured quantity as people read it, about 3 significant digits, no exponent, thousands separated:
+    8.183 -> '8.18', 32.71 -> '32.7', 10412.3 -> '10,412', 0.0123 -> '0.012'."""
+    v = _value(x)
+    if v is None:
+        return NA
+    a = abs(v)
+    if a >= 100 or a == 0:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.2g}" if a >= 1e-4 else f"{v:.1e}"
+
+
 def multiple(x: float | None) -> str:
     """A multiple of a capacity: 4.21 -> '4.21x'; below 0.01 as a percentage: 9.37e-05 -> '0.0094%'."""
     v = _value(x)

@@ -1,10 +1,12 @@
-"""The trace formats kvtrace reads (bailian, mooncake: JSONL; parquet: the Bailian fields as columns, as
-written by `kvtrace export`), their detection from the first record, their default block sizes and the
+"""The trace formats kvtrace reads (bailian, mooncake, aiperf: JSONL; parquet: the Bailian fields as columns,
+as written by `kvtrace export`), their detection from the first record, their default block sizes and the
 checks of the reading options.
 
 - bailian: Qwen-Bailian JSONL: chat_id, parent_chat_id (-1 root), timestamp (s), input_length,
   output_length, type, turn, hash_ids (one id per 16-token block); optional user_id.
 - mooncake: Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks).
+- aiperf: AIPerf's mooncake_trace: the Mooncake fields with session_id and delay (ms after the previous
+  turn of the session) instead of, or beside, timestamp (trace/aiperf_reader.py; 512-token blocks).
 - parquet: the Bailian fields as columns (hash_ids a list column).
 """
 
@@ -19,8 +21,9 @@ from tongyi_trace.trace.parquet_reader import PARQUET_BLOCK_SIZE_KEY, parquet_fi
 from tongyi_trace.trace.records import MAX_BLOCK_SIZE, show
 from tongyi_trace.trace.source import check_trace_path, iter_lines
 
-FORMATS = ("bailian", "mooncake", "parquet")
-DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "parquet": 16}
+FORMATS = ("bailian", "mooncake", "aiperf", "parquet")
+DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "aiperf": 512, "parquet": 16}
+AIPERF_FIELDS = ("session_id", "delay")  # a record with one of these (or without a timestamp) is AIPerf's
 
 
 def detect_format(path: Path) -> str:
@@ -41,10 +44,16 @@ def detect_format(path: Path) -> str:
             raise located(path, line_no, None, "the first record is not a JSON object", "check the file")
         if "chat_id" in rec:
             return "bailian"
+        if "hash_ids" in rec and "input_length" in rec and (any(k in rec for k in AIPERF_FIELDS)
+                                                           or "timestamp" not in rec):
+            return "aiperf"
         if "hash_ids" in rec and "timestamp" in rec:
             return "mooncake"
-        raise located(path, line_no, None, f"unknown record with fields {show(sorted(rec)[:8])}",
-                      "expected Bailian (chat_id, hash_ids, ...) or Mooncake (timestamp, hash_ids, ...) JSONL")
+        names = [str(k) for k in sorted(rec)]
+        fields = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise located(path, line_no, None, f"unknown record with fields {fields or '(none)'}",
+                      "expected Bailian (chat_id, hash_ids, ...), Mooncake (timestamp, hash_ids, ...) or AIPerf "
+                      "(session_id, delay, input_length, hash_ids, ...) JSONL")
     raise InputError(f"{path}: the file is empty (no records); give a trace with at least one request")
 
 

@@ -229,7 +229,7 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
             if int(requests["num_blocks"].sum()) == 0:
                 raise InputError(f"{path}: no request has a hash id (every hash_ids list is empty); a trace needs "
                                  "block ids to analyze")
-            if findings["timestamps_out_of_order"]:
+            if not requests["raw_idx"].is_sorted():  # requests sorted by arrival: blocks follow
                 _rekey_blocks(stage, file_order_path, blocks_tmp, requests, duckdb_limit)
                 file_order_path.unlink()
             else:
@@ -317,11 +317,12 @@ def _normalize_requests(path: Path, fmt: str, cols: dict[str, list[Any]], bucket
     }).with_row_index("raw_idx")
     ts = df["arrival_s"].to_numpy()
     out_of_order = int(np.count_nonzero(ts[1:] < ts[:-1]))
-    if out_of_order:
+    if out_of_order and fmt != "aiperf":  # an AIPerf trace lists sessions, not arrivals: no finding
         findings["timestamps_out_of_order"] = out_of_order
         i = int(np.argmax(ts[1:] < ts[:-1])) + 1
         examples["timestamps_out_of_order"] = [f"{path}:{df['line_no'][i]}: timestamp {ts[i]} before "
                                                f"{ts[i - 1]}; requests stably sorted by timestamp"]
+    if out_of_order:
         df = df.sort("arrival_s", maintain_order=True)
     df = df.with_row_index("req_idx").with_columns(pl.col("req_idx").cast(pl.Int64),
                                                    pl.col("raw_idx").cast(pl.Int64))

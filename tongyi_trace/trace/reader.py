@@ -1,7 +1,7 @@
 """Reading KV-cache traces chunk by chunk, so memory stays bounded: `read_chunks` hands a trace to the
 reader of its format. The parts: trace/source.py (bytes, decompression, lines), trace/formats.py (format
-detection and options), trace/records.py (the record checks and the chunk columns), trace/jsonl_reader.py
-and trace/parquet_reader.py."""
+detection and options), trace/records.py (the record checks and the chunk columns), trace/jsonl_reader.py,
+trace/aiperf_reader.py and trace/parquet_reader.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tongyi_trace.errors import InputError
+from tongyi_trace.trace.aiperf_reader import read_aiperf
 from tongyi_trace.trace.formats import check_options
 from tongyi_trace.trace.jsonl_reader import read_jsonl
 from tongyi_trace.trace.parquet_reader import read_parquet
@@ -26,4 +27,6 @@ def read_chunks(path: Path, fmt: str, on_error: str, stats: ReadStats) -> Iterat
         if f.read(4) == b"PAR1":
             raise InputError(f"{path}: a Parquet file read as {fmt} JSONL; drop --format {fmt} or pass "
                              "--format parquet")
+    if fmt == "aiperf":
+        return read_aiperf(path, on_error, stats)
     return read_jsonl(path, fmt, on_error, stats)

@@ -113,13 +113,20 @@ MOONCAKE_SPEC: dict[str, Any] = {
     "output_length": _TOKENS,
     "hash_ids": _List(),
 }
+# AIPerf's mooncake_trace (trace/aiperf_reader.py): the Mooncake fields, timestamp optional (or delay)
+AIPERF_SPEC: dict[str, Any] = {k: MOONCAKE_SPEC[k] for k in ("input_length", "output_length", "hash_ids")}
 BAILIAN_ONLY = ("chat_id", "parent_chat_id", "type", "turn")
 FIX = "fix the line or pass --on-error skip to skip such lines"
 
 
-def show(v: Any) -> str:
-    """A short, one-line rendering of a JSON value for messages."""
-    return " ".join(repr(v).split())[:40]
+def show(v: Any, width: int = 40) -> str:
+    """A short, one-line rendering of a JSON value for messages: cut, when longer than WIDTH, after its
+    last whole item or word, with "..." to say so (never mid-word)."""
+    text = " ".join(repr(v).split())
+    if len(text) <= width:
+        return text
+    cut = max(text.rfind(",", 0, width - 4), text.rfind(" ", 0, width - 4))
+    return (text[:cut] if cut > 0 else text[:width - 4]).rstrip(", ") + " ..."
 
 
 @dataclass

@@ -24,6 +24,7 @@ from tongyi_trace.report.sections import (
     sim,
     skew,
     spatial,
+    sweep,
     turn_hits,
     user_heatmap,
 )
@@ -55,5 +56,6 @@ BUILDERS: list[Builder] = [
     guard.build,
     # live replays on vLLM (`kvtrace replay`), one section each
     replay.build,
+    sweep.build,
     compare.build,
 ]

@@ -66,7 +66,8 @@ def _replay_section(d: Path, index: int) -> Section:
         ["wall time", fmt.seconds(doc.get("wall_s"))],
         ["engine hit ratio (/metrics deltas)", fmt.ratio((doc.get("metrics") or {}).get("hit_ratio"))],
         ["engine hit ratio (cached / prompt tokens of ok requests)", fmt.ratio(doc.get("records_hit_ratio"))],
-        ["dispatch drift P50 / P99", _ms_pair(doc.get("drift_ms"))],
+        ["dispatch drift P50 / P99 (the client's lateness)", _ms_pair(doc.get("drift_ms"))],
+        ["held back by --max-in-flight / --closed-sessions P50 / P99", _ms_pair(doc.get("held_ms"))],
         ["TTFT P50 / P99", _ms_pair(doc.get("ttft_ms"))],
         ["TPOT P50 / P99 (per output token after the first)", _ms_pair(doc.get("tpot_ms"))],
         ["ITL P50 / P99 (between streamed chunks)", _ms_pair(doc.get("itl_ms"))],
@@ -113,7 +114,7 @@ def _predicted(rec: dict[str, Any]) -> str:
 
 def _throughput(t: dict[str, Any] | None) -> str:
     t = t or {}
-    return " / ".join(fmt.num(t.get(k)) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"))
+    return " / ".join(fmt.quantity(t.get(k)) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"))
 
 
 def _too_long(doc: dict[str, Any]) -> str:
