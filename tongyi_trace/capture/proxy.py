@@ -13,7 +13,8 @@ reply it could count: `timestamp` (s from the capture's start, at the request's 
 as vLLM and SGLang stream, less a chat stream's opening role chunk), `type` (capture/content.py), `hash_ids`
 (capture/blocks.py: keyed chained hashes of the prompt's token ids, which capture/tokenize.py gets while the
 request runs), and `chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's
-SessionLinker, fed the requests in the order their lines are written. Lines are written as requests finish, so
+SessionLinker, fed the requests in the order their lines are written (each line says so: `linked_by`, so
+that ingest's provenance says its sessions were inferred, by the capture). Lines are written as requests finish, so
 the file is in finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written:
 no prompt or output text, no token id, no header, no user identifier. Every request that is not recorded is
 counted by reason: an error (the upstream unreachable, a non-200 status, a reply or stream that is not what
@@ -44,6 +45,7 @@ from tongyi_trace.capture.content import request_type
 from tongyi_trace.capture.writer import LineWriter
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.stops import STOP_SIGNALS
+from tongyi_trace.trace.formats import CAPTURE_LINKER, LINKED_BY_FIELD
 
 API_PATHS = ("/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -217,7 +219,7 @@ class Recorder:
         chat_id = self.summary.num_recorded
         line = {"chat_id": chat_id, "parent_chat_id": link.parent, "timestamp": round(arrival_s, 6),
                 "input_length": input_length, "output_length": output_length, "type": req_type,
-                "turn": link.turn, "hash_ids": ids}
+                "turn": link.turn, LINKED_BY_FIELD: CAPTURE_LINKER, "hash_ids": ids}
         self.writer.write_line(json.dumps(line, separators=(",", ":")).encode())
         self.summary.num_recorded += 1
         self.summary.num_distinct_blocks = len(self._dense)
