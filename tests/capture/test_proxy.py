@@ -18,7 +18,8 @@ import pytest
 
 from tests.capture.conftest import SLOW_S, FakeUpstream, fake_token_ids, read_lines
 
-FIELDS = {"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn", "hash_ids"}
+FIELDS = {"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn", "linked_by",
+          "hash_ids"}
 
 
 def _post(base: str, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
@@ -161,8 +162,8 @@ def test_no_prompt_text_token_id_or_header_reaches_the_file(fake_upstream: FakeU
     for needle in (secret, "Zebra", "SECRET", "alice", "fake", "Bearer", *map(str, ids)):
         assert needle not in raw
     lines = [json.loads(x) for x in raw.splitlines()]
-    # the only string is the type; every number is a count, a time, a link or a dense block id
-    assert all(set(r) == FIELDS and r["type"] == "text" for r in lines)
+    # the only strings are the type and who linked; every number is a count, a time, a link or a dense block id
+    assert all(set(r) == FIELDS and r["type"] == "text" and r["linked_by"] == "kvtrace capture" for r in lines)
     assert [(r["input_length"], len(r["hash_ids"])) for r in lines] == [(40, 3), (len(secret), 2)]
     assert sorted(i for r in lines for i in r["hash_ids"]) == list(range(3 + 2))  # dense ids, nothing else
 
@@ -194,6 +195,38 @@ def test_a_continued_conversation_links_to_its_parent(fake_upstream: FakeUpstrea
     cap.stop()
     lines = read_lines(tmp_path / "t.jsonl")
     assert [(r["chat_id"], r["parent_chat_id"], r["turn"]) for r in lines] == [(0, -1, 1), (1, -1, 1), (2, 0, 2)]
+
+
+def test_ingest_says_a_capture_s_sessions_were_inferred_by_the_capture(fake_upstream: FakeUpstream,
+                                                                       start_capture: Any, tmp_path: Path) -> None:
+    """The links in a captured file are the capture's SessionLinker's, not a server's conversation ids: ingest
+    keeps them and its provenance says "inferred", by "kvtrace capture" (as a Mooncake trace's say "inferred",
+    by "kvtrace ingest"); with --infer-sessions ingest links them itself; the same lines without the capture's
+    `linked_by` are a trace with its own links ("given")."""
+    from tongyi_trace.run import RunDir
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    out = tmp_path / "t.jsonl"
+    cap = start_capture(fake_upstream.url("ok"), out)
+    first = _ids(40)
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": first, "max_tokens": 8})
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": first + _ids(8, 7000) + _ids(30, 8000),
+                                       "max_tokens": 8})
+    cap.stop()
+    runs = {}
+    for name, infer in (("kept", None), ("relinked", True)):
+        prov = ingest_trace(out, tmp_path / name, infer_sessions=infer)
+        runs[name] = RunDir(tmp_path / name).requests().sort("req_idx")
+        assert (prov["sessions"], prov["sessions_linked_by"]) == (
+            "inferred", "kvtrace capture" if infer is None else "kvtrace ingest")
+        assert prov["has_turns"] and prov["has_sessions"]
+    for run in runs.values():  # both linkers give the continuation its parent
+        assert run["parent_chat_id"].to_list() == [-1, 0] and run["turn"].to_list() == [1, 2]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "linked_by"}) + "\n"
+                             for r in read_lines(out)))
+    prov = ingest_trace(plain, tmp_path / "plain")
+    assert (prov["sessions"], prov["sessions_linked_by"]) == ("given", None)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

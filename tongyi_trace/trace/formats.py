@@ -13,6 +13,7 @@ checks of the reading options.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -26,12 +27,35 @@ DEFAULT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512, "aiperf": 512, "parquet": 
 AIPERF_FIELDS = ("session_id", "delay")  # a record with one of these (or without a timestamp) is AIPerf's
 
 
+# A line `kvtrace capture` writes says who made its parent_chat_id and turn: the capture's session linker
+# (trace/sessions.py), not a server's own conversation ids; ingest's provenance then says "inferred".
+LINKED_BY_FIELD = "linked_by"
+CAPTURE_LINKER = "kvtrace capture"
+
+
 def detect_format(path: Path) -> str:
-    """The trace format of PATH from its first record (bailian, mooncake or parquet)."""
+    """The trace format of PATH from its first record (bailian, mooncake, aiperf or parquet)."""
     check_trace_path(path)
     with path.open("rb") as f:
         if f.read(4) == b"PAR1":
             return "parquet"
+    line_no, rec = first_record(path)
+    if "chat_id" in rec:
+        return "bailian"
+    if "hash_ids" in rec and "input_length" in rec and (any(k in rec for k in AIPERF_FIELDS)
+                                                       or "timestamp" not in rec):
+        return "aiperf"
+    if "hash_ids" in rec and "timestamp" in rec:
+        return "mooncake"
+    names = [str(k) for k in sorted(rec)]
+    fields = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    raise located(path, line_no, None, f"unknown record with fields {fields or '(none)'}",
+                  "expected Bailian (chat_id, hash_ids, ...), Mooncake (timestamp, hash_ids, ...) or AIPerf "
+                  "(session_id, delay, input_length, hash_ids, ...) JSONL")
+
+
+def first_record(path: Path) -> tuple[int, dict[str, Any]]:
+    """(line number, record) of the first non-blank line of the JSONL trace PATH."""
     for line_no, line in iter_lines(path):
         if not line.strip():
             continue
@@ -42,19 +66,15 @@ def detect_format(path: Path) -> str:
                           "is this a JSONL trace? pass --format to force one") from None
         if not isinstance(rec, dict):
             raise located(path, line_no, None, "the first record is not a JSON object", "check the file")
-        if "chat_id" in rec:
-            return "bailian"
-        if "hash_ids" in rec and "input_length" in rec and (any(k in rec for k in AIPERF_FIELDS)
-                                                           or "timestamp" not in rec):
-            return "aiperf"
-        if "hash_ids" in rec and "timestamp" in rec:
-            return "mooncake"
-        names = [str(k) for k in sorted(rec)]
-        fields = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        raise located(path, line_no, None, f"unknown record with fields {fields or '(none)'}",
-                      "expected Bailian (chat_id, hash_ids, ...), Mooncake (timestamp, hash_ids, ...) or AIPerf "
-                      "(session_id, delay, input_length, hash_ids, ...) JSONL")
+        return line_no, rec
     raise InputError(f"{path}: the file is empty (no records); give a trace with at least one request")
+
+
+def linked_by(path: Path) -> str | None:
+    """Who linked the Bailian JSONL trace PATH's requests (its first record's `linked_by`, e.g. CAPTURE_LINKER),
+    or None when the links are the trace's own."""
+    value = first_record(path)[1].get(LINKED_BY_FIELD)
+    return value if isinstance(value, str) else None
 
 
 def default_block_size(path: Path, fmt: str) -> int:

@@ -46,7 +46,7 @@ from tongyi_trace.run import (
 from tongyi_trace.trace.categories import NO_CATEGORY, categories
 from tongyi_trace.trace.chain import chain_ids
 from tongyi_trace.trace.dense import ChainNumbers
-from tongyi_trace.trace.formats import check_options, default_block_size, detect_format
+from tongyi_trace.trace.formats import check_options, default_block_size, detect_format, linked_by
 from tongyi_trace.trace.reader import read_chunks
 from tongyi_trace.trace.records import Chunk, ReadStats
 from tongyi_trace.trace.sessions import link_sessions
@@ -121,6 +121,7 @@ def _sessions(path: Path, line_no: npt.NDArray[np.int64], chat_id: npt.NDArray[n
 
 
 KNOWN_RUN_FILES = (*RUN_TABLES, *DOWNSTREAM)
+INGEST_LINKER = "kvtrace ingest"  # provenance sessions_linked_by of links inferred here (--infer-sessions)
 
 
 def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = None,
@@ -133,7 +134,9 @@ def ingest_trace(trace: str | Path, out_dir: str | Path, *, fmt: str | None = No
 
     INFER_SESSIONS (default: for a Mooncake trace, which has no chat ids) links each request to the earlier
     one it continues (trace/sessions.py) and writes parent_chat_id, turn, session_id and the categories
-    from those links instead of the trace's own; provenance "sessions" says "given", "inferred" or "none".
+    from those links instead of the trace's own; provenance "sessions" says "given", "inferred" or "none", and
+    "sessions_linked_by" who inferred them: "kvtrace ingest", or "kvtrace capture" for a trace a capture wrote
+    (its links are its session linker's, kept unless INFER_SESSIONS).
 
     OUT_DIR is held exclusively meanwhile. Re-ingesting other content (or other options) into a used run
     folder is refused unless OVERWRITE, which then deletes every downstream artifact of the old run. The
@@ -237,8 +240,10 @@ def _ingest_locked(path: Path, run: RunDir, fmt: str, block_size: int, buckets: 
             if infer:
                 requests = _inferred_sessions(requests, blocks_tmp, block_size, buckets)
             requests.drop("line_no", "raw_idx").write_parquet(requests_tmp)
+            linker = INGEST_LINKER if infer else linked_by(path) if fmt == "bailian" else None
             prov = _provenance(path, fmt, block_size, buckets, identity, stats, findings, examples, requests,
-                               numbers.num_distinct, "inferred" if infer else "none" if fmt == "mooncake" else "given")
+                               numbers.num_distinct,
+                               "inferred" if linker else "none" if fmt == "mooncake" else "given", linker)
             write_json(stage / run.provenance_path.name, prov)
             # commit as one step: the tables, provenance.json last; another identity's results deleted only
             # after the new tables are in (artifact_set.py: a crash completes the commit or leaves the old run)
@@ -270,7 +275,7 @@ def _existing_run_id(run: RunDir) -> str | None:
 def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], identity: tuple[str, str],
                 stats: ReadStats,
                 findings: Counter[str], examples: dict[str, list[str]], requests: pl.DataFrame,
-                num_distinct: int, sessions: str) -> dict[str, Any]:
+                num_distinct: int, sessions: str, sessions_linked_by: str | None) -> dict[str, Any]:
     if stats.skipped:
         findings.update(stats.skipped)
         examples.update(stats.examples)
@@ -295,6 +300,7 @@ def _provenance(path: Path, fmt: str, block_size: int, buckets: list[int], ident
         "has_users": bool(requests["user_id"].is_not_null().any()),
         "has_sessions": bool((requests["session_id"] != requests["chat_id"]).any()),
         "sessions": sessions,
+        "sessions_linked_by": sessions_linked_by,
         "turn_buckets": buckets,
         "findings": {k: int(v) for k, v in sorted(findings.items()) if v},
         "finding_examples": {k: v for k, v in sorted(examples.items()) if findings.get(k)},
