@@ -36,7 +36,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("chunk_refs", [1, 97, 10**9])
 def test_chunks_cover_the_stream(small_run: Path, chunk_refs: int) -> None:
     run = open_run(small_run)
-    st = load_stream(run)
+    st = load_stream(run.tables())
     shape = stream_shape(run)
     chunks = list(iter_chunks(run, shape, chunk_refs))
     assert chunks[0].first_req == 0 and chunks[-1].stop_req == st.num_requests
@@ -50,7 +50,7 @@ def test_chunks_cover_the_stream(small_run: Path, chunk_refs: int) -> None:
 
 def test_next_uses_out_of_core(small_run: Path, tmp_path: Path) -> None:
     run = open_run(small_run)
-    st = load_stream(run)
+    st = load_stream(run.tables())
     shape = stream_shape(run)
     peak = write_next_uses(run, shape, 113, tmp_path / "nxt.i64")
     want = next_request_of_refs(st.req_off, st.blk, st.num_ids)
@@ -63,7 +63,7 @@ def test_next_uses_out_of_core(small_run: Path, tmp_path: Path) -> None:
                                             ("gdsf", None), ("oracle", {"knows": "dead"})])
 def test_chunked_equals_whole_stream(small_run: Path, policy: str, params: dict | None) -> None:
     run = open_run(small_run)
-    st = load_stream(run)
+    st = load_stream(run.tables())
     for cap in (st.num_ids // 50, st.num_ids // 5):
         want = simulate_policy(st, policy, cap, params=params)
         got = simulate_chunked(run, policy, cap, chunk_refs=101, params=params)
@@ -82,7 +82,7 @@ def test_wa_without_guard_in_chunks(small_run: Path, tmp_path: Path) -> None:
     run = open_run(small_run)
     fit_policy(small_run, tmp_path / "policy.json", capacities=None)
     fit = load_policy(tmp_path / "policy.json")
-    st = load_stream(run, context=fit.context)
+    st = load_stream(run.tables(), context=fit.context)
     params = {"guard": False}
     want = simulate_policy(st, "wa", st.num_ids // 20, params=params, fit=fit)
     got = simulate_chunked(run, "wa", st.num_ids // 20, chunk_refs=89, params=params, fit=fit)
