@@ -80,8 +80,13 @@ def say(*parts: Part, err: bool = False) -> None:
 
 def run_cli(fn: Callable[[], T]) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
-    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized)."""
+    SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized). The first
+    compile of a kernel says so on stderr, even with -q (tongyi_trace/compile_notice.py: a stall of a minute
+    must not look like a hang; stdout, and so --json, stays clean)."""
+    from tongyi_trace.compile_notice import notify_first_compile
     from tongyi_trace.stops import stop_exit_code, stop_signals_interrupt
+
+    notify_first_compile(lambda notice: say((notice, "yellow"), err=True))
 
     try:
         with stop_signals_interrupt():
