@@ -215,7 +215,9 @@ def _load_shared(folder: str) -> None:
     path = Path(folder)
     shared: dict[str, Any] = pickle.loads((path / "objects.pkl").read_bytes())
     for f in path.glob("*.npy"):
-        shared[f.stem] = np.load(f, mmap_mode="r")  # pages shared by every worker of the machine
+        # pages shared by every worker of the machine; copy-on-write, so the arrays are writable as in the
+        # calling process and a kernel over them compiles once, not once more for read-only arrays
+        shared[f.stem] = np.load(f, mmap_mode="c")
     _SHARED.clear()
     _SHARED.update(shared)
 

@@ -85,9 +85,14 @@ def run_cli(fn: Callable[[], T], budget: MemoryBudget | None = None) -> T:
     """Call FN; turn a KvtraceError into its one-line message and exit code (no traceback). SIGTERM and
     SIGHUP stop FN like Ctrl-C, so its cleanup runs (temporary files removed, summaries finalized). With a
     BUDGET (`--memory-limit-gib`), FN runs under its watch (tongyi_trace/budget.py), and running out of
-    memory is one line naming the step and the option to raise."""
+    memory is one line naming the step and the option to raise. The first compile of a kernel says so on
+    stderr, even with -q (tongyi_trace/compile_notice.py: a stall of a minute must not look like a hang;
+    stdout, and so --json, stays clean)."""
     from tongyi_trace.budget import MemoryWatch, out_of_memory
+    from tongyi_trace.compile_notice import notify_first_compile
     from tongyi_trace.stops import stop_exit_code, stop_signals_interrupt
+
+    notify_first_compile(lambda notice: say((notice, "yellow"), err=True))
 
     try:
         with stop_signals_interrupt():

@@ -32,15 +32,15 @@ property test checks the claim with the count kept). Every count lives in the fi
 so a state without a heap or policy columns is narrow whatever it counts (structs.NARROW_ROWS,
 simulate.Cache).
 
-Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): two more copies of the same loop, each
-with a compile-time switch the plain copy compiles none of (policy_kernel's `variant`).
-- "tiered" serves the HBM tier. LOW[x] = 1 marks a block of the request that `promote` took out of the
-  DRAM tier: it continues the prefix like a cached block (a hit, counted in S_LOW_HITS and
+Two tiers (TieredCache in simulate.py; docs/fleet.md "Tiers"): the same loop with the run-time switch
+TIER (the last argument; TIER_NONE for one cache):
+- TIER_UPPER ("tiered") serves the HBM tier. LOW[x] = 1 marks a block of the request that `promote`
+  took out of the DRAM tier: it continues the prefix like a cached block (a hit, counted in S_LOW_HITS and
   S_LOW_HIT_TOKENS) and is inserted once the HBM-cached prefix blocks are pinned. Each evicted block is
   written to OUT in eviction order (the blocks to demote), and each release is recorded in LREL[:, x]
   (reference, position, category, time in us).
-- "demote" serves the DRAM tier the demoted blocks, one block a request (REQ_OFF = 0, 1, ..., BLK = the
-  blocks, nothing hit, nothing counted): each is inserted as the loop inserts (DRAM's policy evicts, its
+- TIER_LOWER ("demote") serves the DRAM tier the demoted blocks, one block a request (REQ_OFF = 0, 1,
+  ..., BLK = the blocks, nothing hit, nothing counted): each is inserted as the loop inserts (DRAM's policy evicts, its
   victims leave the cache) and released at once as its recorded release in LREL (the policy orders it
   by that reference, position, category and time).
 `promote` takes blocks out of a cache whatever its policy: a policy keeps its cached blocks only in the
@@ -85,10 +85,10 @@ from tongyi_trace.sim.structs import (
 (S_REFS, S_HITS, S_TOKENS, S_HIT_TOKENS, S_EVICTIONS, S_EVICT_CYCLES, S_BYPASS, S_TOUCHED, S_ORPHANED,
  S_PARKED, S_EVICT_AGE_US, S_ORPHANING, S_EVICT_RUNS, S_TIMED_EVICTIONS, S_LOW_HITS, S_LOW_HIT_TOKENS) = range(16)
 NUM_STATS = 16
-# the compile-time switches of the two-tier copies (module doc), bound per copy by policy_kernel
-TIERED = False
-DEMOTE = False
-PREFIX_CLOSED = False  # the policy's claim (module doc), bound by policy_kernel for the plain copy only
+# the loop's TIER argument (module doc): one cache, the upper tier ("tiered"), the lower tier ("demote"). A
+# run-time switch, not a compiled copy per tier: one compile per policy (bench/bench_compile.py)
+TIER_NONE, TIER_UPPER, TIER_LOWER = 0, 1, 2
+PREFIX_CLOSED = False  # the policy's claim (module doc), bound by policy_kernel; used with TIER_NONE only
 # rows of LREL: a block's last release in the upper tier
 L_REF, L_POS, L_CAT, L_LAST_US = range(4)
 TIMED_EVERY = 64
@@ -99,14 +99,14 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
               parent: np.ndarray, rl: np.ndarray, leaf_only: bool, timing: bool, low: np.ndarray,
-              lrel: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              lrel: np.ndarray, out: np.ndarray, tier: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
     blocks, on the state arrays made by structs.make_state (the policy's parameters ip, fp and tables ft,
     it, policy_base.Setup: the loop only hands them to the hooks), PARENT[x] = the parent block of x or
     -1, RL the links of the held-back blocks (structs.make_state), LEAF_ONLY = prefix closure, see the
     module doc). REQ_OFF may be a slice of the stream's offsets (absolute positions in BLK): the state
-    arrays carry the cache from one call to the next. LOW, LREL, OUT: the two-tier copies' (module doc:
-    int64 per block id, int64[4, ids], at least the call's evictions), unread by the plain copy.
+    arrays carry the cache from one call to the next. LOW, LREL, OUT: the two tiers' (module doc: int64
+    per block id, int64[4, ids], at least the call's evictions), unread with TIER = TIER_NONE.
 
     Returns (stats[NUM_STATS], per-request hit blocks, per-request hit tokens, per-category
     [refs, hits, tokens, hit_tokens] as a (num_cats, 4) array)."""
@@ -126,7 +126,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     rnext = rl[0]
     rprev = rl[1]
     num_out = 0
-    forest = leaf_only or not PREFIX_CLOSED  # count cached children (module doc)
+    tiered = tier == TIER_UPPER
+    demote = tier == TIER_LOWER
+    forest = leaf_only or not PREFIX_CLOSED or tier != TIER_NONE  # count cached children (module doc)
     held = leaf_only or rnext[d] != d or rnext[d + 1] != d + 1  # a block may be held back (PARK != 0)
     # the cache's size and the per-eviction counts live in registers (stored into g and stats at the end)
     size = g[G_SIZE]
@@ -141,7 +143,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         now_us = np.int64(now * 1e6)
         c = req_cat[r]
         nstat = req_nstat[r]
-        # 1. longest cached prefix (TIERED: a block promoted from the lower tier continues it)
+        # 1. longest cached prefix (tiered: a block promoted from the lower tier continues it)
         h = 0
         lim = min(n, req_maxhit[r])
         while True:
@@ -154,7 +156,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     _unpark(bk, rnext, rprev, x)
                 access(bk, hp, g, gf, qs, ip, fp, ft, it, x)
                 h += 1
-            if not TIERED or h >= lim or low[blk[s + h]] != 1:
+            if not tiered or h >= lim or low[blk[s + h]] != 1:
                 break
             low[blk[s + h]] = 2  # inserted in step 2, after the cached prefix blocks are pinned; a second
             if h < nstat:  # occurrence in the request stops the prefix
@@ -166,12 +168,12 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         for k in range(hits):
             hit_tok += ntok[s + k]
         missed = h < lim and present[blk[s + h]] == 0  # the prefix ended at a block that is not cached
-        # 2. the rest: touch what is cached, insert what is not (TIERED: from the first block); then room
+        # 2. the rest: touch what is cached, insert what is not (tiered: from the first block); then room
         # for the request's extra slots, which vLLM takes after its other blocks (the prompt's partial block
         # ends its prefill, the decode's comes last), even when the request inserts nothing
         cap = capacity
         full = False
-        for k in range(0 if TIERED else h, n + 1):
+        for k in range(0 if tiered else h, n + 1):
             if k == n:
                 if req_extra[r] == 0 or full:
                     break
@@ -231,7 +233,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                                 _unlink(rnext, rprev, p)
                                 bk[p, PARK] = 2
                                 _append(rnext, rprev, d, p)
-                    if TIERED:
+                    if tiered:
                         out[num_out] = v
                         num_out += 1
                 if timed:
@@ -253,20 +255,20 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     bk[p, FOREST] += 1
             size += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
-        # 3. served: release deepest first (DEMOTE: as the block's last release in the upper tier)
+        # 3. served: release deepest first (demote: as the block's last release in the upper tier)
         for k in range(n - 1, -1, -1):
             x = blk[s + k]
-            if TIERED:
+            if tiered:
                 low[x] = 0
             if pinned[x] == 1:
                 pinned[x] = 0
-                if DEMOTE:
+                if demote:
                     ref = lrel[L_REF, x]
                     bk[x, LAST] = lrel[L_LAST_US, x]
                     release(bk, hp, g, gf, qs, ip, fp, ft, it, x, ref, lrel[L_POS, x], ntok[ref], lrel[L_CAT, x], now)
                     continue
                 bk[x, LAST] = now_us
-                if TIERED:
+                if tiered:
                     lrel[L_REF, x] = s + k
                     lrel[L_POS, x] = k
                     lrel[L_CAT, x] = c
@@ -362,35 +364,31 @@ def _unpark(bk: np.ndarray, rnext: np.ndarray, rprev: np.ndarray, x: int) -> Non
     bk[x, PARK] = 0
 
 
-_KERNELS: dict[tuple[str, str], Any] = {}
-VARIANTS = ("", "tiered", "demote")  # the plain loop, and the two-tier copies (module doc)
+_KERNELS: dict[str, Any] = {}
 
 
-def policy_kernel(name: str, hooks: ModuleType, variant: str = "") -> Any:
-    """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict),
-    the plain one or a two-tier VARIANT (module doc).
+def policy_kernel(name: str, hooks: ModuleType) -> Any:
+    """The compiled replay loop specialised to the policy module HOOKS (its access/insert/release/evict);
+    one cache or either tier by its TIER argument (module doc).
 
     The loop's code is shared (compiled without the GIL, so threads can run sweeps in parallel); each
-    policy gets its own function object whose globals bind the hook names to that policy (and the
-    variant's switches), under its own name (so numba's on-disk cache keeps one entry per policy and
-    variant). The name carries a digest of the simulator's sources: numba checks only this file's
-    timestamp, so without it an edited policy or structs.py would keep running the stale cached machine
-    code. For the same reason every function of a
+    policy gets its own function object whose globals bind the hook names to that policy, under its own
+    name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
+    simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
+    structs.py would keep running the stale cached machine code. For the same reason every function of a
     policy file is inlined (inline="always"): its columns and slots come from policy_base and structs,
-    which a separately cached function would not see change."""
-    if variant not in VARIANTS:
-        raise ValueError(f"kernel variant {variant!r}: one of {VARIANTS}")
-    if (name, variant) not in _KERNELS:
+    which a separately cached function would not see change. The stream's arrays reach it read-only
+    (sim/stream.py), in this process and in an executor's workers alike, so it compiles once."""
+    if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
-                   TIERED=variant == "tiered", DEMOTE=variant == "demote",
-                   PREFIX_CLOSED=prefix_closed(hooks) and variant == "")
-        fn_name = f"run_{name}{'_' + variant if variant else ''}_{_sources_digest()}"
+                   PREFIX_CLOSED=prefix_closed(hooks))
+        fn_name = f"run_{name}_{_sources_digest()}"
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name
         fn.__doc__ = _run_loop.__doc__
-        _KERNELS[(name, variant)] = njit(cache=True, nogil=True)(fn)
-    return _KERNELS[(name, variant)]
+        _KERNELS[name] = njit(cache=True, nogil=True)(fn)
+    return _KERNELS[name]
 
 
 @lru_cache(maxsize=1)

@@ -46,13 +46,16 @@ from tongyi_trace.sim.kernel import (
     S_REFS,
     S_TIMED_EVICTIONS,
     S_TOUCHED,
+    TIER_LOWER,
+    TIER_NONE,
+    TIER_UPPER,
     cached_prefix_len,
     policy_kernel,
     promote,
 )
 from tongyi_trace.sim.policy_base import InitContext
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
-from tongyi_trace.sim.stream import Stream
+from tongyi_trace.sim.stream import Stream, readonly
 from tongyi_trace.sim.structs import G_EPOCH, G_SIZE, MAX_INSERTIONS, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
 
 _NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays: low, out
@@ -162,7 +165,7 @@ class Cache:
     Arguments as simulate_policy's; the stream's requests are served in index order by `serve`. The
     policy's parameters `ip`, `fp` and its tables `cw` (float) and `nxt` (int) are what its init hook
     made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*) and then
-    calls `changed`. TIERED: the cache is the HBM tier of a TieredCache (the kernel's "tiered" copy, with
+    calls `changed`. TIERED: the cache is the HBM tier of a TieredCache (the kernel's TIER_UPPER switch, with
     the arrays `low`, `lrel` and `out` the TieredCache gives it). A policy without a heap or columns of
     its own keeps one cache line per block (structs.NARROW_ROWS)."""
 
@@ -193,7 +196,7 @@ class Cache:
         narrow = not setup.heap_size and not spec.hooks.STATE.columns
         self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0,
                                 NARROW_ROWS if narrow else NUM_ROWS)
-        self.kernel = policy_kernel(spec.name, spec.hooks, "tiered" if tiered else "")
+        self.kernel = policy_kernel(spec.name, spec.hooks)
         self.tiered = tiered
         self.low, self.lrel, self.out = _NO_TIER, _NO_LREL, _NO_TIER  # the two-tier kernel's (TieredCache)
         self.last_stats = np.zeros(NUM_STATS, np.int64)  # of the last `serve` call
@@ -212,7 +215,7 @@ class Cache:
             st.req_off[start:stop + 1], st.blk, st.ntok, st.req_cat[start:stop], st.req_time_s[start:stop],
             e.req_maxhit[start:stop], e.req_nstat[start:stop], e.req_extra[start:stop], self.capacity_blocks,
             bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing,
-            self.low, self.lrel, self.out)
+            self.low, self.lrel, self.out, TIER_UPPER if self.tiered else TIER_NONE)
 
     def warm(self) -> None:
         """Compile the kernel, or load it from numba's on-disk cache, by serving no request: the speed
@@ -352,9 +355,15 @@ class TieredCache:
         hbm.low = np.zeros(st.num_ids, np.int64)
         hbm.lrel = np.zeros((4, st.num_ids), np.int64)
         hbm.out = np.zeros(most, np.int64)  # a request's evictions at most
-        self.demote = policy_kernel(dram.spec.name, dram.spec.hooks, "demote")
-        self.steps = np.arange(most + 1, dtype=np.int64)  # the demoted blocks as one-block requests
+        self.demote = policy_kernel(dram.spec.name, dram.spec.hooks)
+        # the demoted blocks as one-block requests, typed as the stream's arrays (read-only: the loop
+        # compiles once for every tier, kernel.policy_kernel)
+        self.steps = readonly(np.arange(most + 1, dtype=np.int64))
+        self.demoted = readonly(hbm.out)
         self.zeros = np.zeros(most, np.int64)
+        self.zeros_ro = readonly(self.zeros)
+        self.times = np.zeros(most, np.float64)
+        self.times_ro = readonly(self.times)
         self.dram_stats = np.zeros(NUM_STATS, np.int64)
         self.req_dram_hits = np.zeros(st.num_requests, np.int64)
         self.req_dram_hit_tokens = np.zeros(st.num_requests, np.int64)
@@ -370,10 +379,11 @@ class TieredCache:
         st, hbm, dram = self.stream, self.hbm, self.dram
         bk, hp, g, gf, qs, rl = dram.state
         none = self.zeros[:m]
+        self.times[:m] = now_s
         return self.demote(
-            self.steps[:m + 1], hbm.out, st.ntok, none, np.full(m, now_s), none, none, none,
-            dram.capacity_blocks, bk, hp, g, gf, qs, dram.ip, dram.fp, dram.cw, dram.nxt, st.parent, rl,
-            dram.leaf_only, False, _NO_TIER, hbm.lrel, _NO_TIER)[0]
+            self.steps[:m + 1], self.demoted, st.ntok, self.zeros_ro[:m], self.times_ro[:m], none, none,
+            none, dram.capacity_blocks, bk, hp, g, gf, qs, dram.ip, dram.fp, dram.cw, dram.nxt, st.parent, rl,
+            dram.leaf_only, False, _NO_TIER, hbm.lrel, _NO_TIER, TIER_LOWER)[0]
 
     def warm(self) -> None:
         """Compile both tiers' kernels and promote (or load them from numba's cache) outside the timed

@@ -12,7 +12,7 @@ Identities are renumbered densely 0..D-1 in order of first appearance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 import numpy as np
@@ -40,6 +40,14 @@ class Stream:
     block_size: int
     req_idx: np.ndarray  # int64[N]: req_idx in the run of each replayed request
 
+    def __post_init__(self) -> None:
+        # read-only views, whoever made the arrays (numpy, Polars, an executor's memory map): numba types
+        # a read-only array apart, so every kernel over a stream compiles once, not once per origin
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray) and value.flags.writeable:
+                object.__setattr__(self, f.name, readonly(value))
+
     @property
     def num_requests(self) -> int:
         """Requests in the stream."""
@@ -59,6 +67,13 @@ class Stream:
     def ideal_hits(self) -> int:
         """Block hits with an unlimited cache (each id hits after its first reference)."""
         return int(self.num_refs - self.num_ids)
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of A (no copy)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def load_stream(tables: RunTables, req_idx: np.ndarray | None = None, context: RequestContext | None = None) -> Stream:

@@ -1,0 +1,37 @@
+"""The first compile of a kernel says so on stderr, once, and a kernel read from numba's cache says nothing
+(tongyi_trace/compile_notice.py). Cheap: one small kernel (sim/capacity.py's peak_live_blocks) compiled in a
+child process against an empty private numba cache, then read back from it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tongyi_trace.compile_notice import NOTICE
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = """
+import numpy as np
+from tongyi_trace.cli._common import run_cli
+from tongyi_trace.sim.capacity import peak_live_blocks
+
+off, nxt = np.array([0, 2, 3], np.int64), np.array([1, 2, 2], np.int64)
+print(run_cli(lambda: peak_live_blocks(off, nxt)), run_cli(lambda: peak_live_blocks(off, nxt)))
+"""
+
+
+def _child(cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True,
+                          timeout=240)
+
+
+def test_first_compile_says_so_once_and_a_cached_kernel_says_nothing(tmp_path: Path) -> None:
+    cold = _child(tmp_path / "numba")
+    # request 0's first block is used again by request 1: one live block at the boundary, for both calls
+    assert cold.stdout.split() == ["1", "1"]
+    assert cold.stderr.count(NOTICE) == 1  # on stderr, once a process, whatever it compiles next
+    warm = _child(tmp_path / "numba")
+    assert warm.stdout.split() == ["1", "1"] and NOTICE not in warm.stderr
