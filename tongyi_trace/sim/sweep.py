@@ -159,6 +159,10 @@ def sweep_inputs(run: RunDir, cfg: SweepConfig) -> SweepInputs:
             get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     stream = prepare_stream(run, cfg.engine_block_size, fit)
     if stream.num_refs == 0:
+        if cfg.engine_block_size:
+            longest = int(run.requests()["input_tokens"].to_numpy().max(initial=0))
+            raise UsageError(f"--engine-block-size {cfg.engine_block_size}: no request fills one block of that many "
+                             f"tokens (the longest prompt has {longest:,}); give a size of at most {longest:,}")
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
     return SweepInputs(variants, fit, stream, next_req, int(peak_live_blocks(stream.req_off, next_req)), cfg.model)
@@ -395,6 +399,11 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
             names.append("wa")
         names += [v for v in WA_ABLATION if v not in names]
     params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in parse_sets(opts.sets).items()}
+    bases = {policy_variant(n)[0] for n in names}
+    unused = [p for p in params if p not in bases and FITTED not in bases]
+    if unused:
+        raise UsageError(f"--set {unused[0]}.*: policy {unused[0]} is not simulated (-p {','.join(names)}); add it "
+                         "to -p or drop the --set")
     wa = params.setdefault("wa", {})
     if opts.wa_no_life:
         wa["use_life"] = False
