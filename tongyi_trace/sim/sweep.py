@@ -173,7 +173,9 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
     inputs = sweep_inputs(run, cfg)
     variants, fit, stream, next_req = inputs.variants, inputs.fit, inputs.stream, inputs.next_req
-    warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
+    prov = run.provenance()
+    warnings = policy_warnings(fit, stream.categories, prov.get("run_id"), prov.get("block_size"),
+                               FITTED in {base for base, _ in variants}) if fit else []
     caps = inputs.capacities(cfg.capacities)
     hbm = inputs.capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
     curve = lru_curve(stream)
@@ -234,10 +236,19 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     return SweepResult(rows, summary, steps)
 
 
-def policy_warnings(fit: PolicyParams, categories: tuple[str, ...], run_id: str | None) -> list[str]:
+def policy_warnings(fit: PolicyParams, categories: tuple[str, ...], run_id: str | None,
+                    block_size: int | None = None, fitted: bool = False) -> list[str]:
     """What a user should know before trusting FIT on this run: another trace's fit whose categories do
-    not occur here (every category then falls back to the file's `default`)."""
+    not occur here (every category then falls back to the file's `default`), a fit made at another block
+    size than BLOCK_SIZE (the run's), and `fitted` (FITTED) from a file without choices per capacity."""
     out = []
+    fit_block = fit.trace.get("block_size")
+    if block_size is not None and isinstance(fit_block, int) and fit_block != block_size:
+        out.append(f"the policy file was fitted at {fit_block}-token blocks, this run has {block_size}-token blocks: "
+                   "its reuse times and lifespans were measured on other blocks; fit this run ('kvtrace fit')")
+    if fitted and not fit.choices:
+        out.append("-p fitted: the policy file has no choice per capacity (it was fitted without --capacity), so "
+                   "'fitted' runs its WA parameters at every capacity; run 'kvtrace fit RUN --capacity ...'")
     known = [c for c in categories if c in fit.categories]
     other = fit.trace.get("run_id") not in (None, run_id)
     if not known and fit.categories:
