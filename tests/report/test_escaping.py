@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -87,7 +88,7 @@ def test_figure_json_escapes_labels_and_script_breakouts() -> None:
     assert "template" not in data["layout"] or not data["layout"]["template"]
 
 
-def test_a_nul_in_a_type_name_is_shown_not_written_raw(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_nul_in_a_type_name_is_shown_not_written_raw(tmp_path: Path) -> None:
     """Issue 42: a type name holding a NUL (and another control character) reached report.html raw."""
     from tongyi_trace.analysis import run_analyses
     from tongyi_trace.trace.ingest import ingest_trace
