@@ -142,7 +142,11 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
                 if status == "ok" and usage is None:
                     status, error = "error", "stream ended without a usage chunk"
     except Exception as e:  # any failure of one request is that request's error record
-        status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        text = " ".join(str(e).split())[:300]
+        if not text and isinstance(e, asyncio.TimeoutError):  # aiohttp's timeout says nothing of itself
+            total = session.timeout.total
+            text = f"no complete reply within {total:g} s (--request-timeout-s)" if total else "timed out"
+        status, error = "error", f"{type(e).__name__}: {text}" if text else type(e).__name__
         usage = None
     end = time.perf_counter()
     details = usage.get("prompt_tokens_details") if usage else None
