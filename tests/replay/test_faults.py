@@ -121,3 +121,13 @@ def test_a_timeout_says_how_long_it_waited(fresh_tiny_run: Path, standin: Standi
                                                         schedule=ScheduleOptions(speedup=1000.0)))
     bad = read_records(res.out_dir / "records.jsonl").filter(pl.col("status") == "error")
     assert bad["error"].to_list() == ["TimeoutError: no complete reply within 1.5 s (--request-timeout-s)"] * 3
+
+
+def test_a_chunk_with_invalid_utf8_text_is_read() -> None:
+    """Issue 42: a complete reply whose token text held bytes that are not UTF-8 was recorded as an error."""
+    from tongyi_trace.replay.dispatch import _parse_chunk
+
+    obj = _parse_chunk(b'{"choices": [{"text": "caf\xc3"}], "usage": {"prompt_tokens": 5}}')
+    assert obj["usage"] == {"prompt_tokens": 5} and obj["choices"] == [{"text": "caf\ufffd"}]
+    with pytest.raises(ValueError, match="not a JSON object"):
+        _parse_chunk(b"[1, 2]")

@@ -98,8 +98,9 @@ def _error_text(raw: str) -> str:
 
 
 def _parse_chunk(data: bytes) -> dict[str, object]:
-    """One streamed `data:` payload as a JSON object; ValueError for anything else."""
-    obj = json.loads(data)
+    """One streamed `data:` payload as a JSON object; ValueError for anything else. Bytes that are not UTF-8
+    (a token cut inside a character) are replaced: the reply's figures do not depend on its text."""
+    obj = json.loads(data.decode("utf-8", errors="replace"))
     if not isinstance(obj, dict):
         raise ValueError(f"stream chunk is not a JSON object: {data[:80]!r}")
     if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
