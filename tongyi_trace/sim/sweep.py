@@ -1,4 +1,5 @@
-"""`kvtrace simulate`'s core: every policy x capacity over one run, in parallel, written incrementally.
+"""`kvtrace simulate`'s core: every policy x capacity over one run, in parallel; the set is written into a
+staging folder as rows finish and committed as one step at the end (tongyi_trace/artifact_set.py).
 
 Artifacts in RUN_DIR/sim/ (see docs/artifacts/sim.md):
     results.jsonl       one line per finished (policy, capacity), appended as they finish
