@@ -29,7 +29,7 @@ import numpy as np
 from tongyi_trace.errors import ClusterError, KvtraceError, UsageError
 
 EXECUTORS = ("local", "ray")
-MAX_ATTEMPTS = 2  # a failed task is retried once
+MAX_ATTEMPTS = 2  # a failed task is retried once, unless it failed on its input (a KvtraceError cannot change)
 CONNECT_TIMEOUT_S = 10.0
 INLINE_BELOW_REFS = 1_000_000  # by default, work over fewer block references than this runs in this process
 
@@ -181,7 +181,7 @@ class LocalExecutor:
                         err: BaseException = e
                     except Exception as e:
                         err = e
-                    if attempts[i] >= MAX_ATTEMPTS:
+                    if attempts[i] >= MAX_ATTEMPTS or isinstance(err, KvtraceError):
                         on_result(TaskOutcome(i, error=error_line(err)))
                     elif isinstance(err, BrokenProcessPool):
                         left.append(i)
@@ -195,6 +195,8 @@ def _attempt_inline(fn: TaskFn, index: int, task: Any, shared: Mapping[str, Any]
     for _ in range(MAX_ATTEMPTS):
         try:
             return TaskOutcome(index, value=fn(task, shared))
+        except KvtraceError as e:  # bad input fails the same way again: no retry
+            return TaskOutcome(index, error=error_line(e))
         except Exception as e:
             err = e
     assert err is not None

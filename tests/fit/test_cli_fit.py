@@ -79,3 +79,21 @@ def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path:
     choices = load_policy(tmp_path / "p.json").choices
     assert [(c["capacity_blocks"], c["policy"]) for c in doc["choices"]] == [(4, "lru")]
     assert doc["choices"][0]["train"]["hit_ratio"] == choices[0].train["hit_ratio"] == 0.25
+
+
+def test_unclear_messages_say_what_to_do(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    """Issue 42: `--test 100000:` names the trace's length (it said only "need 0 <= START < END"); `-o file/x.json`
+    names the file in the way (it said "(File exists)"). Neither leaves a policy or a staged set behind."""
+    run = make_run(two_conversations())
+    res = runner.invoke(app, ["fit", str(run), "--test", "100000:"])
+    assert res.exit_code == 2, res.output
+    msg = " ".join(res.output.split())
+    assert "--test 100000:: starts past the trace's end (the trace spans 0:9 s from its first request); give " \
+        "--test a window inside the trace" in msg
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    res = runner.invoke(app, ["fit", str(run), "--min-samples", "1", "-o", str(blocker / "x.json")])
+    assert res.exit_code == 2, res.output
+    assert f"{blocker / 'x.json'}: {blocker} is a file, not a folder" in " ".join(res.output.split())
+    assert blocker.read_text() == "mine" and not (run / "fit").exists()
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".staging.")]

@@ -59,3 +59,72 @@ def test_bailian_field_values(field: str, value: Any) -> None:
 @given(field=st.sampled_from(sorted(MOONCAKE)), value=VALUES)
 def test_mooncake_field_values(field: str, value: Any) -> None:
     _check(MOONCAKE, {**MOONCAKE, "timestamp": 0}, field, value)
+
+
+@st.composite
+def _sessions_trace(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A Bailian trace whose links form a forest, with arrival times drawn independently of the links (so a
+    parent may arrive after its child), turns that may disagree with their parent's, and type names that
+    may hold a NUL or another control character."""
+    n = draw(st.integers(min_value=2, max_value=9))
+    recs = []
+    for i in range(n):
+        parent = draw(st.sampled_from([-1, *range(i)]))
+        recs.append({"chat_id": i, "parent_chat_id": parent,
+                     "timestamp": float(draw(st.integers(min_value=0, max_value=5))),
+                     "input_length": 32, "output_length": 2,
+                     "type": draw(st.sampled_from(["text", "te\x00xt", "a\x1bb", "<b>x</b>"])),
+                     "turn": draw(st.integers(min_value=1, max_value=4)), "hash_ids": [1, 100 + i]})
+    return recs
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=_sessions_trace())
+def test_parents_after_children_and_turn_disagreements_are_findings(recs: list[dict[str, Any]]) -> None:
+    """Issue 42 item 4: every parent that arrives after its child is counted and cut (so no kept link goes
+    back in time and analyze never sees a negative next-turn gap), every kept link whose turn is not its
+    parent's + 1 is counted, and every analysis runs."""
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    at = {r["chat_id"]: r["timestamp"] for r in recs}
+    turn = {r["chat_id"]: r["turn"] for r in recs}
+    late = [r for r in recs if r["parent_chat_id"] != -1 and at[r["parent_chat_id"]] > r["timestamp"]]
+    kept = [r for r in recs if r["parent_chat_id"] != -1 and r not in late]
+    mismatched = [r for r in kept if r["turn"] != turn[r["parent_chat_id"]] + 1]
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "f.jsonl"
+        trace.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        prov = ingest_trace(trace, Path(d) / "run")
+        assert prov["findings"].get("parent_after_child", 0) == len(late)
+        assert prov["findings"].get("turn_parent_mismatch", 0) == len(mismatched)
+        req = RunDir(Path(d) / "run").requests()
+        arrival = dict(zip(req["chat_id"].to_list(), req["arrival_s"].to_list(), strict=True))
+        links = [(c, p) for c, p in zip(req["chat_id"].to_list(), req["parent_chat_id"].to_list(), strict=True)
+                 if p != -1]
+        assert sorted(links) == sorted((r["chat_id"], r["parent_chat_id"]) for r in kept)
+        assert all(arrival[p] <= arrival[c] for c, p in links)
+        rep = run_analyses(RunDir(Path(d) / "run"), write=False)
+        assert all(res.status in ("ok", "absent", "partial") for res in rep.results.values())
+
+
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(sorted(BAILIAN)), value=SCALARS)
+def test_a_duplicate_key_ingests_its_last_value_or_is_one_line(field: str, value: Any) -> None:
+    """Issue 42 item 4: a line that gives a key twice (JSON allows it; the last value counts) ingests exactly as
+    the line with only the last value, or fails with the same one line."""
+    first = {**BAILIAN, "chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "turn": 1}
+    last = {**BAILIAN, field: value}
+    body = json.dumps(last)[1:-1]
+    twice = "{" + json.dumps(field) + ": " + json.dumps(BAILIAN[field]) + ", " + body + "}"
+    assert json.loads(twice) == last
+    with tempfile.TemporaryDirectory() as d:
+        outs = []
+        for name, line in (("dup", twice), ("one", json.dumps(last))):
+            trace = Path(d) / f"{name}.jsonl"
+            trace.write_text(json.dumps(first) + "\n" + line + "\n")
+            r = runner.invoke(app, ["ingest", str(trace), "-o", str(Path(d) / name), "-q"])
+            assert "Traceback" not in r.output
+            outs.append((r.exit_code, r.output.replace(f"{name}.jsonl", "F").replace(str(Path(d) / name), "RUN")))
+        assert outs[0] == outs[1]
+        if outs[0][0] == 0:
+            assert RunDir(Path(d) / "dup").requests().equals(RunDir(Path(d) / "one").requests())

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from tongyi_trace.replay.records import read_records
@@ -111,3 +112,22 @@ def test_a_password_in_the_server_url_is_never_written(fresh_tiny_run: Path, sta
                  (fresh_tiny_run / "replay" / "pw" / "records.jsonl").read_text(),
                  (fresh_tiny_run / "report.html").read_text()):
         assert "s3cr3t-pw" not in text
+
+
+def test_a_timeout_says_how_long_it_waited(fresh_tiny_run: Path, standin: Standin) -> None:
+    """Issue 42: a request that timed out was recorded as "TimeoutError: " (aiohttp's error has no text)."""
+    url, _ = standin(block_size=32, fault="hang", fault_every=2)
+    res = run_replay(fresh_tiny_run, url, ReplayOptions(name="t", max_in_flight=1, request_timeout_s=1.5,
+                                                        schedule=ScheduleOptions(speedup=1000.0)))
+    bad = read_records(res.out_dir / "records.jsonl").filter(pl.col("status") == "error")
+    assert bad["error"].to_list() == ["TimeoutError: no complete reply within 1.5 s (--request-timeout-s)"] * 3
+
+
+def test_a_chunk_with_invalid_utf8_text_is_read() -> None:
+    """Issue 42: a complete reply whose token text held bytes that are not UTF-8 was recorded as an error."""
+    from tongyi_trace.replay.dispatch import _parse_chunk
+
+    obj = _parse_chunk(b'{"choices": [{"text": "caf\xc3"}], "usage": {"prompt_tokens": 5}}')
+    assert obj["usage"] == {"prompt_tokens": 5} and obj["choices"] == [{"text": "caf\ufffd"}]
+    with pytest.raises(ValueError, match="not a JSON object"):
+        _parse_chunk(b"[1, 2]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -85,3 +86,19 @@ def test_figure_json_escapes_labels_and_script_breakouts() -> None:
     assert data["data"][0]["x"] == ["&lt;script&gt;alert(1)&lt;/script&gt;",
                                     "&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;"]
     assert "template" not in data["layout"] or not data["layout"]["template"]
+
+
+def test_a_nul_in_a_type_name_is_shown_not_written_raw(tmp_path: Path) -> None:
+    """Issue 42: a type name holding a NUL (and another control character) reached report.html raw."""
+    from tongyi_trace.analysis import run_analyses
+    from tongyi_trace.trace.ingest import ingest_trace
+
+    trace = tmp_path / "t.jsonl"
+    recs = [{"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 32, "output_length": 2,
+             "type": "te\u0000xt\u001b", "turn": 1, "hash_ids": [1, 2 + i]} for i in range(3)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    ingest_trace(trace, tmp_path / "run")
+    run_analyses(RunDir(tmp_path / "run"), only="request_mix,turn_hits")  # the sections that name the types
+    html = render_report(RunDir(tmp_path / "run")).read_text()
+    assert "\x00" not in html and "\x1b" not in html
+    assert "te\\x00xt\\x1b" in html

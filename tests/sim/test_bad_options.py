@@ -25,6 +25,10 @@ REQS = [[1, 2], [3], [1, 2], [4], [3]]
     (["--set", "gdsf.attn_scale_tokens=0", "-p", "gdsf"], "attn_scale_tokens must be > 0"),
     (["--jobs", "-1"], "--jobs -1"),
     (["--engine-block-size", "0"], "--engine-block-size must be positive"),
+    (["--engine-block-size", "100000000"], "--engine-block-size 100000000: no request fills one block of that "
+                                           "many tokens (the longest prompt has "),  # issue 42: "no block references"
+    (["--set", "wa.use_life=false", "-p", "lru"], "--set wa.*: policy wa is not simulated (-p lru); add it to -p "
+                                                  "or drop the --set"),  # issue 42: silently ignored
     (["--arrival-scale", "nan"], "--arrival-scale must be a finite number > 0"),
     (["--arrival-scale", "0"], "--arrival-scale must be a finite number > 0 (the cost model's arrival_scale), "
                                "got 0.0"),

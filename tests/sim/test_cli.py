@@ -158,3 +158,22 @@ def test_simulate_intervals_and_no_intervals(make_run: Callable[..., Path]) -> N
     doc = json.loads(off.stdout)
     assert doc["summary"]["intervals"] is None and "gain_vs_lru_pp" not in doc["rows"][1]
     assert doc["recommendation"]["capacities"][0]["run_policy"] is None
+
+
+def test_a_policy_of_another_block_size_and_fitted_without_choices_are_flagged(make_run: Callable[..., Path],
+                                                                               tmp_path: Path) -> None:
+    """Issue 42: a policy fitted at 64-token blocks on a 16-token run, and `-p fitted` with a file that has no
+    choice per capacity (it silently ran the file's WA), each give a warning."""
+    run = make_run(REQS, categories=["a", "b", "a", "b", "a"])
+    prov = json.loads((run / "provenance.json").read_text())
+    policy = tmp_path / "policy.json"
+    save_policy(PolicyParams(categories={"a": CategoryParams(0.9, 1.0, 1.0, 10.0)},
+                             default=CategoryParams(0.1, 0.1, 10.0, 10.0),
+                             trace={"run_id": prov.get("run_id"), "block_size": 4 * prov["block_size"]}), policy)
+    res = CliRunner().invoke(app, ["simulate", str(run), "-p", "fitted", "-c", "2", "--params", str(policy),
+                                   "--json", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    size, fitted = json.loads(res.stdout)["summary"]["warnings"]
+    assert size.startswith(f"the policy file was fitted at {4 * prov['block_size']}-token blocks, this run has "
+                           f"{prov['block_size']}-token blocks")
+    assert fitted.startswith("-p fitted: the policy file has no choice per capacity")

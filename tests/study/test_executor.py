@@ -164,3 +164,25 @@ def test_capacity_aware_fit_on_ray_matches_local(tiny_run: Path, ray_address: st
         tables.append(pl.read_parquet(tiny_run / "fit" / "tuning.parquet").sort(["capacity", "window", "candidate"]))
     assert docs[0] == docs[1] == docs[2] and len(docs[0]) == 2
     assert tables[0].equals(tables[1]) and tables[0].equals(tables[2]) and tables[0].height >= 20
+
+
+def _fails(task: str, shared: Any) -> int:
+    from tongyi_trace.errors import InputError
+
+    with open(shared["log"], "a") as f:
+        f.write(task + "\n")
+    if task == "input":
+        raise InputError("t.jsonl:4: field 'timestamp' must be a number of seconds, got 'x'")
+    raise RuntimeError("a worker's accident")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])  # in this process, and in a process pool
+def test_an_input_error_is_not_retried(tmp_path: Path, jobs: int) -> None:
+    """Issue 42: study retried a bad trace's InputError, which cannot change; other failures keep their retry."""
+    log = tmp_path / "attempts.log"
+    outcomes: list[TaskOutcome] = []
+    map_tasks(_fails, ["input", "other"], {"log": str(log)}, outcomes.append, ExecutorOptions("local", None, jobs))
+    assert sorted(log.read_text().split()) == ["input", "other", "other"]
+    errors = {o.index: o.error for o in outcomes}
+    assert errors[0] == "InputError: t.jsonl:4: field 'timestamp' must be a number of seconds, got 'x'"
+    assert errors[1] is not None and "a worker's accident" in errors[1]

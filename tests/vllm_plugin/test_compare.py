@@ -120,3 +120,21 @@ def test_compare_refuses_a_folder_that_is_not_a_replay(tmp_path: Path) -> None:
     assert res.output.count("\n") == 1
     assert f"{sim}: not a replay (its summary.json is 'kvtrace.sim/1', a replay's is 'kvtrace.replay/1')" \
         in " ".join(res.output.split())
+
+
+def test_replays_outside_a_run_are_compared_with_a_note_naming_the_folder(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42: `compare` of replay folders given relative to the current folder, outside any run, named the
+    folder '.'; now the comparison is made and the note names the real folders."""
+    for name, recs in (("x", RECORDS_A), ("y", RECORDS_B)):
+        d = tmp_path / "replay" / name
+        d.mkdir(parents=True)
+        summary = {**_summary(name, None), "engine": {"block_size": 16, "num_gpu_blocks": 100}}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.chdir(tmp_path / "replay")
+    comp = compare_replays(Path("x"), Path("y"))
+    assert comp.diff["engine_hit_ratio"] == pytest.approx(0.30)
+    assert f"{tmp_path / 'replay' / 'x'} is not inside a run folder (RUN/replay/NAME; {tmp_path} is none)" in \
+        " ".join(comp.a.notes)
+    assert comp.a.run_dir == str(tmp_path)

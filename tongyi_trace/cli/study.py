@@ -50,7 +50,7 @@ def study(
         console.print(_table(result))
         console.print(f"tables and index.html in {result.out_dir}")
     if result.summary["num_failed"]:
-        say(("error:", "bold red"), f" {result.summary['num_failed']} task(s) failed after a retry (see 'error' in "
+        say(("error:", "bold red"), f" {result.summary['num_failed']} task(s) failed (see 'error' in "
             f"{result.out_dir / 'windows.jsonl'} and study.json)", err=True)
         raise typer.Exit(1)
 

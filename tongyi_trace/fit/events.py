@@ -87,7 +87,9 @@ def parse_window(text: str, trace_start_s: float, trace_end_s: float, option: st
         raise UsageError(f"{option} {text}: starts past the trace's end ({trace_span(length_s)}); give {option} "
                          "a window inside the trace")
     if not (np.isfinite(start_s) and np.isfinite(end_s)) or start_s < 0 or end_s <= start_s:
-        raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start)")
+        past = " (START is past the trace's end)" if np.isfinite(start_s) and start_s >= length_s else ""
+        raise UsageError(f"{option} {text!r}: need 0 <= START < END (seconds from the trace start){past}; the "
+                         f"trace lasts {length_s:g} s, so e.g. {option} 0:{length_s / 2:g}")
     end_abs_s = trace_start_s + end_s if end_txt.strip() else trace_end_s  # no round trip through the offset
     return Window(trace_start_s + start_s, end_abs_s, include_end=end_abs_s >= trace_end_s, origin_s=trace_start_s)
 

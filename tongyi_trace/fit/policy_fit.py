@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tongyi_trace.artifact_set import commit_sets, staging_dir
+from tongyi_trace.artifact_set import commit_sets, staged
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, check_options
 from tongyi_trace.fit.events import (
@@ -161,7 +161,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
             context=ctx,
         )
         fit_dir = run.path / "fit"
-        stage = staging_dir(run.path)  # the new set of RUN/fit/, committed as one step at the end
+        tune_rows: list[dict[str, Any]] | None = None
         if capacities:
             select = None
             if holdout > 0:
@@ -188,26 +188,28 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                                       on_progress=on_progress, select=select, confidence=confidence,
                                       executor=ExecutorOptions(executor, ray_address, jobs))
             policy = replace(policy, choices=choices)
-            write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
-                                 stage / "tuning.parquet")
         step("writing the policy and artifacts")
         out = Path(out_path)
         if out.resolve() != (fit_dir / "policy.json").resolve():
             save_policy(policy, out)
-        save_policy(policy, stage / "policy.json")
-        write_json(stage / "workload.json", workload_summary(run.tables()))
-        write_json(stage / "train_test.json", {
-            "schema": FIT_TABLE_SCHEMA,
-            "train": train_w.to_json(),
-            "test": test_w.to_json() if test_w else None,
-            "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
-                        "capacities": capacities, "context": context, "holdout": holdout,
-                        "confidence": confidence},
-            "rows": rows,
-        })
-        write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),
-                             stage / "cdf.parquet")
-        commit_sets(run.path, [(stage, fit_dir)], "fit", prov.get("run_id"))
+        with staged(run.path) as stage:  # the new set of RUN/fit/, committed as one step
+            if tune_rows is not None:
+                write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
+                                     stage / "tuning.parquet")
+            save_policy(policy, stage / "policy.json")
+            write_json(stage / "workload.json", workload_summary(run.tables()))
+            write_json(stage / "train_test.json", {
+                "schema": FIT_TABLE_SCHEMA,
+                "train": train_w.to_json(),
+                "test": test_w.to_json() if test_w else None,
+                "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
+                            "capacities": capacities, "context": context, "holdout": holdout,
+                            "confidence": confidence},
+                "rows": rows,
+            })
+            write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),
+                                 stage / "cdf.parquet")
+            commit_sets(run.path, [(stage, fit_dir)], "fit", prov.get("run_id"))
         return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
 
 

@@ -334,6 +334,9 @@ def save_policy(params: PolicyParams, path: str | Path) -> None:
         raise InputError(f"{p}: is a folder; give a file name for the policy (e.g. {p / 'policy.json'})")
     if p.exists() and not p.is_file():
         raise InputError(f"{p}: is not a regular file; give a file name for the policy")
+    blocker = next((a for a in p.parents if a.exists() or a.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise InputError(f"{p}: {blocker} is a file, not a folder; give the policy a path in a folder")
     text = json.dumps(params.to_json(), indent=2, allow_nan=False) + "\n"
     try:
         p.parent.mkdir(parents=True, exist_ok=True)

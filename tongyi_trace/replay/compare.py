@@ -44,7 +44,7 @@ from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.policy.file import PolicyParams, load_policy
 from tongyi_trace.replay.metrics import records_hit_ratio
 from tongyi_trace.replay.reconcile import guard_params, predict_hits
-from tongyi_trace.run import RunDir, open_run, read_artifact, write_json
+from tongyi_trace.run import RunDir, is_run_dir, open_run, read_artifact, write_json
 from tongyi_trace.schemas import COMPARE_SCHEMA, REPLAY_SCHEMA
 from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
@@ -194,7 +194,7 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     """Read one replay's figures and add the simulator's predictions for LRU and WA."""
     replay_dir = resolve_replay(path)
     summary = read_artifact(replay_dir / "summary.json")
-    run_dir = replay_dir.parent.parent
+    run_dir = replay_dir.resolve().parent.parent  # RUN of RUN/replay/NAME (never '.' for a relative path)
     notes: list[str] = []
     engine_info = summary.get("engine") or {}
     plugin = _plugin_stats(replay_dir, summary)
@@ -219,6 +219,9 @@ def load_side(path: str | Path, policy_override: Path | None = None) -> ReplaySi
     if recs is None or recs.height == 0 or bs is None or nb is None:
         notes.append("no completed records or engine block figures (vllm:cache_config_info): simulator "
                      "predictions unavailable")
+    elif not is_run_dir(run_dir):
+        notes.append(f"{replay_dir.resolve()} is not inside a run folder (RUN/replay/NAME; {run_dir} is none): "
+                     "simulator predictions unavailable")
     else:
         run = open_run(run_dir)
         for pol in SIM_POLICIES:

@@ -109,8 +109,9 @@ def _error_text(raw: str) -> str:
 
 
 def _parse_chunk(data: bytes) -> dict[str, object]:
-    """One streamed `data:` payload as a JSON object; ValueError for anything else."""
-    obj = json.loads(data)
+    """One streamed `data:` payload as a JSON object; ValueError for anything else. Bytes that are not UTF-8
+    (a token cut inside a character) are replaced: the reply's figures do not depend on its text."""
+    obj = json.loads(data.decode("utf-8", errors="replace"))
     if not isinstance(obj, dict):
         raise ValueError(f"stream chunk is not a JSON object: {data[:80]!r}")
     if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
@@ -155,7 +156,11 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: Sched
                 if status == "ok" and usage is None:
                     status, error = "error", "stream ended without a usage chunk"
     except Exception as e:  # any failure of one request is that request's error record
-        status, error = "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        text = " ".join(str(e).split())[:300]
+        if not text and isinstance(e, asyncio.TimeoutError):  # aiohttp's timeout says nothing of itself
+            total = session.timeout.total
+            text = f"no complete reply within {total:g} s (--request-timeout-s)" if total else "timed out"
+        status, error = "error", f"{type(e).__name__}: {text}" if text else type(e).__name__
         usage = None
     end = time.perf_counter()
     ready = sr.scheduled_s if ready_s is None else ready_s

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import plotly.offline
@@ -112,10 +114,22 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=visible_controls,
     )
     env.globals["fig_dom_id"] = fig_dom_id
     env.globals["HEADLINE_ROWS"] = HEADLINE_ROWS
     return env
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def visible_controls(value: Any) -> Any:
+    """VALUE with each control character of a string from the trace (a NUL in a type name) shown as \\xNN:
+    autoescaping leaves them raw, and a NUL in a page is invalid HTML. The page's own markup is left as is."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    return value
 
 
 @lru_cache(maxsize=1)

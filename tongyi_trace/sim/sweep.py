@@ -1,4 +1,5 @@
-"""`kvtrace simulate`'s core: every policy x capacity over one run, in parallel, written incrementally.
+"""`kvtrace simulate`'s core: every policy x capacity over one run, in parallel; the set is written into a
+staging folder as rows finish and committed as one step at the end (tongyi_trace/artifact_set.py).
 
 Artifacts in RUN_DIR/sim/ (see docs/artifacts/sim.md):
     results.jsonl       one line per finished (policy, capacity), appended as they finish
@@ -161,6 +162,10 @@ def sweep_inputs(run: RunDir, cfg: SweepConfig) -> SweepInputs:
             get_policy(base).make_params({**cfg.policy_params.get(base, {})})
     stream = prepare_stream(run.tables(), cfg.engine_block_size, fit)
     if stream.num_refs == 0:
+        if cfg.engine_block_size:
+            longest = int(run.requests()["input_tokens"].to_numpy().max(initial=0))
+            raise UsageError(f"--engine-block-size {cfg.engine_block_size}: no request fills one block of that many "
+                             f"tokens (the longest prompt has {longest:,}); give a size of at most {longest:,}")
         raise UsageError(f"{run.path}: no block references to simulate")
     next_req = next_request_of_refs(stream.req_off, stream.blk, stream.num_ids)
     return SweepInputs(variants, fit, stream, next_req, int(peak_live_blocks(stream.req_off, next_req)), cfg.model)
@@ -171,7 +176,9 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     """Simulate every policy x capacity of CFG over RUN; call ON_RESULT(row, done, total) as each ends."""
     inputs = sweep_inputs(run, cfg)
     variants, fit, stream, next_req = inputs.variants, inputs.fit, inputs.stream, inputs.next_req
-    warnings = policy_warnings(fit, stream.categories, run.provenance().get("run_id")) if fit else []
+    prov = run.provenance()
+    warnings = policy_warnings(fit, stream.categories, prov.get("run_id"), prov.get("block_size"),
+                               FITTED in {base for base, _ in variants}) if fit else []
     caps = inputs.capacities(cfg.capacities)
     hbm = inputs.capacities(cfg.hbm_capacity)[0] if cfg.hbm_capacity else None
     curve = lru_curve(stream)
@@ -229,10 +236,19 @@ def run_sweep(run: RunDir, cfg: SweepConfig,
     return SweepResult(rows, summary, steps)
 
 
-def policy_warnings(fit: PolicyParams, categories: tuple[str, ...], run_id: str | None) -> list[str]:
+def policy_warnings(fit: PolicyParams, categories: tuple[str, ...], run_id: str | None,
+                    block_size: int | None = None, fitted: bool = False) -> list[str]:
     """What a user should know before trusting FIT on this run: another trace's fit whose categories do
-    not occur here (every category then falls back to the file's `default`)."""
+    not occur here (every category then falls back to the file's `default`), a fit made at another block
+    size than BLOCK_SIZE (the run's), and `fitted` (FITTED) from a file without choices per capacity."""
     out = []
+    fit_block = fit.trace.get("block_size")
+    if block_size is not None and isinstance(fit_block, int) and fit_block != block_size:
+        out.append(f"the policy file was fitted at {fit_block}-token blocks, this run has {block_size}-token blocks: "
+                   "its reuse times and lifespans were measured on other blocks; fit this run ('kvtrace fit')")
+    if fitted and not fit.choices:
+        out.append("-p fitted: the policy file has no choice per capacity (it was fitted without --capacity), so "
+                   "'fitted' runs its WA parameters at every capacity; run 'kvtrace fit RUN --capacity ...'")
     known = [c for c in categories if c in fit.categories]
     other = fit.trace.get("run_id") not in (None, run_id)
     if not known and fit.categories:
@@ -399,6 +415,11 @@ def build_config(opts: SimulateOptions) -> SweepConfig:
             names.append("wa")
         names += [v for v in WA_ABLATION if v not in names]
     params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in parse_sets(opts.sets).items()}
+    bases = {policy_variant(n)[0] for n in names}
+    unused = [p for p in params if p not in bases and FITTED not in bases]
+    if unused:
+        raise UsageError(f"--set {unused[0]}.*: policy {unused[0]} is not simulated (-p {','.join(names)}); add it "
+                         "to -p or drop the --set")
     wa = params.setdefault("wa", {})
     if opts.wa_no_life:
         wa["use_life"] = False
