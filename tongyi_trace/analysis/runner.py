@@ -114,7 +114,7 @@ def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: Analys
                     res = ANALYSES[name](ctx)
             except duckdb.OutOfMemoryException:
                 raise MemoryLimitError(f"analysis {name}: DuckDB ran out of memory at its {opts.memory_limit_gib:g} "
-                                       "GiB (half of --memory-limit-gib); raise --memory-limit-gib") from None
+                                       "GiB (its share of --memory-limit-gib); raise --memory-limit-gib") from None
             res.elapsed_s = time.perf_counter() - t
             results[name] = res
             if write:
