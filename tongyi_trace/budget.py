@@ -197,4 +197,7 @@ def out_of_memory(exc: BaseException, budget: MemoryBudget | None) -> MemoryLimi
     MemoryError, DuckDB's OutOfMemoryException, numpy's _ArrayMemoryError), else None."""
     if not isinstance(exc, MemoryError) and type(exc).__name__ != "OutOfMemoryException":
         return None
-    return MemoryLimitError(limit_message(budget or resolve_budget(None), current_step()))
+    if budget is None:  # a command without the option
+        return MemoryLimitError(f"{current_step()}: out of memory (this machine has "
+                                f"{machine_memory_bytes() / GIB:.1f} GiB); free some, or give a smaller input")
+    return MemoryLimitError(limit_message(budget, current_step()))
