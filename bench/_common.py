@@ -69,16 +69,19 @@ def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) 
     child = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak, killed = 0, False
-    while child.poll() is None:
-        rss = tree_rss_bytes(proc)
-        peak = max(peak, rss)
-        if rss > ceiling_bytes:
+    try:
+        while child.poll() is None:
+            rss = tree_rss_bytes(proc)
+            peak = max(peak, rss)
+            if rss > ceiling_bytes:
+                killed = True
+                break
+            time.sleep(POLL_S)
+    finally:  # past the ceiling, or the caller stopped (a test's timeout): no child is left running
+        if child.poll() is None:
             for p in [*proc.children(recursive=True), proc]:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
-            killed = True
-            break
-        time.sleep(POLL_S)
     _, err = child.communicate()
     if stdout:
         out.close()

@@ -29,8 +29,8 @@ def commands(run: Path, trace: Path, limit_gib: float, policy_file: Path) -> lis
     out = [("ingest", ["ingest", str(trace), "-o", str(run), "--overwrite", "-q", *lim]),
            ("analyze", ["analyze", str(run), "-q", *lim]),
            ("fit", ["fit", str(run), "--capacity", CAPACITIES, "-o", str(policy_file), "-q", *lim])]
-    out += [(f"simulate {p}", ["simulate", str(run), "-p", p, "-c", CAPACITIES, "--policy-file", str(policy_file),
-                               "--json", "-q", *lim]) for p in SIM_POLICIES]
+    out += [(f"simulate {p}", ["simulate", str(run), "-p", p, "-c", CAPACITIES, "--json", "-q", *lim,
+                               *(["--policy-file", str(policy_file)] if p == "wa" else [])]) for p in SIM_POLICIES]
     return out
 
 

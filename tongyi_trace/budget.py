@@ -75,8 +75,9 @@ class MemoryBudget:
 
     @property
     def duckdb_gib(self) -> float:
-        """DuckDB's memory_limit (it spills to the run folder beyond it): DUCKDB_SHARE of the budget."""
-        return max(0.25, round(self.limit_gib * DUCKDB_SHARE, 2))
+        """DuckDB's memory_limit (it spills to the run folder beyond it): DUCKDB_SHARE of the budget beyond
+        the interpreter's BASE_BYTES (at least 0.25 GiB)."""
+        return max(0.25, round((self.limit_gib - BASE_BYTES / GIB) * DUCKDB_SHARE, 2))
 
     @property
     def duckdb_limit(self) -> str:
@@ -147,9 +148,9 @@ def rss_bytes() -> int:
 def limit_message(budget: MemoryBudget, step_name: str, used_bytes: int | None = None) -> str:
     """The one line of a memory stop."""
     used = f" (resident {used_bytes / GIB:.2f} GiB)" if used_bytes else ""
+    jobs = " or run fewer simulations at once with --jobs 1" if step_name.startswith(("simulate", "fit")) else ""
     return (f"{step_name}: needs more memory than {OPTION} {budget.limit_gib:g}{used}; raise "
-            f"{OPTION} (this machine has {machine_memory_bytes() / GIB:.1f} GiB) or run fewer policies at once "
-            "with --jobs 1")
+            f"{OPTION} (this machine has {machine_memory_bytes() / GIB:.1f} GiB){jobs}")
 
 
 class MemoryWatch:
@@ -196,4 +197,7 @@ def out_of_memory(exc: BaseException, budget: MemoryBudget | None) -> MemoryLimi
     MemoryError, DuckDB's OutOfMemoryException, numpy's _ArrayMemoryError), else None."""
     if not isinstance(exc, MemoryError) and type(exc).__name__ != "OutOfMemoryException":
         return None
-    return MemoryLimitError(limit_message(budget or resolve_budget(None), current_step()))
+    if budget is None:  # a command without the option
+        return MemoryLimitError(f"{current_step()}: out of memory (this machine has "
+                                f"{machine_memory_bytes() / GIB:.1f} GiB); free some, or give a smaller input")
+    return MemoryLimitError(limit_message(budget, current_step()))

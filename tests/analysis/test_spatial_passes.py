@@ -1,15 +1,17 @@
-"""The spatial analysis counts head-window hits with whole-array passes (analysis/spatial.py); they are held to
-the definition written as one plain loop over the references (module docstring of spatial.py), on random
-prefix-sharing streams."""
+"""The spatial analysis counts head-window hits in one compiled pass over blocks.parquet, batch by batch
+(analysis/spatial.py); it is held to the definition written as one plain loop over the references (module
+docstring of spatial.py), on random prefix-sharing streams cut into random batches."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
 from tongyi_trace.analysis.spatial import STEPS, UNSEEN, _first_unsorted, _head_window_hits
+from tongyi_trace.errors import InputError
 
 
 def _by_loop(req: np.ndarray, pos: np.ndarray, chain: np.ndarray, req_blocks: np.ndarray, req_type: np.ndarray,
@@ -49,9 +51,19 @@ def test_passes_equal_the_loop(seed: int) -> None:
             pos.append(p)
             chain.append(chains.setdefault(tuple(blocks[:p + 1]), len(chains)))
         lens.append(len(blocks))
-    args = (np.array(req, np.int32), np.array(pos, np.int32), np.array(chain, np.int32), np.array(lens, np.int64),
-            rng.integers(0, 3, size=len(lens)).astype(np.int32), len(chains), 3)
-    np.testing.assert_array_equal(_head_window_hits(*args), _by_loop(*args))
+    cols = (np.array(req, np.int64), np.array(pos, np.int64), np.array(chain, np.int64))
+    lens_a, types = np.array(lens, np.int64), rng.integers(0, 3, size=len(lens)).astype(np.int64)
+    cuts = np.sort(rng.integers(0, len(req) + 1, size=int(rng.integers(0, 5))))  # batches split requests too
+    batches = [tuple(c[a:b] for c in cols) for a, b in zip([0, *cuts], [*cuts, len(req)], strict=True)]
+    np.testing.assert_array_equal(_head_window_hits(batches, lens_a, types, len(chains), 3),
+                                  _by_loop(*cols, lens_a, types, len(chains), 3))
+
+
+def test_pass_refuses_rows_out_of_order() -> None:
+    one = np.array([0, 1], np.int64)
+    batches = [(np.zeros(2, np.int64), one, one), (np.zeros(1, np.int64), np.zeros(1, np.int64), one[:1])]
+    with pytest.raises(InputError, match="row 2 breaks the"):
+        _head_window_hits(batches, np.array([2]), np.zeros(1, np.int64), 2, 1)
 
 
 def test_first_unsorted() -> None:

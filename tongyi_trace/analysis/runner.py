@@ -129,7 +129,7 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
                     res = ANALYSES[name](ctx)
             except duckdb.OutOfMemoryException:
                 raise MemoryLimitError(f"analysis {name}: DuckDB ran out of memory at its {opts.memory_limit_gib:g} "
-                                       "GiB (half of --memory-limit-gib); raise --memory-limit-gib") from None
+                                       "GiB (its share of --memory-limit-gib); raise --memory-limit-gib") from None
             res.elapsed_s = time.perf_counter() - t
             results[name] = res
             if stage is not None:

@@ -12,20 +12,22 @@ How it is computed, exactly and in one pass:
   and the hit ratio is exactly 0.
 - o = 0: the windows are nested. A reference caches its block for every stride s > pos / num_blocks,
   i.e. from stride tenth need = floor(10 pos / num_blocks) + 1. Keep per block the smallest `need` of
-  its references in earlier requests; a reference then hits for every stride >= the running maximum of
-  those values over its request's positions 0..pos (and never when one of them was never seen). A few
-  whole-array passes (numpy) over blocks.parquet in (req_idx, pos) order count hits per (type, stride).
+  its earlier references; a reference then hits for every stride >= the running maximum of those values
+  over its request's positions 0..pos (and never when one of them was never seen). One compiled pass over
+  blocks.parquet in (req_idx, pos) order, batch by batch, counts hits per (type, stride), holding a byte
+  per distinct block: linear in the trace, whatever its length.
 Also per request type. Query spatial_requests.sql gives each request's size and type.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow.parquet as pq
+from numba import njit
 
 from tongyi_trace.analysis.common import AnalysisContext, AnalysisResult, ratio
 from tongyi_trace.errors import InputError
@@ -41,67 +43,68 @@ def windows() -> list[tuple[int, int]]:
     return [(o, s) for s in range(1, STEPS + 1) for o in range(0, STEPS - s + 1)]
 
 
-def _head_window_hits(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], chain: npt.NDArray[np.int32],
-                      req_blocks: npt.NDArray[np.int64], req_type: npt.NDArray[np.int32], num_chains: int,
-                      num_types: int) -> npt.NDArray[np.int64]:
-    """hits[t, k]: references of type t whose prefix is cached once the stride reaches k tenths (k <= 10).
-
-    References in (req_idx, pos) order. Small values (k <= 11) ride in the low 4 bits of a key whose high
-    bits are the group (block, or request), so a running maximum of the keys is a running maximum (or, of
-    15 - k, minimum) within each group: no Python loop over references."""
-    it = np.int32 if max(num_chains, req_blocks.shape[0]) < 1 << 26 else np.int64
-    k = pos.astype(np.int64)
-    k *= STEPS
-    k //= req_blocks[req]
-    need: npt.NDArray[np.signedinteger[Any]] = k.astype(it)
-    need += 1  # the stride (tenths) from which the reference caches its block
-    del k
-    order = np.argsort(chain, kind="stable")  # each block's references, in request order
-    by_block = chain[order]
-    key: npt.NDArray[np.signedinteger[Any]] = by_block.astype(it)
-    key <<= 4
-    key |= 15 - need[order]
-    np.maximum.accumulate(key, out=key)  # low bits: 15 - the smallest need of the block's references so far
-    same = by_block[1:] == by_block[:-1]
-    seen = np.full(order.shape[0], UNSEEN, it)
-    seen[1:][same] = 15 - (key[:-1][same] & 15)
-    prior = np.empty_like(seen)
-    prior[order] = seen  # the smallest need among the block's references in earlier requests (UNSEEN: none)
-    del order, by_block, key, same, seen
-    run: npt.NDArray[np.signedinteger[Any]] = req.astype(it)
-    run <<= 4
-    run |= prior
-    np.maximum.accumulate(run, out=run)
-    run &= 15  # the largest prior need over the request's positions so far (UNSEEN once one was never seen)
-    hit = run != UNSEEN
-    return np.bincount(req_type[req[hit]].astype(np.int64) * (STEPS + 1) + run[hit],
-                       minlength=num_types * (STEPS + 1)).reshape(num_types, STEPS + 1)
-
-
 def _first_unsorted(req: npt.NDArray[np.int32], pos: npt.NDArray[np.int32]) -> int:
     """The first row breaking the (req_idx, pos) order, or -1."""
     bad = np.flatnonzero((req[1:] < req[:-1]) | ((req[1:] == req[:-1]) & (pos[1:] <= pos[:-1])))
     return int(bad[0]) + 1 if bad.shape[0] else -1
 
 
-def _read_blocks(path: str, num_refs: int) -> tuple[npt.NDArray[np.int32], ...]:
-    """req_idx, pos, chain_idx of blocks.parquet as int32 arrays, filled batch by batch (file order)."""
-    cols = ("req_idx", "pos", "chain_idx")
-    arrays = tuple(np.empty(num_refs, np.int32) for _ in cols)
+@njit(cache=True)
+def _head_hits_batch(req: np.ndarray, pos: np.ndarray, chain: np.ndarray, req_blocks: np.ndarray,
+                     req_type: np.ndarray, need: np.ndarray, hits: np.ndarray, carry: np.ndarray) -> None:
+    """The module doc's o = 0 pass over one batch of references in (req_idx, pos) order: NEED[block] = the
+    smallest stride (tenths) at which an earlier reference cached it (UNSEEN: none), HITS[type, k] += the
+    references hitting from stride k; CARRY = (request, running maximum, still matching) across batches."""
+    cur, run_max, matching = carry[0], carry[1], carry[2]
+    for i in range(req.shape[0]):
+        r = req[i]
+        c = chain[i]
+        if r != cur:
+            cur, run_max, matching = r, 0, 1
+        if matching:
+            nc = need[c]
+            if nc == UNSEEN:
+                matching = 0
+            else:
+                run_max = max(run_max, nc)
+                hits[req_type[r], run_max] += 1
+        k = STEPS * pos[i] // req_blocks[r] + 1
+        if k < need[c]:
+            need[c] = k
+    carry[0], carry[1], carry[2] = cur, run_max, matching
+
+
+def _head_window_hits(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], req_blocks: np.ndarray,
+                      req_type: np.ndarray, num_chains: int, num_types: int, where: str = "blocks") -> np.ndarray:
+    """hits[t, k]: references of type t whose prefix is cached once the stride reaches k tenths (k <= 10),
+    over BATCHES of (req_idx, pos, chain_idx) in (req_idx, pos) order: one pass holding a byte per block
+    (chain_idx < NUM_CHAINS) and one batch, linear in the trace. A row out of order, or a chain_idx or
+    req_idx out of range, is an InputError naming WHERE."""
+    need = np.full(num_chains, UNSEEN, np.int8)
+    hits = np.zeros((num_types, STEPS + 1), np.int64)
+    carry = np.array([-1, 0, 0], np.int64)
+    last = (-1, -1)
     at = 0
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(columns=list(cols), batch_size=1 << 20):
-        n = batch.num_rows
-        if at + n > num_refs:
-            raise InputError(f"{path}: more block rows than the requests' num_blocks ({num_refs}); "
-                             "re-run 'kvtrace ingest'")
-        for arr, col in zip(arrays, cols, strict=True):
-            arr[at:at + n] = batch.column(col).to_numpy()
-        at += n
-    if at != num_refs:
-        raise InputError(f"{path}: {at} block rows but the requests' num_blocks sum to {num_refs}; "
-                         "re-run 'kvtrace ingest'")
-    return arrays
+    for req, pos, chain in batches:
+        if not req.shape[0]:
+            continue
+        bad = _first_unsorted(req, pos)
+        if bad < 0 and (int(req[0]), int(pos[0])) <= last:
+            bad = 0
+        if bad >= 0:
+            raise InputError(f"{where}: row {at + bad} breaks the (req_idx, pos) order; re-run 'kvtrace ingest'")
+        if int(chain.min()) < 0 or int(chain.max()) >= num_chains or int(req[-1]) >= req_blocks.shape[0]:
+            raise InputError(f"{where}: a chain_idx or req_idx is out of the run's range; re-run 'kvtrace ingest'")
+        _head_hits_batch(req, pos, chain, req_blocks, req_type, need, hits, carry)
+        last = (int(req[-1]), int(pos[-1]))
+        at += req.shape[0]
+    return hits
+
+
+def _block_batches(path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """req_idx, pos, chain_idx of blocks.parquet, batch by batch (file order)."""
+    for batch in pq.ParquetFile(path).iter_batches(columns=["req_idx", "pos", "chain_idx"], batch_size=1 << 20):
+        yield tuple(np.array(batch.column(i).to_numpy(), np.int64) for i in range(3))  # type: ignore[misc]
 
 
 def spatial(ctx: AnalysisContext) -> AnalysisResult:
@@ -121,15 +124,21 @@ def spatial(ctx: AnalysisContext) -> AnalysisResult:
     type_names = reqs["type"].fill_null("(none)").to_list()
     names = sorted(set(type_names))
     code = {n: i for i, n in enumerate(names)}
-    req_type = np.array([code[t] for t in type_names], np.int32)
-    req, pos, chain = _read_blocks(str(ctx.tables.blocks_path), num_refs)
-    bad = _first_unsorted(req, pos)
-    if bad >= 0:
-        raise InputError(f"{ctx.tables.blocks_path}: row {bad} breaks the (req_idx, pos) order; "
-                         "re-run 'kvtrace ingest'")
-    num_chains = int(chain.max()) + 1
+    req_type = np.array([code[t] for t in type_names], np.int64)
+    counted = [0]
+
+    def batches() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for b in _block_batches(str(ctx.tables.blocks_path)):
+            counted[0] += b[0].shape[0]
+            yield b
+
+    num_chains = int(ctx.tables.provenance["num_distinct_blocks"])
     # hits at stride k tenths (offset 0) = references whose prefix was cached at some stride <= k
-    head = np.cumsum(_head_window_hits(req, pos, chain, req_blocks, req_type, num_chains, len(names)), axis=1)
+    head = np.cumsum(_head_window_hits(batches(), req_blocks, req_type, num_chains, len(names),
+                                       str(ctx.tables.blocks_path)), axis=1)
+    if counted[0] != num_refs:
+        raise InputError(f"{ctx.tables.blocks_path}: {counted[0]} block rows but the requests' num_blocks sum to "
+                         f"{num_refs}; re-run 'kvtrace ingest'")
     wins = windows()
     hits = np.stack([head[:, s] if o == 0 else np.zeros(len(names), np.int64) for o, s in wins])
     blocks_per_type = np.bincount(req_type, weights=req_blocks, minlength=len(names)).astype(np.int64)

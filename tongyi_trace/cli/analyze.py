@@ -46,7 +46,8 @@ def analyze(
     memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib",
                                                   help="Memory budget of the whole process, GiB (default: a "
                                                        "quarter of this machine's, at most 6); DuckDB gets half "
-                                                       "and spills to the run folder beyond it."),
+                                                       "of what the interpreter leaves and spills to the run folder "
+                                                       "beyond it."),
     threads: int = typer.Option(2, "--threads", help="DuckDB threads."),
     report: bool = typer.Option(False, "--report", help="Also write RUN_DIR/report.html."),
     json_out: bool = typer.Option(False, "--json", help="Print every headline figure as JSON."),
