@@ -104,7 +104,9 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
         entry["run_utilization"] = ran.get("utilization") if ran else None
         if f is not None and lru is not None:
             vs = 100 * (f["hit_ratio"] - lru["hit_ratio"])
-            entry["fitted"] = {"policy": fitted, "hit_ratio": f["hit_ratio"], "vs_lru_pp": vs, "loses_to_lru": vs < 0}
+            g = _interval(f)  # with intervals: loses only when significantly worse (the rule fit chooses by)
+            entry["fitted"] = {"policy": fitted, "hit_ratio": f["hit_ratio"], "vs_lru_pp": vs,
+                               "loses_to_lru": g.hi < 0 if g is not None else vs < 0}
         per_cap.append(entry)
 
     curve_caps = np.asarray(curve.get("capacity_blocks", []), np.int64)
