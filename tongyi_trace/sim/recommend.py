@@ -96,8 +96,8 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
             entry.update(choice_entry(choice))
             entry["sweep"] = {**sweep_view, "fitted_gain_pp": _pm(g) if (g := _interval(f)) else None}
         run = entry.get("run_policy")
-        entry["best_other"] = _best_other(here, lru, fitted if entry.get("decided_by") == "fit" and run != "lru"
-                                          else str(run))
+        # what runs is `fitted` where the file decides (also when it chose LRU: then fitted = LRU)
+        entry["best_other"] = _best_other(here, lru, fitted if entry.get("decided_by") == "fit" else str(run))
         ran = cell.get((fitted, label)) if entry.get("decided_by") == "fit" and run != "lru" and fitted else \
             cell.get((str(run), label))
         entry["run_qttft_mean_s"] = ran.get("qttft_mean_s") if ran else None
