@@ -5,7 +5,7 @@
   var template = JSON.parse(document.getElementById("kv-template").textContent);
   var figures = JSON.parse(document.getElementById("kv-figures").textContent);
   var config = { responsive: true, displaylogo: false };
-  var GRID_HEIGHT_PX = 270;  // a figure beside another (half the page's width) is drawn this high at most
+  var GRID_HEIGHT_PX = 250;  // a figure beside another (half the page's width) is drawn this high at most
   var jobs = Object.keys(figures).map(function (id) {
     var el = document.getElementById(id);
     if (!el) { return Promise.reject(new Error("report figure without a place: " + id)); }

@@ -247,3 +247,19 @@ def test_prefix_router_sees_both_tiers() -> None:
     assert one.req_instance.tolist() == [0, 1, 0, 0] and one.num_dram_hits == 2 and one.num_hbm_hits == 0
 
 
+
+
+def test_prefix_equals_oracle_affinity_only_with_lru() -> None:
+    """`prefix` routes by its index of routed prompts, aged LRU at each instance's size; with LRU instances that
+    index is the caches themselves (fleet/simulate.py shares them), so it decides as `oracle-affinity` does,
+    row for row (the identical rows of `simulate --router all` on a to-B trace). Under FIFO the caches evict
+    what the index keeps: r5 finds [11,12] still indexed on instance 0 but gone from its FIFO cache, and the
+    two routers part (here prefix hits more: the per-request best is not the best over the trace)."""
+    reqs = [[11, 12], [11, 12, 13], [1, 2], [1, 2], [21, 22], [11, 12, 13], [11, 12, 13], [1, 2]]
+    stream = stream_from_lists(reqs, times_s=list(range(0, 80, 10)))
+    lru = [simulate_fleet(stream, r, 2, "lru", 3, cost=COST) for r in ("prefix", "oracle-affinity")]
+    assert lru[0].req_instance.tolist() == lru[1].req_instance.tolist() and lru[0].num_hits == lru[1].num_hits
+    pre, ora = (simulate_fleet(stream, r, 2, "fifo", 3, cost=COST) for r in ("prefix", "oracle-affinity"))
+    assert pre.req_instance.tolist() == [0, 0, 1, 1, 0, 0, 0, 1]
+    assert ora.req_instance.tolist() == [0, 0, 1, 1, 0, 1, 1, 0]
+    assert (pre.num_hits, ora.num_hits) == (9, 7)

@@ -54,7 +54,7 @@ def test_not_reached() -> None:
                     SUMMARY)
     assert all(t["lru"]["capacity_blocks"] is None and t["best"] is None for t in rec["targets"])
     lines = describe(rec)
-    assert lines[0].startswith("At a = ") and lines[0].endswith("the best policy is lru: +0.00 points over LRU "
+    assert lines[0].startswith("At a (") and lines[0].endswith("the best policy is lru: +0.00 points over LRU "
                                                                "(no intervals: --no-intervals).")
     assert "LRU never reaches it; no simulated capacity reaches it." in lines[2]
 
@@ -84,7 +84,7 @@ def test_the_answer_runs_lru_unless_a_gain_is_significant() -> None:
                                                                                           "hi": 1.0}}
     assert rec["intervals"]["resampled"] == "sessions" and "targets" not in rec["intervals"]
     lines = describe(rec)
-    assert lines[0].startswith("At a = ") and lines[0].endswith(" run s3fifo: +12.00 +- 1.10 points over LRU, "
+    assert lines[0].startswith("At a (") and lines[0].endswith(" run s3fifo: +12.00 +- 1.10 points over LRU, "
                                                                "QTTFT -41.0% +- 6.0%.")
     assert lines[1].endswith(" run LRU: no policy is significantly better here at 95% (best: s3fifo +0.40 +- 0.60 "
                              "points).")

@@ -37,3 +37,27 @@ def test_mooncake_conversation_saturates(mooncake_conversation_run: Path,
     assert small["capacity_blocks"] == 2000 and small["qttft_mean_s"] > 1000  # the backlog grows: thousands of s
     # a bigger cache computes fewer tokens: the load falls
     assert res.rows[1]["utilization"] < small["utilization"]
+
+
+def test_simulate_says_saturation_in_words_in_a_short_answer(mooncake_conversation_run: Path,
+                                                             private_run: Callable[[Path], Path]) -> None:
+    """The terminal answer fits a screen (the Recommendation and one row per capacity, no developer columns);
+    a saturated queue is said in words, its QTTFT named a saturation signal, not a latency; --verbose adds
+    every row with its developer columns."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    run = private_run(mooncake_conversation_run)
+    args = ["simulate", str(run), "-p", "lru,s3fifo,fifo", "-c", "2000,8000", "-j", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert out.startswith("Recommendation\n")
+    assert "The queue is saturated at 2000, 8000 (utilization " in out and "not a latency" in out
+    assert "ns/evict" not in out and "M refs/s" not in out
+    assert len(out.splitlines()) <= 30, out
+    rows = [line for line in out.splitlines() if line.startswith("│ 2000 ") or line.startswith("│ 8000 ")]
+    assert len(rows) == 2 and all("saturated (" in r for r in rows)  # QTTFT of a saturated queue, flagged
+    verbose = CliRunner().invoke(app, [*args, "--verbose"]).stdout
+    assert "ns/evict" in verbose and len([ln for ln in verbose.splitlines() if ln.startswith("│ ")]) >= 6

@@ -196,11 +196,11 @@ def downsample_max(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndar
     return xa[idx], ya[idx]
 
 
-def new_figure(*, x_title: str = "", y_title: str = "", height_px: int = 300, **layout: Any) -> Fig:
+def new_figure(*, x_title: str = "", y_title: str = "", height_px: int = 270, **layout: Any) -> Fig:
     """An empty figure with the report's common layout (axis titles, height, margins, legend)."""
     fig = Fig()
     fig.update_layout(height=height_px, margin={"l": 60, "r": 20, "t": 30, "b": 50},
-                      legend={"orientation": "h", "y": -0.2, "traceorder": "normal"},
+                      legend={"orientation": "h", "y": -0.3, "yanchor": "top", "traceorder": "normal"},
                       xaxis={"title": {"text": x_title}}, yaxis={"title": {"text": y_title}})
     return fig.update_layout(**layout)
 

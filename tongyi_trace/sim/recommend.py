@@ -96,15 +96,17 @@ def recommend(rows: Sequence[dict[str, Any]], curve: dict[str, Any], summary: di
             entry.update(choice_entry(choice))
             entry["sweep"] = {**sweep_view, "fitted_gain_pp": _pm(g) if (g := _interval(f)) else None}
         run = entry.get("run_policy")
-        entry["best_other"] = _best_other(here, lru, fitted if entry.get("decided_by") == "fit" and run != "lru"
-                                          else str(run))
+        # what runs is `fitted` where the file decides (also when it chose LRU: then fitted = LRU)
+        entry["best_other"] = _best_other(here, lru, fitted if entry.get("decided_by") == "fit" else str(run))
         ran = cell.get((fitted, label)) if entry.get("decided_by") == "fit" and run != "lru" and fitted else \
             cell.get((str(run), label))
         entry["run_qttft_mean_s"] = ran.get("qttft_mean_s") if ran else None
         entry["run_utilization"] = ran.get("utilization") if ran else None
         if f is not None and lru is not None:
             vs = 100 * (f["hit_ratio"] - lru["hit_ratio"])
-            entry["fitted"] = {"policy": fitted, "hit_ratio": f["hit_ratio"], "vs_lru_pp": vs, "loses_to_lru": vs < 0}
+            g = _interval(f)  # with intervals: loses only when significantly worse (the rule fit chooses by)
+            entry["fitted"] = {"policy": fitted, "hit_ratio": f["hit_ratio"], "vs_lru_pp": vs,
+                               "loses_to_lru": g.hi < 0 if g is not None else vs < 0}
         per_cap.append(entry)
 
     curve_caps = np.asarray(curve.get("capacity_blocks", []), np.int64)

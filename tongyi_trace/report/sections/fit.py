@@ -20,7 +20,7 @@ from tongyi_trace.run import RunDir
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 
 REMEDY = "re-run 'kvtrace fit RUN_DIR'"
-MAX_PANELS = 5  # per-category CDF panels shown (most samples first), `default` always; the rest in the table
+MAX_PANELS = 2  # per-category CDF panels shown (most samples first), `default` always; the rest in the table
 # (window, column) -> trace name, line style
 CURVES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("train", "empirical_cdf", "train: empirical (Kaplan-Meier)", {"color": "#1f77b4"}),

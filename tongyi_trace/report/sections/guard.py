@@ -21,11 +21,13 @@ from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import WA_ABLATION
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
+MAX_SECTIONS = 2  # guard sections shown: the runs where it switched and refitted most
 SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minutes of 10-s slices)
 
 
 def build(run: RunDir) -> list[Section]:
-    """One section per guarded run in which the guard switched or the refit ran; nothing when none did."""
+    """One section per guarded run in which the guard switched or the refit ran (the MAX_SECTIONS where it
+    acted most, in report order); nothing when none did."""
     sweep = report_sweep(run.path)
     if sweep is None:
         return []
@@ -86,7 +88,14 @@ def build(run: RunDir) -> list[Section]:
                     "num_refitted": fmt.count(changed.height)}
         s.headline = [Headline(f"guard switches ({policy} @ {capacity})", s.values["switches"])]
         out.append(s)
-    return out
+    # the runs where the guard acted most; the simulator section's guard table lists every guarded run
+    keep = sorted(range(len(out)), key=lambda i: -_acted(out[i]))[:MAX_SECTIONS]
+    return [out[i] for i in sorted(keep)]
+
+
+def _acted(s: Section) -> int:
+    """How often the guard of section S switched plus how often its refit ran."""
+    return sum(int(str(s.values[k]).split()[0].replace(",", "")) for k in ("switches", "refits"))
 
 
 def times(n: int) -> str:

@@ -62,7 +62,7 @@ def build(run: RunDir) -> list[Section]:
     s.values = {"answers": [x for x in lines if x.startswith("At ")],
                 "notes": [x for x in lines if not x.startswith("At ")], "lines": lines, "sweep": sweep,
                 "fitted_loses_at": ", ".join(rec["fitted_loses_at"]), "fitted_policy": rec["fitted_policy"],
-                "model": main}
+                "model": main, "saturated_at": ", ".join(rec["saturated_at"])}
     t90 = next(t for t in rec["targets"] if t["target"] == 0.90)
     s.headline = [Headline(f"cache for 90% of the ideal hit ratio with LRU ({main})",
                            _size(t90["lru"]["size"], main, t90["lru"]["capacity_blocks"]))]

@@ -84,7 +84,9 @@ def build(run: RunDir) -> list[Section]:
                     f"policy closes. {DEAD_ORACLE} - LRU (with -p {DEAD_ORACLE}): what knowing which blocks are "
                     "never used again would add to LRU, the most any predictor of dead blocks can give; the rest "
                     "of the headroom needs to know when a block returns.")
-        losses = [g["capacity"] for g in policy_gain if g["vs_lru"] < 0]
+        # the Recommendation's rule: a loss with an interval counts when the whole interval is below 0
+        losses = [g["capacity"] for g in policy_gain
+                  if (g["vs_lru_interval_pp"][1] < 0 if g.get("vs_lru_interval_pp") else g["vs_lru"] < 0)]
         s.values["gain_verdict"] = (
             f"The exported policy ({exported}) loses to LRU at {', '.join(losses)}: run LRU there, or re-fit with "
             f"'kvtrace fit RUN --capacity ...' so that the policy file chooses per capacity." if losses else

@@ -12,14 +12,14 @@ from tongyi_trace.report.figures import Fig, new_figure
 from tongyi_trace.report.model import Headline, Section
 from tongyi_trace.report.sections._analysis import Analysis, analysis_builder
 
-MAX_TYPES = 6  # per-type heatmaps shown (largest types first)
+MAX_TYPES = 5  # per-type heatmaps shown (largest types first), beside the one over all requests
 
 
 def fill(a: Analysis, s: Section) -> None:
     """Figures, tables and headline of the section from the artifact A."""
     h = a.headline
     hm = a.table("heatmap")
-    s.figures["all"] = _heatmap(hm.filter(pl.col("type").is_null()))
+    s.figures["all"] = _heatmap(hm.filter(pl.col("type").is_null()), height_px=240)
     typed = hm.filter(pl.col("type").is_not_null())
     if typed.height:
         sizes = typed.group_by("type").agg(pl.col("num_blocks").max()).sort(["num_blocks", "type"],
@@ -46,6 +46,12 @@ def fill(a: Analysis, s: Section) -> None:
 build = analysis_builder("spatial", fill)
 
 
+# Viridis with the cells that hit nothing in light grey: most windows that skip the head hit nothing, and one
+# dark colour for "nothing" and "little" hid where the hits are.
+ZERO_GREY_VIRIDIS = [[0.0, "#eeeeee"], [1e-6, "#440154"], [0.25, "#3b528b"], [0.5, "#21918c"], [0.75, "#5ec962"],
+                     [1.0, "#fde725"]]
+
+
 def _heatmap(df: pl.DataFrame, height_px: int = 320) -> Fig:
     offsets = sorted(df["offset_pct"].unique().to_list())
     strides = sorted(df["stride_pct"].unique().to_list())
@@ -56,7 +62,7 @@ def _heatmap(df: pl.DataFrame, height_px: int = 320) -> Fig:
         z[oi[o], si[st]] = np.nan if v is None else v
     fig = new_figure(x_title="stride (% of request)", y_title="offset (% of request)", height_px=height_px)
     top = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
-    fig.add_heatmap(z=z, x=strides, y=offsets, colorscale="Viridis", zmin=0, zmax=top if top > 0 else 1.0,
+    fig.add_heatmap(z=z, x=strides, y=offsets, colorscale=ZERO_GREY_VIRIDIS, zmin=0, zmax=top if top > 0 else 1.0,
                     hoverongaps=False,
                     colorbar={"title": {"text": "hit ratio"}, "tickformat": ".0%"})
     fig.update_xaxes(ticksuffix="%", dtick=10)

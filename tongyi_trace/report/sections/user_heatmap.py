@@ -27,7 +27,7 @@ def fill(a: Analysis, s: Section) -> None:
         z[m["consumer_rank"].to_numpy(), m["producer_rank"].to_numpy()] = m["share"].to_numpy()
         ticks = labels(names)
         fig = new_figure(x_title=f"producer ({key_label}: who first computed the block)",
-                         y_title=f"consumer ({key_label}: whose request hit)", height_px=420)
+                         y_title=f"consumer ({key_label}: whose request hit)", height_px=360)
         fig.add_heatmap(z=z, x=ticks, y=ticks, colorscale="Viridis", hoverongaps=False,
                         colorbar={"title": {"text": "share of hits"}, "tickformat": ".0%"})
         fig.update_xaxes(type="category")
