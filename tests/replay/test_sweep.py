@@ -110,3 +110,14 @@ def test_the_report_plots_the_sweep(fresh_tiny_run: Path, standin: Standin) -> N
     throughput = s.figures["throughput"].data
     assert [t["name"] for t in throughput] == ["request throughput", "goodput (within SLO)", "offered"]
     assert list(throughput[1]["y"]) == [r["goodput_per_s"] for r in doc["rows"]]
+
+
+def test_replay_help_names_the_sweep_not_synth() -> None:
+    """`kvtrace synth` writes a JSONL trace, not a run folder: replay's help must not send users there."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    out = CliRunner().invoke(app, ["replay", "--help"], env={"COLUMNS": "200"}).output
+    assert "kvtrace synth" not in out and "Run folder from 'kvtrace ingest'." in out
+    assert "--sweep" in out and "rate=1,2,4,8" in out and "--slo" in out and "ttft_ms=500" in out
