@@ -20,7 +20,7 @@ install: $(STAMP)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver fonts-liberation; \
-	  else echo "chromium missing: run 'sudo apt-get install chromium chromium-driver'"; fi; }
+	  else echo "chromium missing: run 'sudo apt-get install --no-install-recommends chromium chromium-driver fonts-liberation'"; fi; }
 
 # The real CPU vLLM engine (its own virtual environment in the kvtrace cache folder).
 vllm-engine: $(STAMP)

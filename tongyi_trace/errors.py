@@ -38,3 +38,13 @@ class ClusterError(KvtraceError):
     """The Ray cluster could not be reached or was lost (finished results are kept on disk)."""
 
     exit_code = 4
+
+
+def brief(text: str, width: int = 120) -> str:
+    """TEXT on one line for a message, at most about WIDTH characters: whitespace collapsed and, when longer,
+    cut after its last whole word or item with " ..." (never mid-word: "...'output_len" read as a typo)."""
+    one = " ".join(str(text).split())
+    if len(one) <= width:
+        return one
+    cut = max(one.rfind(",", 0, width - 4), one.rfind(" ", 0, width - 4))
+    return (one[:cut] if cut > 0 else one[:width - 4]).rstrip(", ") + " ..."

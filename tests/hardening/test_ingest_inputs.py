@@ -80,7 +80,7 @@ def test_truncated_or_fake_gz_is_one_line(tmp_path: Path) -> None:
 def test_bad_paths_and_options_are_one_line(tmp_path: Path) -> None:
     good = _write(tmp_path / "t.jsonl", [_req(1), _req(2, ts=1.0)])
     out = str(tmp_path / "run")
-    _one_line_error([str(good), "-o", out, "--format", "csv"], "--format 'csv'", "bailian, mooncake, parquet")
+    _one_line_error([str(good), "-o", out, "--format", "csv"], "--format 'csv'", "bailian, mooncake, aiperf, parquet")
     _one_line_error([str(good), "-o", out, "--format", "parquet"], "t.jsonl: not a readable Parquet file")
     _one_line_error([str(good), "-o", out, "--block-size", str(10**20)], "--block-size")
     _one_line_error([str(good), "-o", out, "--block-size", "0"], "--block-size 0")

@@ -110,3 +110,28 @@ def test_the_report_plots_the_sweep(fresh_tiny_run: Path, standin: Standin) -> N
     throughput = s.figures["throughput"].data
     assert [t["name"] for t in throughput] == ["request throughput", "goodput (within SLO)", "offered"]
     assert list(throughput[1]["y"]) == [r["goodput_per_s"] for r in doc["rows"]]
+
+
+def test_replay_help_names_the_sweep_not_synth() -> None:
+    """`kvtrace synth` writes a JSONL trace, not a run folder: replay's help must not send users there."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    out = CliRunner().invoke(app, ["replay", "--help"], env={"COLUMNS": "200"}).output
+    assert "kvtrace synth" not in out and "Run folder from 'kvtrace ingest'." in out
+    assert "--sweep" in out and "rate=1,2,4,8" in out and "--slo" in out and "ttft_ms=500" in out
+
+
+def test_a_point_that_cannot_run_leaves_a_failed_sweep(fresh_tiny_run: Path) -> None:
+    import socket
+
+    from tongyi_trace.errors import EngineError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(EngineError, match="unreachable"):
+        run_sweep(fresh_tiny_run, url, ReplayOptions(name="gone"), parse_sweep("rate=5"), {})
+    doc = json.loads((fresh_tiny_run / "replay" / "gone" / "sweep.json").read_text())
+    assert doc["status"] == "failed" and doc["error"].startswith("gone-rate5: server") and doc["rows"] == []

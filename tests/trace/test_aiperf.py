@@ -86,3 +86,16 @@ def test_an_unknown_record_names_all_its_fields_uncut(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"unknown record with fields delay, input_length, output_length, "
                        r"prompt_tokens, session_id; expected Bailian .*AIPerf \(session_id, delay"):
         detect_format(path)
+
+
+def test_brief_never_cuts_a_word() -> None:
+    from tongyi_trace.errors import brief
+    from tongyi_trace.trace.records import show
+
+    fields = ["delay", "hash_ids", "input_length", "output_length", "session_id"]
+    assert show(fields) == "['delay', 'hash_ids' ..."  # whole items, then a mark that more follow
+    text = "zstd: frame  header \\n truncated in the middle of the window descriptor " * 3
+    cut = brief(text, 60)
+    assert len(cut) <= 60 and cut.endswith(" ...") and "\\n" in cut
+    assert cut.removesuffix(" ...").split()[-1] in text.split()  # the last word is whole
+    assert brief("short  and\\nsweet") == "short and\\nsweet"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,9 @@ def replay(
     from tongyi_trace.replay.schedule import ScheduleOptions
 
     def build() -> ReplayOptions:
+        if not math.isfinite(speedup):  # the core takes inf (a closed-loop load point); a user gives a load sweep
+            raise UsageError(f"--speedup {speedup} must be a finite number > 0 (every request at once: "
+                             "--sweep concurrency=N)")
         if server is None and not reconcile_only:
             raise UsageError("--server URL is required (e.g. the URL 'kvtrace engine start' printed)")
         api_key = None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tongyi_trace.errors import InputError
+from tongyi_trace.errors import InputError, brief
 from tongyi_trace.fit.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
 from tongyi_trace.run import RunDir, RunTables, check_not_run_table
 from tongyi_trace.schemas import WORKLOAD_SCHEMA
@@ -123,7 +123,7 @@ def _fail(path: Path, field: str, what: str) -> InputError:
 
 def _number(path: Path, field: str, v: Any, lo: float, hi: float, integer: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise _fail(path, field, f"must be a number, got {json.dumps(v)[:40]}")
+        raise _fail(path, field, f"must be a number, got {brief(json.dumps(v), 40)}")
     if not math.isfinite(v) or not lo <= v <= hi or (integer and v != int(v)):
         kind = "an integer" if integer else "a finite number"
         raise _fail(path, field, f"must be {kind} in [{lo:g}, {hi:g}], got {v}")

@@ -12,13 +12,11 @@ routes them) and its record says which.
 Drift is the client's own lateness: send time - the time the request was free to go, its scheduled time or,
 when --max-in-flight (a full semaphore) or --closed-sessions (a parent still running) held it back, the moment
 it was released; that hold is recorded apart (held_ms): counted as drift, it made a one-at-a-time replay of a
-bursty trace look hundreds of milliseconds late when the client was on time. A request body is built ahead of
-its send time, never on the critical path: the dispatch prepares the bodies of the next requests (up to
-LOOKAHEAD of them) while the next send is more than BUILD_SLACK_S away, and a request's task starts (records
-its send time, issues the POST) before anything else is built; a body of a long prompt takes up to ~20 ms to
-build, which used to delay the request sent just before it and every request of a burst
-(bench/bench_replay.py, "to-C"). Optional bounds: max_in_flight
-(a global concurrency cap, FIFO) and closed sessions (a child waits for its parent to finish).
+bursty trace look seconds late when the client was on time. A request body is built before its send time,
+never on the critical path, and, when the next request is not due yet, after the request before it has
+started (a body of a long prompt takes up to ~20 ms to build); behind schedule, the loop sends without
+yielding until it has caught up. Optional bounds: max_in_flight (a global concurrency cap, FIFO) and closed
+sessions (a child waits for its parent to finish).
 A stop (Ctrl-C, SIGTERM, SIGHUP) cancels the dispatch from the event loop, never in the middle of a
 request's bookkeeping; requests it cuts off are not finished (no record), and it ends in KeyboardInterrupt.
 """
@@ -32,7 +30,6 @@ import math
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -46,8 +43,6 @@ from tongyi_trace.stops import STOP_SIGNALS, stop_interrupt
 
 PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
-LOOKAHEAD = 256  # request bodies prepared ahead at most (memory: a body is ~5 bytes a prompt token)
-BUILD_SLACK_S = 0.003  # no body is built when the next send is due sooner than this
 
 
 @dataclass
@@ -289,25 +284,15 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 if sem is not None:
                     sem.release()
 
-        ahead: deque[tuple[ScheduledRequest, bytes, int]] = deque()  # prepared, in dispatch order
-        pending = iter(requests)
-
-        def prepare() -> bool:
-            """Build the next request's body into AHEAD; False when every request is prepared."""
-            sr = next(pending, None)
-            if sr is None:
-                return False
+        for k, sr in enumerate(requests):
             prompt, keys = prompt_fn(sr)
-            ahead.append((sr, request_body(opts.model, prompt, sr, keys), len(prompt)))
-            return True
-
-        more = prepare()
-        while ahead:
-            sr = ahead[0][0]
-            due = t0 + sr.scheduled_s
-            while more and len(ahead) < LOOKAHEAD and due - time.perf_counter() > BUILD_SLACK_S:
-                more = prepare()  # the idle time before the next send builds the following bodies
-            delay = due - time.perf_counter()
+            body = request_body(opts.model, prompt, sr, keys)
+            if opts.closed_sessions:
+                finished[sr.req_idx] = asyncio.Event()
+            parent = finished.get(sr.parent_req_idx) if (
+                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
+            ) else None
+            delay = t0 + sr.scheduled_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             ready_s = sr.scheduled_s
@@ -316,18 +301,11 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 await sem.acquire()
                 if held:  # held back by --max-in-flight: free to go from now on
                     ready_s = max(ready_s, time.perf_counter() - t0)
-            sr, body, num_prompt = ahead.popleft()
-            if opts.closed_sessions:
-                finished[sr.req_idx] = asyncio.Event()
-            parent = finished.get(sr.parent_req_idx) if (
-                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
-            ) else None
             instance = instance_of[sr.req_idx] if instance_of is not None else 0
-            task = asyncio.create_task(one(sr, body, num_prompt, parent, instance, ready_s))
+            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance, ready_s))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            await asyncio.sleep(0)  # the task starts now: its send time and POST before any other work
-            if not ahead and more:
-                more = prepare()
+            if k + 1 < len(requests) and t0 + requests[k + 1].scheduled_s > time.perf_counter():
+                await asyncio.sleep(0)  # on time: the task starts (its send time, the POST) before the next body
         if tasks:
             await asyncio.gather(*tasks)

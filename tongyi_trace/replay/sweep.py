@@ -184,7 +184,13 @@ def _sweep(run: RunDir, server: str, opts: ReplayOptions, spec: SweepSpec, slo: 
                            "trace_requests": native[0], "trace_span_s": native[1]}
     out.mkdir(parents=True, exist_ok=True)
     for value, point_opts in plans:
-        res = go(point_opts)
+        try:
+            res = go(point_opts)
+        except BaseException as e:  # a point that could not run (server gone, a stop before it started)
+            doc["status"], doc["error"] = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                                           f"{point_opts.name}: {e}")
+            run.write_artifact(out / "sweep.json", doc)
+            raise
         rows.append(point_row(spec.kind, value, res.summary, read_records(res.out_dir / "records.jsonl"), slo))
         run.write_artifact(out / "sweep.json", doc)  # a sweep stopped half-way keeps its finished points
         if on_point is not None:

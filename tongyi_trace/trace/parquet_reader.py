@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tongyi_trace.errors import InputError, located
+from tongyi_trace.errors import InputError, brief, located
 from tongyi_trace.trace.records import (
     CHUNK_LINES,
     CHUNK_REFS,
@@ -33,7 +33,7 @@ def parquet_file(path: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())[:120]}); is it "
+        raise InputError(f"{path}: not a readable Parquet file ({brief(str(e))}); is it "
                          "truncated, or another format? (pass --format bailian/mooncake for JSONL)") from None
 
 
@@ -121,7 +121,7 @@ def read_parquet(path: Path, stats: ReadStats) -> Iterator[Chunk]:
             yield _parquet_chunk(path, _one_batch(batches), row0, stats, unsigned)
             row0 += rows
     except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{path}: unreadable Parquet data after row {row0} ({' '.join(str(e).split())[:120]}); "
+        raise InputError(f"{path}: unreadable Parquet data after row {row0} ({brief(str(e))}); "
                          "the file is damaged or truncated") from None
 
 

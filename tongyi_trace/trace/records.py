@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tongyi_trace.errors import InputError, located
+from tongyi_trace.errors import InputError, brief, located
 
 CHUNK_LINES = 1 << 18
 # hash ids per chunk (8 bytes each): small enough that a chunk's arrays are reused by the allocator instead of
@@ -120,13 +120,8 @@ FIX = "fix the line or pass --on-error skip to skip such lines"
 
 
 def show(v: Any, width: int = 40) -> str:
-    """A short, one-line rendering of a JSON value for messages: cut, when longer than WIDTH, after its
-    last whole item or word, with "..." to say so (never mid-word)."""
-    text = " ".join(repr(v).split())
-    if len(text) <= width:
-        return text
-    cut = max(text.rfind(",", 0, width - 4), text.rfind(" ", 0, width - 4))
-    return (text[:cut] if cut > 0 else text[:width - 4]).rstrip(", ") + " ..."
+    """A short, one-line rendering of a JSON value for messages (errors.brief: never cut mid-word)."""
+    return brief(repr(v), width)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from tongyi_trace.errors import InputError
+from tongyi_trace.errors import InputError, brief
 from tongyi_trace.trace.records import ReadStats
 
 BLOCK_BYTES = 1 << 20  # of the file (decompressed) read at a time
@@ -102,7 +102,7 @@ def byte_blocks(path: Path, stats: ReadStats | None = None) -> Iterator[bytes]:
         if kind is None:
             raise InputError(f"{path}: cannot read ({e}); check the file") from None
         what = "truncated" if isinstance(e, EOFError) else "damaged or not really"
-        raise InputError(f"{path}: {what} {kind} file ({' '.join(str(e).split())[:120]}); get a complete "
+        raise InputError(f"{path}: {what} {kind} file ({brief(str(e))}); get a complete "
                          f"copy, or rename it if it is not {kind}-compressed") from None
     except Exception as e:
         if type(e).__name__ != "ZstdError":
