@@ -9,11 +9,11 @@ and with --baseline-tree DIR also `base` (the capture proxy of another source tr
 and after in the same run, so under the same load).
 
 Fair on a shared, loaded 2-core machine: short phases rotate among the ways (a phase sends --phase-s seconds at
-the full rate to one way; each round runs every way once, the order rotated by one each round), so every way sees
-the same machine load and each is driven at the full rate; a way's figures pool all its phases, after one warm-up
-phase per way. Open loop: request i is sent at i / rate whatever happened before. TTFT = the first streamed chunk
-with a choice - the send time, as replay measures it (replay/dispatch.py). The proxies' CPU time per request comes
-from their processes' own CPU clocks.
+the full rate to one way; each round runs every way once, in an order drawn anew each round so that no way always
+follows the same one), so every way sees the same machine load and each is driven at the full rate; a way's
+figures pool all its phases, after one warm-up phase per way. Open loop: request i is sent at i / rate whatever
+happened before. TTFT = the first streamed chunk with a choice - the send time, as replay measures it
+(replay/dispatch.py). The proxies' CPU time per request comes from their processes' own CPU clocks.
 
 Requests: against the instant upstream, 64-token prompts and 4 streamed chunks; against the CPU engine, requests
 small enough for it to keep up: 48-token prompts whose first 32 tokens (one engine block) are the same in every
@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -143,8 +144,9 @@ def _cpu_s(proc: psutil.Process | None) -> float:
 
 def rotate_phases(ways: list[Way], make_bodies: Callable[[int, int], list[bytes]], rate: float, phase_s: float,
                   rounds: int) -> None:
-    """One warm-up phase per way, then ROUNDS rounds of one PHASE_S phase per way at RATE (the order rotated by
-    one each round); every measured phase is appended to its way, its proxy's CPU time added."""
+    """One warm-up phase per way, then ROUNDS rounds of one PHASE_S phase per way at RATE (in an order drawn anew
+    each round, so that no way always follows the same one); every measured phase is appended to its way, its
+    proxy's CPU time added."""
     num = int(rate * phase_s)
 
     async def run() -> None:
@@ -154,8 +156,9 @@ def rotate_phases(ways: list[Way], make_bodies: Callable[[int, int], list[bytes]
             for way in ways:  # warm-up: connections, the proxies' first-request imports
                 await drive(session, way.url + "/v1/completions", make_bodies(int(rate), seed), rate)
                 seed += 1
-            for r in range(rounds):
-                for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+            rng = random.Random(0)
+            for _ in range(rounds):
+                for way in rng.sample(ways, len(ways)):
                     bodies = make_bodies(num, seed)
                     seed += 1
                     cpu0 = _cpu_s(way.proc)
@@ -261,7 +264,7 @@ def compare(label: str, upstream: str, runs: list[tuple[float, int]], phase_s: f
             print(f"\n{label}: {upstream}; {shape} tokens; {rate:.0f} requests/s to each way in turn, {rounds} "
                   f"rounds of {phase_s:g} s phases per way; load average {load_before:.1f} -> "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-            report(f"{'-' * 7} {len(ways)} ways, phases rotated", ways, rate, engine)
+            report(f"{'-' * 7} {len(ways)} ways, phases in a random order each round", ways, rate, engine)
     finally:
         for name, proc in children:
             proc.send_signal(signal.SIGTERM)
