@@ -1,18 +1,28 @@
-"""Capture proxy overhead for the note: TTFT P50/P99 and throughput at 50 requests/s, sent directly and through
-`kvtrace capture` (a child process, as users run it), against the real CPU vLLM engine; and, to isolate the
-proxy's own cost from the engine's noise, against an instant upstream (NOT vLLM: an aiohttp endpoint in a child
-process of this script that streams 4 chunks and the usage at once). Target: the proxy adds <= 2 ms to TTFT
-P99 at 50 requests/s.
+"""Capture proxy overhead: TTFT P50/P99 and throughput at 50 requests/s, sent directly and through `kvtrace capture`
+(a child process, as users run it), against an instant upstream that isolates the proxy's own cost (NOT vLLM: an
+aiohttp endpoint in a child process of this script that streams its chunks and the usage at once) and against the
+real CPU vLLM engine. Target: the proxy adds <= 2 ms to TTFT P99 at 50 requests/s.
 
-Open loop: request i is sent at i / rate whatever happened before; short prompts (64 random token ids of the
-engine's vocabulary, each request its own, so nothing is cached), 4 output tokens, streamed with usage. Direct
-and proxied phases alternate (direct, proxy, proxy, direct, ...) so that both see the same machine; each phase
-lasts --seconds. Then interleaved phases: request by request, both ways in the same phase at 50 requests/s in
-total, so that both see the same machine and engine state. TTFT = the first streamed chunk with a choice - the
-send time, as replay measures it (replay/dispatch.py).
+Ways: `direct` (to the upstream), `proxy` (kvtrace capture of this tree), `bare` (a bare aiohttp forwarder on the
+proxy's event loop, uvloop where installed: no recording, nothing parsed; the floor of any Python proxy hop here),
+and with --baseline-tree DIR also `base` (the capture proxy of another source tree, e.g. an export of main: before
+and after in the same run, so under the same load).
 
-Run: .venv/bin/python bench/bench_capture.py [--seconds 10] [--rounds 2] [--server URL] [--skip-engine]
-(--serve-instant: run the instant upstream and print its URL; the script starts it so itself.)
+Fair on a shared, loaded 2-core machine: short phases rotate among the ways (a phase sends --phase-s seconds at
+the full rate to one way; each round runs every way once, in an order drawn anew each round so that no way always
+follows the same one), so every way sees the same machine load and each is driven at the full rate; a way's
+figures pool all its phases, after one warm-up phase per way. Open loop: request i is sent at i / rate whatever
+happened before. TTFT = the first streamed chunk with a choice - the send time, as replay measures it
+(replay/dispatch.py). The proxies' CPU time per request comes from their processes' own CPU clocks.
+
+Requests: against the instant upstream, 64-token prompts and 4 streamed chunks; against the CPU engine, requests
+small enough for it to keep up: 48-token prompts whose first 32 tokens (one engine block) are the same in every
+request, so the engine caches them, and 1 output token; the engine comparison runs at 50 requests/s and at
+--engine-low-rate, and says whether the engine kept up (every request answered at the offered rate, direct TTFT
+p99 under KEEPS_UP_P99_MS); where it does not, its queueing swamps the proxy's milliseconds.
+
+Run: .venv/bin/python bench/bench_capture.py [--phase-s 2] [--rounds 10] [--engine-rounds 5] [--server URL]
+[--skip-engine] [--baseline-tree DIR]   (--serve-instant / --serve-forwarder: the helpers this script starts)
 """
 
 from __future__ import annotations
@@ -21,26 +31,40 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
 import psutil
+from _common import KVTRACE
 
 from tongyi_trace import engine as eng
 from tongyi_trace.engine.model import VOCAB_SIZE
 
 RATE_PER_S = 50.0
-PROMPT_TOKENS = 64
-OUTPUT_TOKENS = 4
 TARGET_ADDED_P99_MS = 2.0
-KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
+KEEPS_UP_P99_MS = 100.0
+INSTANT_PROMPT_TOKENS, INSTANT_OUTPUT_TOKENS = 64, 4
+ENGINE_PREFIX_TOKENS, ENGINE_PROMPT_TOKENS, ENGINE_OUTPUT_TOKENS = 32, 48, 1
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run CORO on uvloop where installed (as `kvtrace capture` runs), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 @dataclass
@@ -53,6 +77,17 @@ class Phase:
     num_output_tokens: int = 0
     first_send: float = 0.0
     last_end: float = 0.0
+
+
+@dataclass
+class Way:
+    """One way of sending the requests: its URL, the process whose CPU time is counted (proxies), its phases."""
+
+    name: str
+    url: str
+    proc: psutil.Process | None = None
+    phases: list[Phase] = field(default_factory=list)
+    cpu_s: float = 0.0
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Phase) -> None:
@@ -77,131 +112,171 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Pha
         phase.ttft_s.append(ttft)
 
 
-async def drive(bases: list[str], model: str, rate: float, seconds: float, seed: int) -> list[Phase]:
-    """Send rate x seconds streamed completions at a constant total rate (open loop), request i to
-    BASES[i % len(BASES)]; the figures per base."""
-    phases = [Phase() for _ in bases]
-    n = int(rate * seconds)
-    urls = [b.rstrip("/") + "/v1/completions" for b in bases]
-    rng = np.random.default_rng(seed)  # each request its own prompt, within the engine's vocabulary
-    bodies = [json.dumps({"model": model, "prompt": rng.integers(100, VOCAB_SIZE, PROMPT_TOKENS).tolist(),
-                          "max_tokens": OUTPUT_TOKENS, "min_tokens": OUTPUT_TOKENS, "ignore_eos": True,
-                          "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}).encode()
-              for i in range(n)]
-    timeout = aiohttp.ClientTimeout(total=300.0)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        for base in bases:  # warm the connection pool
-            async with session.get(base.rstrip("/") + "/v1/models") as r:
-                await r.read()
-        tasks = []
-        t0 = time.perf_counter() + 0.05
-        for phase in phases:
-            phase.first_send = t0
-        for i, body in enumerate(bodies):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            phase = phases[i % len(bases)]
-            tasks.append(asyncio.create_task(_one(session, urls[i % len(bases)], body, phase)))
-            phase.num_sent += 1
-        await asyncio.gather(*tasks)
-    return phases
+async def drive(session: aiohttp.ClientSession, url: str, bodies: list[bytes], rate: float) -> Phase:
+    """Send BODIES to URL at RATE per second (open loop); what the phase measured."""
+    phase = Phase()
+    tasks = []
+    t0 = phase.first_send = time.perf_counter() + 0.01
+    for i, body in enumerate(bodies):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_one(session, url, body, phase)))
+        phase.num_sent += 1
+    await asyncio.gather(*tasks)
+    return phase
+
+
+def request_bodies(model: str, num: int, seed: int, prompt_tokens: int, output_tokens: int,
+                   prefix: list[int]) -> list[bytes]:
+    """NUM streamed completions with usage: PREFIX then random token ids of the engine's vocabulary (each request
+    its own) up to PROMPT_TOKENS, OUTPUT_TOKENS generated."""
+    rng = np.random.default_rng(seed)
+    return [json.dumps({"model": model, "prompt": prefix + rng.integers(100, VOCAB_SIZE, prompt_tokens - len(prefix))
+                        .tolist(), "max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True,
+                        "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+            for _ in range(num)]
+
+
+def _cpu_s(proc: psutil.Process | None) -> float:
+    return sum(proc.cpu_times()[:2]) if proc is not None else 0.0
+
+
+def rotate_phases(ways: list[Way], make_bodies: Callable[[int, int], list[bytes]], rate: float, phase_s: float,
+                  rounds: int) -> None:
+    """One warm-up phase per way, then ROUNDS rounds of one PHASE_S phase per way at RATE (in an order drawn anew
+    each round, so that no way always follows the same one); every measured phase is appended to its way, its
+    proxy's CPU time added."""
+    num = int(rate * phase_s)
+
+    async def run() -> None:
+        timeout = aiohttp.ClientTimeout(total=300.0)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+            seed = 1000
+            for way in ways:  # warm-up: connections, the proxies' first-request imports
+                await drive(session, way.url + "/v1/completions", make_bodies(int(rate), seed), rate)
+                seed += 1
+            rng = random.Random(0)
+            for _ in range(rounds):
+                for way in rng.sample(ways, len(ways)):
+                    bodies = make_bodies(num, seed)
+                    seed += 1
+                    cpu0 = _cpu_s(way.proc)
+                    way.phases.append(await drive(session, way.url + "/v1/completions", bodies, rate))
+                    way.cpu_s += _cpu_s(way.proc) - cpu0
+
+    _run(run())
 
 
 def _pct_ms(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q)) if values else float("nan")
 
 
-def _model(base: str) -> str:
-    async def get() -> str:
-        async with aiohttp.ClientSession() as s, s.get(base.rstrip("/") + "/v1/models") as r:
-            doc = await r.json()
-        return str(doc["data"][0]["id"])
-
-    return asyncio.run(get())
-
-
-def _table(title: str, phases: dict[str, list[Phase]]) -> dict[str, tuple[float, float]]:
-    """Print one comparison's rows; (TTFT p50, p99) in ms per way."""
+def report(title: str, ways: list[Way], rate: float, engine: bool) -> dict[str, Any]:
+    """Print one comparison's table, whether the ENGINE kept up, and the TTFT each way adds to direct's (judged
+    against the target at RATE_PER_S, unless the engine did not keep up: then its queueing is what differs);
+    the figures."""
     print(title)
     print(f"{'way':>7} {'sent':>6} {'ok':>6} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'max ms':>8} {'req/s':>7} "
-          f"{'out tok/s':>10}")
-    figures = {}
-    for mode, ps in phases.items():
-        ttft = [t for p in ps for t in p.ttft_s]
-        sent, ok = sum(p.num_sent for p in ps), sum(p.num_ok for p in ps)
-        wall = sum(p.last_end - p.first_send for p in ps)
-        out_tok = sum(p.num_output_tokens for p in ps)
-        figures[mode] = (_pct_ms(ttft, 50), _pct_ms(ttft, 99))
-        print(f"{mode:>7} {sent:>6} {ok:>6} {figures[mode][0]:>12.2f} {figures[mode][1]:>12.2f} "
-              f"{max(ttft) * 1e3 if ttft else float('nan'):>8.1f} {ok / wall:>7.1f} {out_tok / wall:>10.1f}")
-    print(f"added by the proxy: TTFT p50 {figures['proxy'][0] - figures['direct'][0]:+.2f} ms, "
-          f"p99 {figures['proxy'][1] - figures['direct'][1]:+.2f} ms (target <= {TARGET_ADDED_P99_MS:.0f} ms)")
-    if "bare" in figures:
-        print(f"added by a bare aiohttp forwarder (no recording: the hop itself): TTFT p50 "
-              f"{figures['bare'][0] - figures['direct'][0]:+.2f} ms, "
-              f"p99 {figures['bare'][1] - figures['direct'][1]:+.2f} ms")
+          f"{'out tok/s':>10} {'CPU ms/req':>11}")
+    figures: dict[str, Any] = {}
+    for way in ways:
+        ttft = [t for p in way.phases for t in p.ttft_s]
+        sent, ok = sum(p.num_sent for p in way.phases), sum(p.num_ok for p in way.phases)
+        wall = sum(p.last_end - p.first_send for p in way.phases)
+        out_tok = sum(p.num_output_tokens for p in way.phases)
+        cpu = f"{way.cpu_s * 1e3 / max(sent, 1):.2f}" if way.proc is not None else ""
+        p50, p99 = _pct_ms(ttft, 50), _pct_ms(ttft, 99)
+        figures[way.name] = {"p50_ms": p50, "p99_ms": p99, "num_sent": sent, "num_ok": ok, "req_per_s": ok / wall}
+        print(f"{way.name:>7} {sent:>6} {ok:>6} {p50:>12.2f} {p99:>12.2f} "
+              f"{max(ttft) * 1e3 if ttft else float('nan'):>8.1f} {ok / wall:>7.1f} {out_tok / wall:>10.1f} {cpu:>11}")
+    d = figures["direct"]
+    kept = d["num_ok"] == d["num_sent"] and d["req_per_s"] >= 0.97 * rate and d["p99_ms"] <= KEEPS_UP_P99_MS
+    if engine:
+        print(f"the engine {'keeps up' if kept else 'does NOT keep up'} at {rate:.0f} requests/s (direct: "
+              f"{d['num_ok']}/{d['num_sent']} answered, {d['req_per_s']:.1f} req/s, TTFT p99 {d['p99_ms']:.0f} ms; "
+              f"keeping up: all answered at the rate, p99 <= {KEEPS_UP_P99_MS:.0f} ms)")
+    for way in ways[1:]:
+        f = figures[way.name]
+        added_p50, added_p99 = f["p50_ms"] - d["p50_ms"], f["p99_ms"] - d["p99_ms"]
+        verdict = ("PASS" if added_p99 <= TARGET_ADDED_P99_MS else "FAIL") if kept or not engine else \
+            "not measurable: the engine's queueing, not the proxy, sets these figures"
+        print(f"added by {way.name:>5}: TTFT p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms"
+              + (f"  (target <= {TARGET_ADDED_P99_MS:.0f} ms at {RATE_PER_S:.0f} requests/s: {verdict})"
+                 if way.name == "proxy" and rate == RATE_PER_S else ""))
     return figures
 
 
-def compare(label: str, upstream: str, seconds: float, rounds: int, tmp: Path) -> None:
-    """Direct vs through a capture proxy in front of UPSTREAM: (1) alternating phases, each way at RATE_PER_S;
-    (2) interleaved: both ways in the same phases, request by request, RATE_PER_S in total (the same machine
-    and upstream state for both, at half the rate each)."""
-    out = tmp / f"capture-{label.split()[0]}.jsonl.zst"
-    proxy = subprocess.Popen([*KVTRACE, "capture", "--upstream", upstream, "-o", str(out), "--overwrite", "--json"],
-                             stdout=subprocess.PIPE, text=True)
-    assert proxy.stdout is not None
-    proxy_url = proxy.stdout.readline().strip()
-    proc = psutil.Process(proxy.pid)
-    forwarder = subprocess.Popen([sys.executable, __file__, "--serve-forwarder", upstream], stdout=subprocess.PIPE,
-                                 text=True)
-    assert forwarder.stdout is not None
-    forwarder_url = forwarder.stdout.readline().strip()
+def _start_child(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start ARGS; (the process, the URL it prints as its first line)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _model(base: str) -> str:
+    async def get() -> str:
+        async with aiohttp.ClientSession() as s, s.get(base + "/v1/models") as r:
+            doc = await r.json()
+        return str(doc["data"][0]["id"])
+
+    return str(_run(get()))
+
+
+def compare(label: str, upstream: str, runs: list[tuple[float, int]], phase_s: float, tmp: Path,
+            baseline_tree: Path | None, engine: bool) -> None:
+    """Direct, through a capture proxy and through a bare forwarder in front of UPSTREAM (and the capture proxy
+    of BASELINE_TREE): for each (rate, rounds) of RUNS, rotating phases at that rate, then a table."""
     model = _model(upstream)
-    alternating: dict[str, list[Phase]] = {"direct": [], "proxy": []}
-    interleaved: dict[str, list[Phase]] = {"direct": [], "proxy": [], "bare": []}
-    proxy_cpu_s = 0.0
-    num_proxied = 0
-    seed = 1
-    load_before = os.getloadavg()[0]
+    if engine:
+        prefix = np.random.default_rng(7).integers(100, VOCAB_SIZE, ENGINE_PREFIX_TOKENS).tolist()
+        shape = f"{ENGINE_PROMPT_TOKENS}-token prompts ({ENGINE_PREFIX_TOKENS} shared), {ENGINE_OUTPUT_TOKENS} output"
+
+        def make_bodies(num: int, seed: int) -> list[bytes]:
+            return request_bodies(model, num, seed, ENGINE_PROMPT_TOKENS, ENGINE_OUTPUT_TOKENS, prefix)
+    else:
+        shape = f"{INSTANT_PROMPT_TOKENS}-token prompts, {INSTANT_OUTPUT_TOKENS} output"
+
+        def make_bodies(num: int, seed: int) -> list[bytes]:
+            return request_bodies(model, num, seed, INSTANT_PROMPT_TOKENS, INSTANT_OUTPUT_TOKENS, [])
+
+    children: list[tuple[str, subprocess.Popen[str]]] = []
+    ways = [Way("direct", upstream)]
     try:
-        asyncio.run(drive([upstream, proxy_url], model, RATE_PER_S, 1.0, 500))  # warm-up
-        for r in range(rounds):
-            for mode in (("direct", "proxy") if r % 2 == 0 else ("proxy", "direct")):
-                cpu0 = sum(proc.cpu_times()[:2])
-                (phase,) = asyncio.run(drive([proxy_url if mode == "proxy" else upstream], model, RATE_PER_S,
-                                             seconds, seed))
-                if mode == "proxy":
-                    proxy_cpu_s += sum(proc.cpu_times()[:2]) - cpu0
-                    num_proxied += phase.num_sent
-                seed += 1
-                alternating[mode].append(phase)
-        names = {upstream: "direct", proxy_url: "proxy", forwarder_url: "bare"}
-        for r in range(rounds):
-            ways = list(names)[r % 3:] + list(names)[:r % 3]
-            got = asyncio.run(drive(ways, model, RATE_PER_S, seconds, seed))
-            seed += 1
-            for way, phase in zip(ways, got, strict=True):
-                interleaved[names[way]].append(phase)
+        def capture_child(name: str, env: dict[str, str] | None) -> None:
+            out = tmp / f"capture-{name}-{'engine' if engine else 'instant'}.jsonl.zst"
+            proc, url = _start_child([*KVTRACE, "capture", "--upstream", upstream, "-o", str(out), "--overwrite",
+                                      "--json"], env)
+            children.append((name, proc))
+            ways.append(Way(name, url, psutil.Process(proc.pid)))
+
+        capture_child("proxy", None)
+        proc, url = _start_child([sys.executable, __file__, "--serve-forwarder", upstream])
+        children.append(("bare", proc))
+        ways.append(Way("bare", url, psutil.Process(proc.pid)))
+        if baseline_tree is not None:
+            capture_child("base", {**os.environ, "PYTHONPATH": str(baseline_tree)})
+        for rate, rounds in runs:
+            for way in ways:
+                way.phases, way.cpu_s = [], 0.0
+            load_before = os.getloadavg()[0]
+            rotate_phases(ways, make_bodies, rate, phase_s, rounds)
+            print(f"\n{label}: {upstream}; {shape} tokens; {rate:.0f} requests/s to each way in turn, {rounds} "
+                  f"rounds of {phase_s:g} s phases per way; load average {load_before:.1f} -> "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            report(f"{'-' * 7} {len(ways)} ways, phases in a random order each round", ways, rate, engine)
     finally:
-        proxy.send_signal(signal.SIGTERM)
-        summary_text, _ = proxy.communicate(timeout=60)
-        forwarder.terminate()
-        forwarder.wait()
-    summary = json.loads(summary_text)
-    load = f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    print(f"\n{label}: {upstream}; {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} output tokens; {load}")
-    _table(f"alternating phases, each way at {RATE_PER_S:.0f} requests/s, {rounds} x {seconds:.0f} s per way",
-           alternating)
-    _table(f"interleaved, request by request, with a bare forwarder as a third way, {RATE_PER_S:.0f} requests/s "
-           f"in total, {rounds} x {seconds:.0f} s", interleaved)
-    print(f"proxy CPU {proxy_cpu_s * 1e3 / max(num_proxied, 1):.2f} ms per request; recorded "
-          f"{summary['num_recorded']} lines (errors {summary['num_errors']}, skipped {summary['num_skipped']})")
+        for name, proc in children:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+            if name != "bare":
+                s = json.loads(out)
+                print(f"{name}: recorded {s['num_recorded']} lines (errors {s['num_errors']}, skipped "
+                      f"{s['num_skipped']})")
 
 
 def serve_instant() -> None:
-    """The instant upstream: /v1/models, and /v1/completions streaming OUTPUT_TOKENS chunks and the usage."""
+    """The instant upstream: /v1/models, and /v1/completions streaming max_tokens chunks, then the usage."""
     from aiohttp import web
 
     async def models(request: web.Request) -> web.Response:
@@ -211,20 +286,17 @@ def serve_instant() -> None:
         body = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for _ in range(OUTPUT_TOKENS):
+        for _ in range(body["max_tokens"]):
             await resp.write(b'data: {"id":"c","choices":[{"index":0,"text":""}]}\n\n')
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": OUTPUT_TOKENS}
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
         await resp.write(b"data: " + json.dumps({"id": "c", "choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    async def run() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/completions", complete)
-        await _serve_until_killed(app)
-
-    asyncio.run(run())
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    _run(_serve_until_killed(app))
 
 
 async def _serve_until_killed(app: aiohttp.web.Application) -> None:
@@ -239,11 +311,12 @@ async def _serve_until_killed(app: aiohttp.web.Application) -> None:
 
 
 def serve_forwarder(upstream: str) -> None:
-    """A bare aiohttp forwarder (no recording, nothing parsed): the floor any proxy hop costs on this machine."""
+    """A bare aiohttp forwarder (no recording, nothing parsed; the proxy's event loop and pooled session): the floor
+    any Python proxy hop costs on this machine."""
     from aiohttp import web
 
     async def run() -> None:
-        session = aiohttp.ClientSession(auto_decompress=False)
+        session = aiohttp.ClientSession(auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
 
         async def forward(request: web.Request) -> web.StreamResponse:
             body = await request.read()
@@ -260,16 +333,21 @@ def serve_forwarder(upstream: str) -> None:
         app.router.add_route("*", "/{tail:.*}", forward)
         await _serve_until_killed(app)
 
-    asyncio.run(run())
+    _run(run())
 
 
 def main() -> None:
     """Parse the options and print both comparisons."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="Length of one phase (default 10 s).")
-    ap.add_argument("--rounds", type=int, default=2, help="Direct/proxy phase pairs (default 2).")
+    ap.add_argument("--phase-s", type=float, default=2.0, help="Length of one phase (default 2 s).")
+    ap.add_argument("--rounds", type=int, default=10, help="Rounds against the instant upstream (default 10).")
+    ap.add_argument("--engine-rounds", type=int, default=5, help="Rounds per rate against the engine (default 5).")
+    ap.add_argument("--engine-low-rate", type=float, default=20.0,
+                    help="The engine's second rate, requests/s (default 20; 0: 50 requests/s only).")
     ap.add_argument("--server", help="A running vLLM server instead of starting the CPU engine.")
     ap.add_argument("--skip-engine", action="store_true", help="Only the instant-upstream comparison.")
+    ap.add_argument("--baseline-tree", type=Path,
+                    help="Also run the capture proxy of this source tree (e.g. `git archive main` unpacked).")
     ap.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-forwarder", metavar="UPSTREAM", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -279,12 +357,12 @@ def main() -> None:
     if args.serve_forwarder:
         serve_forwarder(args.serve_forwarder)
         return
+    tree = args.baseline_tree.resolve() if args.baseline_tree else None
     with tempfile.TemporaryDirectory() as tmp:
-        instant = subprocess.Popen([sys.executable, __file__, "--serve-instant"], stdout=subprocess.PIPE, text=True)
+        instant, url = _start_child([sys.executable, __file__, "--serve-instant"])
         try:
-            assert instant.stdout is not None
-            compare("instant upstream (not vLLM: the proxy's own cost)", instant.stdout.readline().strip(),
-                    args.seconds, args.rounds, Path(tmp))
+            compare("instant upstream (not vLLM: the proxy's own cost)", url, [(RATE_PER_S, args.rounds)],
+                    args.phase_s, Path(tmp), tree, engine=False)
         finally:
             instant.terminate()
             instant.wait()
@@ -295,8 +373,10 @@ def main() -> None:
         if url is None:
             name = "bench-capture"
             url = eng.start(num_blocks=2048, block_size=32, max_model_len=2048, name=name).url
+        rates = [(RATE_PER_S, args.engine_rounds)] + ([(args.engine_low_rate, args.engine_rounds)]
+                                                      if args.engine_low_rate > 0 else [])
         try:
-            compare("CPU vLLM engine", url, args.seconds, args.rounds, Path(tmp))
+            compare("CPU vLLM engine", url.rstrip("/"), rates, args.phase_s, Path(tmp), tree, engine=True)
         finally:
             if name is not None:
                 eng.stop(name)
