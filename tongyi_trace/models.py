@@ -187,7 +187,6 @@ def _count_params(doc: dict[str, Any], layers: int, heads: int, kv_heads: int, h
     return float(emb + layers * (attn + experts * mlp))
 
 
-SIZING_FILE = "sizing.json"  # RUN/sizing.json: the model and GPU settings the run was last sized with
 
 
 @dataclass(frozen=True)
@@ -219,7 +218,7 @@ def run_sizing(run_path: Path, model: str | None = None, gpu_mem_gib: float | No
 
 def remembered_sizing(run_path: Path) -> Sizing | None:
     """What RUN/sizing.json holds, None when there is none (or it is of another ingest, or unreadable)."""
-    from tongyi_trace.run import read_artifact
+    from tongyi_trace.run import SIZING_FILE, read_artifact
 
     try:
         doc = read_artifact(Path(run_path) / SIZING_FILE, SIZING_SCHEMA, required=False)
@@ -232,7 +231,7 @@ def remembered_sizing(run_path: Path) -> Sizing | None:
 
 def remember_sizing(run_path: Path, sizing: Sizing, by: str) -> None:
     """Write RUN/sizing.json: SIZING, with the model's resolved name and who sized the run (BY)."""
-    from tongyi_trace.run import write_json
+    from tongyi_trace.run import SIZING_FILE, write_json
 
     write_json(Path(run_path) / SIZING_FILE, {"schema": SIZING_SCHEMA, "model": sizing.model,
                                               "model_name": sizing.preset().name, "gpu_mem_gib": sizing.gpu_mem_gib,

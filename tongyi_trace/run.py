@@ -262,7 +262,9 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json_text(obj))
 
 
-DOWNSTREAM = ("analysis", "fit", "sim", "replay", "report.html")
+PIN_FILE = "pinned_sweep.json"  # RUN/pinned_sweep.json: the sweep the report reads (sim/recommend.py)
+SIZING_FILE = "sizing.json"  # RUN/sizing.json: the model and GPU settings the run was last sized with (models.py)
+DOWNSTREAM = ("analysis", "fit", "sim", "replay", "report.html", PIN_FILE, SIZING_FILE)
 LOCK_NAME = ".kvtrace.lock"
 _held: dict[Path, tuple[int, int]] = {}  # run folder -> (fd, depth): the lock is re-entrant in a process
 

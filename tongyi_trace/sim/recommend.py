@@ -30,7 +30,7 @@ import numpy as np
 from tongyi_trace.errors import KvtraceError
 from tongyi_trace.models import GIB, PRESETS, ModelPreset
 from tongyi_trace.policy.file import PolicyChoice, load_policy, setting_label
-from tongyi_trace.run import read_artifact, write_json
+from tongyi_trace.run import PIN_FILE, read_artifact, write_json
 from tongyi_trace.schemas import RECOMMENDATION_SCHEMA, SIM_PIN_SCHEMA, SIM_SCHEMA
 from tongyi_trace.sim.bootstrap import Interval, significant_best
 from tongyi_trace.sim.registry import VARIANTS
@@ -283,8 +283,7 @@ def recommend_fleet(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-PIN_FILE = "pinned_sweep.json"  # RUN/pinned_sweep.json: the sweep the report and the Recommendation read
-# (beside RUN/sim/, not in it: RUN/sim/ is a committed set that each sweep replaces whole)
+# The pin (run.PIN_FILE) lies beside RUN/sim/, not in it: RUN/sim/ is a committed set each sweep replaces whole.
 FIRST_SWEEP = "first"  # RUN/sim/first/: a copy of the first full unnamed sweep, pinned
 
 
