@@ -278,3 +278,15 @@ def test_leftovers_of_a_killed_command_go_at_the_next_start(base: dict[str, Path
         pass
     assert [p for p in planted if p.exists()] == []
     assert _snapshot(run) == before
+
+
+def test_report_refuses_a_set_that_was_never_committed(base: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 42 #6: after a kill during analyze, report built from 7 of 28 figures and exited 0. A set folder
+    without its manifest (an older kvtrace, or a copy cut short) is refused in one line saying what to rerun."""
+    run = _workdir(base, tmp_path) / "run"
+    (run / "analysis" / MANIFEST_NAME).unlink()
+    r = runner.invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html"), "-q"])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.output.split())
+    assert f"{run / 'analysis'}: analysis incomplete (no manifest.json" in msg
+    assert msg.endswith(f"rerun kvtrace analyze {run}") and not (tmp_path / "r.html").exists()
