@@ -245,3 +245,48 @@ def test_a_full_disk_during_simulate_is_one_line_and_keeps_the_old_sweep(base: d
     with run_lock(work / "run"):  # the next command's start removes the staged half
         pass
     assert _leftovers(work) == []
+
+
+def test_a_sweep_without_wa_leaves_no_guard_tables(base: dict[str, Path],
+                                                   reference: dict[str, tuple[Path, list[str]]]) -> None:
+    """Issue 42 #4: `simulate -p wa` then `simulate -p lru` kept the first sweep's guard tables, and the report
+    showed a guard section for a sweep without WA. The committed set replaces the whole folder."""
+    assert (base["run"] / "sim" / "guard_timeline.parquet").is_file()  # the base sweep ran WA
+    sim = reference["simulate"][0] / "run" / "sim"
+    assert not list(sim.glob("guard_*.parquet"))
+    assert json.loads((sim / MANIFEST_NAME).read_text())["files"] == sorted(
+        p.name for p in sim.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
+
+
+def test_leftovers_of_a_killed_command_go_at_the_next_start(base: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 42 #5/#6: temporary files of atomic writes (8 MB of .blocks.parquet.*.tmp.parquet), DuckDB spill
+    folders (analysis/duckdb-*), staging folders and a cut journal are removed when the next command locks the
+    run; the artifacts and a file of the user's stay."""
+    run = _workdir(base, tmp_path) / "run"
+    planted = [run / ".blocks.parquet.123.456.0badc0de.tmp.parquet", run / "analysis" / "duckdb-x1y2",
+               run / "sim" / ".summary.json.9.9.12345678.tmp.json", run / ".staging.77.deadbeef",
+               run / JOURNAL_NAME]
+    (run / "sim" / "notes.txt").write_text("mine")
+    before = _snapshot(run)
+    for p in planted:
+        if p.name.startswith((".staging.", "duckdb-")):
+            p.mkdir()
+            (p / "spill.tmp").write_bytes(b"x" * 1000)
+        else:
+            p.write_text("{cut")
+    with run_lock(run):
+        pass
+    assert [p for p in planted if p.exists()] == []
+    assert _snapshot(run) == before
+
+
+def test_report_refuses_a_set_that_was_never_committed(base: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 42 #6: after a kill during analyze, report built from 7 of 28 figures and exited 0. A set folder
+    without its manifest (an older kvtrace, or a copy cut short) is refused in one line saying what to rerun."""
+    run = _workdir(base, tmp_path) / "run"
+    (run / "analysis" / MANIFEST_NAME).unlink()
+    r = runner.invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html"), "-q"])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.output.split())
+    assert f"{run / 'analysis'}: analysis incomplete (no manifest.json" in msg
+    assert msg.endswith(f"rerun kvtrace analyze {run}") and not (tmp_path / "r.html").exists()
