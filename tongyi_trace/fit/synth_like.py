@@ -178,6 +178,7 @@ def _parse_twin(doc: Any, path: Path) -> TwinModel:
         raise _fail(path, "twin.rate_bins", "must be a non-empty list of counts, not all zero")
     for key in ("requests_per_instant", "input_tokens", "output_tokens"):
         _quantile_list(path, f"twin.{key}", doc[key], nl, 0, MAX_TOKENS, allow_empty=False)
+    _number(path, "twin.ideal_hit", doc.get("ideal_hit"), 0.0, 1.0)
     lru = _numbers(path, "twin.lru_hit", doc.get("lru_hit"), 0.0, 1.0)
     if len(lru) != len(LRU_POINTS):
         raise _fail(path, "twin.lru_hit", f"must be {len(LRU_POINTS)} hit ratios (at {', '.join(LRU_POINTS)})")
