@@ -25,8 +25,8 @@ nothing left to offer is the longest-held block evicted although it has children
 room for the running request; vLLM's plugin does the same). So no block is evicted before its
 descendants, and no cached block is ever orphaned (a cached child whose prefix cannot hit). LRU is
 prefix-closed by itself (a parent is always at least as recent as its children); ORACLE too (a parent's
-next use is never later). Such a policy declares PREFIX_CLOSED = True in its module, and the plain copy
-of the loop takes it at its word: without leaf_only it keeps no count of cached children (a random
+next use is never later). Such a policy declares PREFIX_CLOSED = True in its module, and the loop
+serving one cache (TIER_NONE) takes it at its word: without leaf_only it keeps no count of cached children (a random
 parent row per insertion and eviction), so it counts no orphaning eviction, of which there is none (a
 property test checks the claim with the count kept). Every count lives in the first cache line of a row,
 so a state without a heap or policy columns is narrow whatever it counts (structs.NARROW_ROWS,
