@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         markers = {m.name for m in item.iter_markers()}
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(timeout_s(markers)))
-        item.add_marker(pytest.mark.xdist_group(worker_group(item.nodeid, markers, set(item.fixturenames))))
+        if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs without the groups (and their marker)
+            item.add_marker(pytest.mark.xdist_group(worker_group(item.nodeid, markers, set(item.fixturenames))))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
