@@ -140,9 +140,11 @@ def learn_twin(run: RunDir) -> dict[str, Any]:
                  for c in range(len(shared_edges) + 1)]
     share_bin = np.minimum(((arrival - t0) / max(t1 - t0, 1e-3) * NUM_SHARE_BINS).astype(np.int64),
                            NUM_SHARE_BINS - 1)
+    class_share = [float(hit[lclass == c].mean()) if np.any(lclass == c) else 0.0
+                   for c in range(len(length_edges) + 1)]
     return {
         "quantile_levels": list(TWIN_LEVELS),
-        "hit_share_by_time": [[_cell_share(hit[(share_bin == b) & (lclass == c)], by_length[c]["hit_share"])
+        "hit_share_by_time": [[_cell_share(hit[(share_bin == b) & (lclass == c)], class_share[c])
                                for c in range(len(length_edges) + 1)] for b in range(NUM_SHARE_BINS)],
         "duration_s": t1 - t0,
         "rate_bins": [int(x) for x in rate],
