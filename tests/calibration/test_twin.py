@@ -1,7 +1,8 @@
 """`kvtrace synth --like RUN --check` (tongyi_trace/calibration/twin.py): the twin against its run.
 
 Issue 38 item 4's tolerances on both public Mooncake traces (skipped when ../shared/traces is absent)
-and on the to-C profile (a quarter size) at two seeds; what misses is asserted as known (docs/synth.md,
+(one seed each in the fast lane, seeds 1-3 in the full one) and on the to-C profile (a quarter
+size) at two seeds; what misses is asserted as known (docs/synth.md,
 "The twin of a run": its misses), so that a fix or a regression both show. And privacy: no timestamp,
 length or hash-id sequence of the original appears in the twin."""
 
@@ -21,41 +22,54 @@ from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import synth_to_file
 
 runner = CliRunner()
-SHAPES = {"ideal_hit", "ks_arrival", "ks_input", "ks_output"}
 
 
 def _failing(rows: list) -> set[str]:
     return {r.key for r in rows if not r.ok}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.full), pytest.param(3, marks=pytest.mark.full)])
 def test_twin_of_mooncake_conversation_passes_every_figure(mooncake_conversation_run: Path, seed: int) -> None:
     rows = check_twin(mooncake_conversation_run, seed)
     assert len(rows) == 9 and _failing(rows) == set(), [r.to_json() for r in rows]
     by = {r.key: r for r in rows}
     # the run's own figures as /work/shared/traces/README.md measures them
     assert by["ideal_hit"].run == pytest.approx(0.3664, abs=1e-4)
+    # seed 1 (docs/synth.md's table): ideal .366, LRU at 1% .067 against the run's .052
+    if seed == 1:
+        assert by["ideal_hit"].twin == pytest.approx(0.366, abs=0.002)
+        assert by["lru_1%"].twin == pytest.approx(0.067, abs=0.002)
 
 
-def test_twin_of_mooncake_synthetic(mooncake_synthetic_path: Path, tmp_path: Path) -> None:
-    """Ideal hit, rate and lengths hold; the LRU curve and reuse times are the known miss (too much
-    short reuse: docs/synth.md)."""
-    ingest_trace(mooncake_synthetic_path, tmp_path / "run")
-    rows = check_twin(tmp_path / "run", 1)
+@pytest.fixture(scope="module")
+def mooncake_synthetic_run(mooncake_synthetic_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("mcs") / "run"
+    ingest_trace(mooncake_synthetic_path, run)
+    return run
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.full), pytest.param(3, marks=pytest.mark.full)])
+def test_twin_of_mooncake_synthetic(mooncake_synthetic_run: Path, seed: int) -> None:
+    """The synthetic trace holds its first turns early and later turns late (4% of requests share a
+    prefix in its first tenth, 97% in its last): the twin learns who shares per time bin."""
+    rows = check_twin(mooncake_synthetic_run, seed)
     by = {r.key: r for r in rows}
     assert by["ideal_hit"].run == pytest.approx(0.6396, abs=1e-4)
-    assert SHAPES.isdisjoint(_failing(rows)), [r.to_json() for r in rows]
-    assert _failing(rows) <= {"lru_1%", "lru_5%", "lru_10%", "lru_25%", "ks_reuse_time"}
+    assert len(rows) == 9 and _failing(rows) == set(), [r.to_json() for r in rows]
+    if seed == 1:  # docs/synth.md's table
+        assert by["ideal_hit"].twin == pytest.approx(0.636, abs=0.002)
+        assert by["lru_10%"].twin == pytest.approx(0.270, abs=0.002)
 
 
-@pytest.mark.parametrize("seed, misses", [(1, {"lru_5%", "ks_reuse_time"}), (2, set())])
-def test_twin_of_the_to_c_profile(tmp_path: Path, seed: int, misses: set[str]) -> None:
-    """The to-C profile at a quarter size (seed 1): twin seed 2 holds every figure; seed 1 misses LRU
-    at 5% (.414 against .456) and the reuse-time KS (.106), as docs/synth.md records."""
+@pytest.mark.parametrize("seed", [1, 2])
+def test_twin_of_the_to_c_profile(tmp_path: Path, seed: int) -> None:
+    """The to-C profile at a quarter size (seed 1): every figure holds but LRU at 5% (.411-.417 against
+    .456) and the reuse-time KS (.106-.109), as docs/synth.md records (at full size every figure
+    holds at seeds 1-3)."""
     synth_to_file("to-c", 1, tmp_path / "t.jsonl", scale=0.25)
     ingest_trace(tmp_path / "t.jsonl", tmp_path / "run")
     rows = check_twin(tmp_path / "run", seed)
-    assert _failing(rows) == misses, [r.to_json() for r in rows]
+    assert _failing(rows) == {"lru_5%", "ks_reuse_time"}, [r.to_json() for r in rows]
 
 
 def _ngrams(seq: list, n: int) -> set[tuple]:

@@ -123,6 +123,9 @@ def test_old_workload_file_is_refused_with_what_to_do(tiny_workload: dict[str, A
     ({"twin.lru_hit": [0.1, 0.2]}, "'twin.lru_hit' must be 4 hit ratios"),
     ({"twin.length_class_edges": [5.0, 2.0]}, "'twin.length_class_edges' must be strictly ascending"),
     ({"twin.by_length_class": [{}]}, "'twin.by_length_class[0].shared_share' must be a list"),
+    ({"twin.hit_share_by_time": [[2.0]]}, "'twin.hit_share_by_time[0][0]' must be a finite number in [0, 1]"),
+    ({"twin.hit_share_by_time": "x"}, "'twin.hit_share_by_time' must be a list of time bins"),
+    ({"twin.ideal_hit": "0.5"}, "'twin.ideal_hit' must be a number"),
     ({"schema": "kvtrace.other/1"}, "'schema'"),
 ])
 def test_bad_workload_files_are_one_line_errors(tiny_workload: dict[str, Any], tmp_path: Path,

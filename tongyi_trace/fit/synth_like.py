@@ -199,6 +199,15 @@ def _parse_twin(doc: Any, path: Path) -> TwinModel:
                 _quantile_list(path, f"twin.{classes_key}[{i}].{key}", c.get(key), nl, 0.0, hi)
             if classes_key == "by_length_class":
                 _number(path, f"twin.{classes_key}[{i}].hit_share", c.get("hit_share"), 0.0, 1.0)
+    num_classes = len(doc["by_length_class"])
+    by_time = doc.get("hit_share_by_time")
+    if not isinstance(by_time, list) or not by_time or \
+            not all(isinstance(row, list) and len(row) == num_classes for row in by_time):
+        raise _fail(path, "twin.hit_share_by_time", f"must be a list of time bins, each {num_classes} shares "
+                    "(one a length class)")
+    for b, row in enumerate(by_time):
+        for c, x in enumerate(row):
+            _number(path, f"twin.hit_share_by_time[{b}][{c}]", x, 0.0, 1.0)
     return twin_model(doc)
 
 

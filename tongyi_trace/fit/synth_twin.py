@@ -6,24 +6,27 @@ kvtrace.workload/2), as quantile functions at TWIN_LEVELS, shares or counts, nev
   arriving at the same instant;
 - the input and output length distributions (tokens);
 - per length class (the request's blocks, classes cut at quantiles of it): the share of requests
-  that share a prefix with an earlier request, the shared share f = shared blocks / own blocks, and
-  the number of later requests a request is the donor of;
+  that share a prefix with an earlier request (also per 1/NUM_SHARE_BINS of the span and length
+  class: a trace may hold its first turns early and its later turns late), the shared share
+  f = shared blocks / own blocks, and the number of later requests a request is the donor of;
 - per shared-length class (shared blocks): the gap from the request back to the last earlier access
   of its deepest shared block (the donor; s) and the share of the donor's blocks that are shared;
-- the run's prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
+- the run's ideal hit ratio and its prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
 The shared blocks of a request are its ideal-cache hits (prefix-chained blocks hit as a prefix).
 
 Drawn (`draw_twin`), for a seed: instants from the rate curve (uniform inside a bin) each holding a
 drawn number of requests, lengths from the quantile functions (linear between levels), then in
-arrival order: whether the request shares, f (k = f x blocks, stochastically rounded, at least 1),
+arrival order: whether the request shares (the share of its time bin and length class), f (k = f x
+blocks, stochastically rounded, at least 1; every f scaled so that the drawn ideal hit ratio is the
+run's); these draws are stratified (one uniform in each 1/n slice, shuffled);
 the gap, the donor's share and out-degree, and the donor = the first request back from arrival - gap
 long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
 long enough and free, long enough and not too long, long enough; forward when nothing before the
 target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
 by first use as the public traces are. How far back past the first free donor the scan may go for
 one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
-twin is drawn with each slack (same random numbers) and the one closest to the run's LRU hit ratios
-is kept.
+twin is drawn with each slack (same random numbers) and the one closest to the run's LRU and ideal
+hit ratios is kept.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ from tongyi_trace.sim.stream import Stream, load_stream
 TWIN_LEVELS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
 NUM_TWIN_RATE_BINS = 100
 NUM_SHARE_BINS = 10
+MIN_TIME_SHIFT = 0.1  # a class-time cell's share of sharing requests is kept when this far from its class's
 NUM_IDEAL_STEPS = 16
 NUM_LENGTH_CLASSES = 8
 NUM_SHARED_CLASSES = 8
 MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
 MAX_DONOR_SCAN = 4096  # requests looked at (back, then forward) for a donor long enough
-DONOR_SLACKS = (float("inf"), 2.0, 1.0, 0.5)  # tried in turn; the twin closest to the run's LRU points is kept
+DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -96,6 +100,15 @@ def sharing_table(tables: RunTables) -> pl.DataFrame:
             .sort("req_idx"))
 
 
+def _cell_share(hit: npt.NDArray[np.bool_], class_share: float) -> float:
+    """The share of HIT (one class-time cell's requests) where it departs from CLASS_SHARE by more than
+    MIN_TIME_SHIFT and the cell has MIN_CLASS_REQUESTS requests, else CLASS_SHARE (a small shift is
+    left to the class: the cell's share is the noisier one)."""
+    if hit.size < MIN_CLASS_REQUESTS or abs(float(hit.mean()) - class_share) <= MIN_TIME_SHIFT:
+        return class_share
+    return float(hit.mean())
+
+
 def learn_twin(tables: RunTables) -> dict[str, Any]:
     """The prefix-tree model of the run (TABLES; see the module doc): a JSON-ready dict, no sequence of the run."""
     req = tables.requests().sort("req_idx")
@@ -127,12 +140,12 @@ def learn_twin(tables: RunTables) -> dict[str, Any]:
                  for c in range(len(shared_edges) + 1)]
     share_bin = np.minimum(((arrival - t0) / max(t1 - t0, 1e-3) * NUM_SHARE_BINS).astype(np.int64),
                            NUM_SHARE_BINS - 1)
+    class_share = [float(hit[lclass == c].mean()) if np.any(lclass == c) else 0.0
+                   for c in range(len(length_edges) + 1)]
     return {
         "quantile_levels": list(TWIN_LEVELS),
-        "hit_share_by_time": [[float(hit[(share_bin == b) & (lclass == c)].mean())
-                               if np.count_nonzero((share_bin == b) & (lclass == c)) >= MIN_CLASS_REQUESTS
-                               else by_length[c]["hit_share"] for c in range(len(length_edges) + 1)]
-                              for b in range(NUM_SHARE_BINS)],
+        "hit_share_by_time": [[_cell_share(hit[(share_bin == b) & (lclass == c)], class_share[c])
+                               for c in range(len(length_edges) + 1)] for b in range(NUM_SHARE_BINS)],
         "duration_s": t1 - t0,
         "rate_bins": [int(x) for x in rate],
         "requests_per_instant": _q(same_instant),
