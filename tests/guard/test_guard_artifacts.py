@@ -29,6 +29,6 @@ def test_tables_written_and_reported(tmp_path, first_hour_fit) -> None:
     sections = guard_section.build(RunDir(tmp_path))
     assert len(sections) == 1
     s = sections[0]
-    assert s.values["switches"] == "1" and s.values["refits"] == "20"
+    assert s.values["switches"] == "1 time" and s.values["refits"] == "20 times"  # "switched 1 time"
     assert len(s.tables["switches"].rows) == 1 and s.tables["refits"].rows
     assert guard_section.build(RunDir(tmp_path / "nothing")) == []

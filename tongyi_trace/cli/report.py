@@ -32,7 +32,7 @@ def report(
         png = screenshot(html, screenshot_png) if screenshot_png is not None else None
         sweep = report_sweep(run.path)
         return {"report": abs_path(html), "screenshot": abs_path(png) if png else None,
-                "sweep": sweep.describe() if sweep else None}
+                "sweep": sweep.describe() if sweep and (sweep.path / "summary.json").is_file() else None}
 
     written = run_cli(go)
     if as_json:

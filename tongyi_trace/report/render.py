@@ -28,7 +28,7 @@ from tongyi_trace.resources import reports_dir
 from tongyi_trace.run import RunDir, atomic_write_text, check_not_run_table
 
 REPORT_NAME = "report.html"
-HEADLINE_ROWS = 8  # rows of the headline table shown; the rest behind "show all"
+HEADLINE_ROWS = 6  # rows of the headline table shown; the rest behind "show all"
 
 # Steps whose artifacts add sections, and the command that produces them (shown when not run).
 STEPS: list[tuple[str, str]] = [

@@ -342,12 +342,12 @@ def pinned_sweep(sim_root: Path) -> PinnedSweep | None:
 
 def report_sweep(run_path: Path) -> PinnedSweep | None:
     """The sweep the report and the Recommendation read: the pinned one, else the latest (RUN/sim/), None
-    without a finished sweep."""
+    without RUN/sim/."""
     root = Path(run_path) / "sim"
     pin = pinned_sweep(root)
     if pin is not None:
         return pin
-    if (root / "summary.json").is_file():
+    if root.is_dir():  # the latest sweep, also while it runs (results.jsonl before summary.json)
         return PinnedSweep(root, None, "none pinned: the latest sweep")
     return None
 

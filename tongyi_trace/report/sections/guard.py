@@ -21,7 +21,7 @@ from tongyi_trace.sim.recommend import report_sweep
 from tongyi_trace.sim.registry import WA_ABLATION
 
 REMEDY = "re-run 'kvtrace simulate RUN_DIR -p wa'"
-MAX_SECTIONS = 2  # guard sections shown: the runs where it switched and refitted most
+MAX_SECTIONS = 1  # guard sections shown: the run where it switched and refitted most
 SMOOTH_SLICES = 12  # rolling mean over this many slices in the figure (2 minutes of 10-s slices)
 
 
