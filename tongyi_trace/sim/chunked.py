@@ -35,6 +35,7 @@ from tongyi_trace.budget import step
 from tongyi_trace.errors import InputError, UsageError
 from tongyi_trace.policy.file import PolicyParams, RequestContext
 from tongyi_trace.run import RunDir
+from tongyi_trace.sim.kernel import TIER_NONE
 from tongyi_trace.sim.registry import Policy
 from tongyi_trace.sim.simulate import Cache, PolicyResult
 from tongyi_trace.sim.stream import Stream, extend_parents, next_request_update
@@ -52,6 +53,10 @@ class StreamShape(Stream):
 
     num_refs_total: int = 0
     num_requests_total: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "req_tokens", self.req_tokens.copy())  # writable: the chunks fill it in
 
     @property
     def num_requests(self) -> int:
@@ -231,7 +236,7 @@ def _serve_chunk(cache: Cache, shape: StreamShape, c: Chunk, parent: np.ndarray)
     stats, hits, hit_tok, cats = cache.kernel(
         c.req_off, c.blk, c.ntok, shape.req_cat[lo:hi], shape.req_time_s[lo:hi], lens, lens,
         np.zeros(hi - lo, np.int64), cache.capacity_blocks, bk, hp, g, gf, qs, cache.ip, cache.fp, cache.cw,
-        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out)
+        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out, TIER_NONE)
     cache.elapsed_s += time.perf_counter() - t0
     cache.last_stats = stats
     cache.stats += stats
