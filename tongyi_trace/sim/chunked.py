@@ -233,14 +233,8 @@ def _serve_chunk(cache: Cache, shape: StreamShape, c: Chunk, parent: np.ndarray)
     lens = np.diff(c.req_off)
     bk, hp, g, gf, qs, rl = cache.state
     t0 = time.perf_counter()
-    stats, hits, hit_tok, cats = cache.kernel(
+    cache.account(lo, hi, t0, cache.kernel(
         c.req_off, c.blk, c.ntok, shape.req_cat[lo:hi], shape.req_time_s[lo:hi], lens, lens,
         np.zeros(hi - lo, np.int64), cache.capacity_blocks, bk, hp, g, gf, qs, cache.ip, cache.fp, cache.cw,
-        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out, TIER_NONE)
-    cache.elapsed_s += time.perf_counter() - t0
-    cache.last_stats = stats
-    cache.stats += stats
-    cache.cat_stats[:len(cats)] += cats
-    cache.req_hit_blocks[lo:hi] = hits
-    cache.req_hit_tokens[lo:hi] = hit_tok
+        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out, TIER_NONE))
 

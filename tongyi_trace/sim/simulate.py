@@ -230,7 +230,13 @@ class Cache:
         """Serve requests START..STOP-1 (in order); return their hit blocks."""
         self.warm()
         t0 = time.perf_counter()
-        stats, hits, hit_tok, cats = self._run(start, stop)
+        return self.account(start, stop, t0, self._run(start, stop))
+
+    def account(self, start: int, stop: int, t0: float,
+                out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """Add OUT, the kernel's returns for requests START..STOP-1 (run since T0), to the statistics; return
+        their hit blocks."""
+        stats, hits, hit_tok, cats = out
         self.elapsed_s += time.perf_counter() - t0
         self.last_stats = stats
         self.stats += stats
