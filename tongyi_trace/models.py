@@ -230,9 +230,12 @@ def remembered_sizing(run_path: Path) -> Sizing | None:
 
 
 def remember_sizing(run_path: Path, sizing: Sizing, by: str) -> None:
-    """Write RUN/sizing.json: SIZING, with the model's resolved name and who sized the run (BY)."""
+    """Write RUN/sizing.json: SIZING, with the model's resolved name and the command that set it (BY); a sizing
+    equal to the remembered one is not written again (the file changes only when the sizing does)."""
     from tongyi_trace.run import SIZING_FILE, write_json
 
+    if remembered_sizing(run_path) == sizing:
+        return
     write_json(Path(run_path) / SIZING_FILE, {"schema": SIZING_SCHEMA, "model": sizing.model,
                                               "model_name": sizing.preset().name, "gpu_mem_gib": sizing.gpu_mem_gib,
                                               "tp": sizing.tp, "by": by})
