@@ -38,7 +38,7 @@ from tongyi_trace.run import RunDir
 from tongyi_trace.sim.kernel import TIER_NONE
 from tongyi_trace.sim.registry import Policy
 from tongyi_trace.sim.simulate import Cache, PolicyResult
-from tongyi_trace.sim.stream import Stream, extend_parents, next_request_update
+from tongyi_trace.sim.stream import Stream, extend_parents, next_request_update, readonly
 from tongyi_trace.trace.categories import context_categories
 
 NOT_STREAMED = frozenset({Policy.LFU.value})
@@ -140,7 +140,7 @@ def iter_chunks(run: RunDir, shape: StreamShape, chunk_refs: int) -> Iterator[Ch
 
 def _chunk(run: RunDir, shape: StreamShape, first_req: int, stop_req: int, ref0: int,
            cols: list[np.ndarray]) -> Chunk:
-    req, blk, ntok = (np.array(c, dtype=np.int64) for c in cols)  # writable: the kernel is compiled for that
+    req, blk, ntok = (np.asarray(c, dtype=np.int64) for c in cols)
     if req.shape[0] and (int(req[0]) < first_req or int(req[-1]) >= stop_req or bool(np.any(np.diff(req) < 0))
                          or int(blk.min()) < 0 or int(blk.max()) >= shape.num_ids):
         raise InputError(f"{run.blocks_path}: rows are not sorted by req_idx, or a chain_idx is out of "
@@ -151,7 +151,8 @@ def _chunk(run: RunDir, shape: StreamShape, first_req: int, stop_req: int, ref0:
     sums = np.zeros(ntok.shape[0] + 1, np.int64)
     np.cumsum(ntok, out=sums[1:])
     shape.req_tokens[first_req:stop_req] = sums[off[1:]] - sums[off[:-1]]
-    return Chunk(first_req, ref0, off, blk, ntok)
+    # read-only views, as a Stream's: the kernel then runs in the specialization the whole-stream simulator compiled
+    return Chunk(first_req, ref0, readonly(off), readonly(blk), readonly(ntok))
 
 
 def write_next_uses(run: RunDir, shape: StreamShape, chunk_refs: int, path: Path,
@@ -214,8 +215,8 @@ def simulate_chunked(run: RunDir, policy: str | Policy, capacity_blocks: int, *,
         if oracle and next_uses is None:
             write_next_uses(run, shape, chunk_refs, nxt_path, on_progress)
         parent = np.full(shape.num_ids, -2, np.int64)
-        empty = np.zeros(0, np.int64)  # compile the kernel (or load it) outside the timed calls, as Cache.warm
-        _serve_chunk(cache, shape, Chunk(0, 0, np.zeros(1, np.int64), empty, empty), parent)
+        empty = readonly(np.zeros(0, np.int64))  # compile (or load) the kernel outside the timed calls, as Cache.warm
+        _serve_chunk(cache, shape, Chunk(0, 0, readonly(np.zeros(1, np.int64)), empty, empty), parent)
         with step(f"simulate {cache.spec.name}: replay in chunks"):
             for c in iter_chunks(run, shape, chunk_refs):
                 extend_parents(parent, c.req_off, c.blk)
