@@ -135,11 +135,14 @@ def test_replay_through_the_proxy_round_trips(cpu_engine: dict[str, Any], slice_
     assert (headline["num_block_refs"], headline["num_hit_blocks"]) == (num_refs, num_hits)
     assert headline["hit_ratio"] == num_hits / num_refs
 
-    # arrivals at the proxy keep the replay's send times: inter-arrival times within 50 ms. On a quiet machine
-    # every gap is (9 ms at most was seen); the suite's other worker can hold both cores for a moment, which
-    # delays the proxy's clock reading of a request or two (96 ms once), so 95% of the gaps are held to 50 ms
-    # and every gap to 0.5 s (a wrong unit or order would miss by whole gaps of 0.03-0.2 s each).
-    gaps_captured = np.diff(cap_req["arrival_s"].to_numpy())
-    gaps_sent = np.diff(recs["sent_s"].to_numpy())
-    deviation_s = np.abs(gaps_captured - gaps_sent)
-    assert np.quantile(deviation_s, 0.95) <= 0.050 and deviation_s.max() <= 0.5, deviation_s
+    # arrivals at the proxy keep the replay's send times. Each request's arrival at the proxy minus its send time
+    # is one offset (the two clocks start apart); on a quiet machine every request is within 9 ms of the common
+    # offset. The suite's other worker and the CPU engine's threads can hold both cores for a moment, which
+    # makes a request arrive late (96 ms once, 0.24 s in one CI run for a few of 40), and a late arrival
+    # spoils two inter-arrival gaps. So: half the requests within 10 ms of the common offset, three in four
+    # within 50 ms, none early by more than 50 ms. A wrong unit or order of the timestamps misses by whole gaps
+    # (0.03-0.2 s each) for most requests.
+    offset_s = cap_req["arrival_s"].to_numpy() - recs["sent_s"].to_numpy()
+    deviation_s = offset_s - np.median(offset_s)
+    assert np.median(np.abs(deviation_s)) <= 0.010, deviation_s
+    assert np.mean(np.abs(deviation_s) <= 0.050) >= 0.75 and deviation_s.min() >= -0.050, deviation_s
