@@ -50,7 +50,8 @@ def test_every_answered_request_is_recorded_and_the_summary_agrees(fault: str, f
     bad = recs.filter(recs["status"] == "error")
     assert sorted(f"kvtrace-{i}" for i in ok["req_idx"].to_list()) == sorted(state.completed)
     assert sorted(f"kvtrace-{i}" for i in bad["req_idx"].to_list()) == sorted(state.faulted)
-    assert s["counts"] == {"num_done": 6, "num_ok": ok.height, "num_error": bad.height, "num_not_finished": 0}
+    assert s["counts"] == {"num_done": 6, "num_ok": ok.height, "num_error": bad.height, "num_cancelled": 0,
+                           "num_not_finished": 0}
     if fault == "metrics":
         assert ok.height == 6 and s["metrics"]["hit_ratio"] is None
         assert s["engine"]["block_size"] is None  # the nonsense block size is not believed

@@ -38,7 +38,7 @@ def test_identical_block_ids_reach_the_server_as_identical_tokens(fresh_tiny_run
     assert recs["output_tokens"].to_list() == [10, 5, 8, 3, 4, 2]
     s = json.loads((res.out_dir / "summary.json").read_text())
     assert s["status"] == "complete" and s["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0,
-                                                         "num_not_finished": 0}
+                                                         "num_cancelled": 0, "num_not_finished": 0}
     assert s["metrics"]["hit_ratio"] == pytest.approx(160 / 360)
     assert s["records_hit_ratio"] == pytest.approx(160 / 360)
     assert sorted(state.completed) == sorted(f"kvtrace-{i}" for i in range(6))

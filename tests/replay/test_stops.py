@@ -69,7 +69,7 @@ def test_a_stop_signal_leaves_a_consistent_summary(sig: signal.Signals, fresh_ti
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["error"] == f"stopped by {sig.name}"
     assert 2 <= recs.height < 6
-    assert summary["counts"] == {"num_done": recs.height, "num_ok": recs.height, "num_error": 0,
+    assert summary["counts"] == {"num_done": recs.height, "num_ok": recs.height, "num_error": 0, "num_cancelled": 0,
                                  "num_not_finished": 6 - recs.height}
     assert {f"kvtrace-{i}" for i in recs["req_idx"].to_list()} <= set(state.completed)
 
@@ -89,7 +89,7 @@ def test_reconcile_only_rebuilds_a_summary_left_running(fresh_tiny_run: Path, st
     rebuilt = reconcile_only(fresh_tiny_run, "r").summary
     assert rebuilt["status"] == "interrupted"
     assert rebuilt["counts"] == done["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0,
-                                                   "num_not_finished": 0}
+                                                   "num_cancelled": 0, "num_not_finished": 0}
     assert rebuilt["records_hit_ratio"] == done["records_hit_ratio"] == pytest.approx(160 / 360)
     assert rebuilt["reconciliation"] == done["reconciliation"]
     assert rebuilt["metrics"]["hit_ratio"] is None  # engine side unknown: said, not invented
@@ -117,7 +117,7 @@ def test_a_stop_during_the_final_metrics_scrape_still_finalizes(fresh_tiny_run: 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert summary["error"] == "stopped while reading the engine's final figures"
-    assert summary["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0, "num_not_finished": 0}
+    assert summary["counts"] == {"num_done": 6, "num_ok": 6, "num_error": 0, "num_cancelled": 0, "num_not_finished": 0}
 
 
 def test_a_record_cut_mid_write_counts_as_not_finished(fresh_tiny_run: Path, standin: Standin) -> None:
@@ -127,7 +127,7 @@ def test_a_record_cut_mid_write_counts_as_not_finished(fresh_tiny_run: Path, sta
     lines = records.read_text().splitlines()
     records.write_text("\n".join(lines[:5]) + "\n" + lines[5][:40])  # SIGKILL in the middle of the 6th write
     rebuilt = reconcile_only(fresh_tiny_run, "k").summary
-    assert rebuilt["counts"] == {"num_done": 5, "num_ok": 5, "num_error": 0, "num_not_finished": 1}
+    assert rebuilt["counts"] == {"num_done": 5, "num_ok": 5, "num_error": 0, "num_cancelled": 0, "num_not_finished": 1}
     records.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
     with pytest.raises(InputError, match=r"records.jsonl:2: not a JSON record"):
         reconcile_only(fresh_tiny_run, "k")

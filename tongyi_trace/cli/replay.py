@@ -36,9 +36,14 @@ def _render(res: ReplayResult) -> None:
 
     s = res.summary
     c = s.get("counts") or {}
+    cancelled = f" ({c['num_cancelled']} in flight at the stop, cancelled)" if c.get("num_cancelled") else ""
     say("replay ", (str(s.get("name")), "bold"), f" {s.get('status')}: {c.get('num_ok', 0)} ok, "
-        f"{c.get('num_error', 0)} failed, {c.get('num_not_finished', 0)} not finished "
+        f"{c.get('num_error', 0)} failed, {c.get('num_not_finished', 0)} not finished{cancelled} "
         f"in {s.get('wall_s') or 0:.1f} s -> {res.out_dir}")
+    retried = s.get("retries") or {}
+    if retried.get("num_retries"):
+        say(f"{retried['num_requests']} requests retried after HTTP 429/503 ({retried['num_retries']} retries, "
+            f"{retried['wait_s']:.1f} s waited as the server's Retry-After asked)")
     t = Table(title="hit ratio (tokens)", show_header=True)
     t.add_column("source")
     t.add_column("hit ratio", justify="right")
@@ -145,6 +150,9 @@ def replay(
     api_key_env: str | None = typer.Option(None, "--api-key-env",
                                            help="Name of the environment variable holding the API key."),
     timeout_s: float = typer.Option(600.0, "--request-timeout-s", help="Per-request timeout."),
+    max_retries: int = typer.Option(3, "--max-retries", help="Re-send a request the server answers HTTP 429 or "
+                                    "503 at most this often, after the delay its Retry-After asks (at most "
+                                    "60 s; without one 1 s, doubling); 0: never."),
     engine_block_size: int | None = typer.Option(None, "--engine-block-size",
                                                  help="Engine block size when /metrics does not say."),
     engine_num_blocks: int | None = typer.Option(None, "--engine-num-blocks",
@@ -186,7 +194,7 @@ def replay(
                 raise UsageError(f"--api-key-env {api_key_env}: that environment variable is empty or unset")
         return ReplayOptions(
             name=name, model=model, vocab_size=vocab_size, min_token_id=min_token_id, seed=seed,
-            max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s,
+            max_in_flight=max_in_flight, api_key=api_key, request_timeout_s=timeout_s, max_retries=max_retries,
             engine_block_size=engine_block_size, engine_num_blocks=engine_num_blocks, overwrite=overwrite,
             reset_cache=reset_cache, plugin_stats=plugin_stats, router=router, policy_file=policy_file,
             schedule=ScheduleOptions(speedup=speedup, start_s=start_s, duration_s=duration_s,
@@ -239,8 +247,8 @@ def replay(
             err=True)
         raise typer.Exit(1)
     if res.summary["status"] == "interrupted":
-        say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; finished requests are in "
-            "records.jsonl", err=True)
+        say(("interrupted", "yellow"), f": {res.summary.get('error') or 'Ctrl-C'}; every request sent is in "
+            "records.jsonl (those cut off: status cancelled)", err=True)
         raise typer.Exit(stop_exit_code(res.summary.get("error")))
 
 

@@ -17,21 +17,28 @@ never on the critical path, and, when the next request is not due yet, after the
 started (a body of a long prompt takes up to ~20 ms to build); behind schedule, the loop sends without
 yielding until it has caught up. Optional bounds: max_in_flight (a global concurrency cap, FIFO) and closed
 sessions (a child waits for its parent to finish).
+HTTP 429 (too many requests) and 503 (unavailable) are retried, at most max_retries times, after the delay
+the server's Retry-After asks for (delay-seconds or an HTTP date; without one: 1 s, doubling), unless it asks
+for more than max_retry_wait_s; the record counts the retries and the time waited (TTFT and end-to-end are
+the last attempt's), and a request still refused is an error record ("... (after 3 retries)").
 A stop (Ctrl-C, SIGTERM, SIGHUP) cancels the dispatch from the event loop, never in the middle of a
-request's bookkeeping; requests it cuts off are not finished (no record), and it ends in KeyboardInterrupt.
+request's bookkeeping: nothing more is sent, the requests in flight get stop_grace_s to finish, and each one
+still running then is cancelled and recorded (status "cancelled", with what was known: HTTP status, TTFT),
+so records.jsonl holds every request sent; a second stop cancels them at once. It ends in KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import math
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import aiohttp
@@ -43,6 +50,8 @@ from tongyi_trace.stops import STOP_SIGNALS, stop_interrupt
 
 PromptFn = Callable[[ScheduledRequest], tuple[np.ndarray, np.ndarray | None]]  # token ids, block keys
 COMPLETIONS_PATH = "/v1/completions"
+RETRY_STATUSES = frozenset({429, 503})  # the server asks the client to come back later (Retry-After)
+DEFAULT_RETRY_WAIT_S = 1.0  # the first retry's delay when the server names none (doubling after)
 
 
 @dataclass
@@ -53,6 +62,8 @@ class DispatchState:
     num_sent: int = 0
     num_done: int = 0
     num_errors: int = 0
+    num_retries: int = 0  # re-sends after HTTP 429/503
+    num_cancelled: int = 0  # in flight at a stop, cancelled after the grace
     prompt_tokens_ok: int = 0
     cached_tokens_ok: int = 0
 
@@ -72,6 +83,9 @@ class DispatchOptions:
     closed_sessions: bool = False
     request_timeout_s: float = 600.0
     start_delay_s: float = 0.05
+    max_retries: int = 3  # re-sends of a request answered HTTP 429/503
+    max_retry_wait_s: float = 60.0  # a Retry-After asking for longer is not waited for: the request fails
+    stop_grace_s: float = 2.0  # at a stop, the requests in flight get this long to finish
 
 
 def request_body(model: str, prompt: np.ndarray, sr: ScheduledRequest,
@@ -114,64 +128,136 @@ def _parse_chunk(data: bytes) -> dict[str, object]:
     return obj
 
 
-async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
-                num_prompt: int, t0: float, headers: dict[str, str], instance: int = 0,
-                ready_s: float | None = None) -> RequestRecord:
-    """Send one request; every outcome (including a reply the client cannot understand) is a record. READY_S:
-    when it was free to go, seconds from T0 (later than its scheduled time when it was held back)."""
-    sent = time.perf_counter()
+def retry_after_s(value: str | None, now_s: float | None = None) -> float | None:
+    """The seconds a Retry-After header VALUE asks to wait (RFC 9110: delay-seconds or an HTTP date, a date
+    in the past is 0; a fractional number is taken too); None when absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        wait = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        wait = when.timestamp() - (time.time() if now_s is None else now_s)
+        return max(0.0, wait)
+    return wait if math.isfinite(wait) and wait >= 0 else None
+
+
+@dataclass
+class _Attempt:
+    """What one POST of a request got, filled in as it arrives (a cancelled request keeps what was known)."""
+
+    sent: float
     ttft: float | None = None
-    token_times: list[float] = []  # arrival of every chunk carrying choices (tokens)
+    token_times: list[float] = field(default_factory=list)  # arrival of every chunk carrying choices (tokens)
     usage: dict[str, object] | None = None
-    status, http_status, error = "ok", None, None
+    status: str = "ok"
+    http_status: int | None = None
+    error: str | None = None
+    retry_after: str | None = None
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
+                   headers: dict[str, str], att: _Attempt) -> None:
+    """POST the request once, filling ATT; every failure (including a reply the client cannot understand)
+    is ATT's error."""
     try:
         async with session.post(url, data=body,
                                 headers={**headers, "X-Request-Id": f"kvtrace-{sr.req_idx}"}) as resp:
-            http_status = resp.status
+            att.http_status = resp.status
             if resp.status != 200:
+                att.retry_after = resp.headers.get("Retry-After")
                 raw_err = (await resp.content.read(64 * 1024)).decode(errors="replace")
-                status, error = "error", f"HTTP {resp.status}: {_error_text(raw_err)}"
-            else:
-                async for raw in resp.content:
-                    if not raw.startswith(b"data:"):
-                        continue
-                    data = raw[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    obj = _parse_chunk(data)
-                    if "error" in obj:
-                        status, error = "error", f"stream error: {_error_text(data.decode(errors='replace'))}"
-                        break
-                    if obj.get("choices"):
-                        token_times.append(time.perf_counter())
-                        if ttft is None:
-                            ttft = token_times[0] - sent
-                    if obj.get("usage"):
-                        usage = obj["usage"]  # type: ignore[assignment]
-                if status == "ok" and usage is None:
-                    status, error = "error", "stream ended without a usage chunk"
+                att.status, att.error = "error", f"HTTP {resp.status}: {_error_text(raw_err)}"
+                return
+            async for raw in resp.content:
+                if not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    break
+                obj = _parse_chunk(data)
+                if "error" in obj:
+                    att.status, att.error = "error", f"stream error: {_error_text(data.decode(errors='replace'))}"
+                    break
+                if obj.get("choices"):
+                    att.token_times.append(time.perf_counter())
+                    if att.ttft is None:
+                        att.ttft = att.token_times[0] - att.sent
+                if obj.get("usage"):
+                    att.usage = obj["usage"]  # type: ignore[assignment]
+            if att.status == "ok" and att.usage is None:
+                att.status, att.error = "error", "stream ended without a usage chunk"
     except Exception as e:  # any failure of one request is that request's error record
         text = " ".join(str(e).split())[:300]
         if not text and isinstance(e, asyncio.TimeoutError):  # aiohttp's timeout says nothing of itself
             total = session.timeout.total
             text = f"no complete reply within {total:g} s (--request-timeout-s)" if total else "timed out"
-        status, error = "error", f"{type(e).__name__}: {text}" if text else type(e).__name__
-        usage = None
+        att.status, att.error = "error", f"{type(e).__name__}: {text}" if text else type(e).__name__
+        att.usage = None
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: bytes, sr: ScheduledRequest,
+                num_prompt: int, t0: float, headers: dict[str, str], instance: int = 0,
+                ready_s: float | None = None, opts: DispatchOptions | None = None,
+                state: DispatchState | None = None) -> RequestRecord:
+    """Send one request (retried after HTTP 429/503 as OPTS say, counted in STATE); every outcome is a record,
+    also a cancellation (the replay's stop): status "cancelled" with what was known. READY_S: when it was free
+    to go, seconds from T0 (later than its scheduled time when it was held back)."""
+    max_retries = opts.max_retries if opts is not None else 0
+    max_wait_s = opts.max_retry_wait_s if opts is not None else 0.0
+    first_sent = time.perf_counter()
+    att = _Attempt(sent=first_sent)
+    retries, waited_s = 0, 0.0
+    try:
+        while True:
+            await _attempt(session, url, body, sr, headers, att)
+            if att.http_status not in RETRY_STATUSES or retries >= max_retries:
+                break
+            asked = retry_after_s(att.retry_after)
+            wait_s = asked if asked is not None else DEFAULT_RETRY_WAIT_S * 2 ** retries
+            if wait_s > max_wait_s:
+                att.error = f"{att.error} (Retry-After {wait_s:g} s is over the {max_wait_s:g} s limit: not retried)"
+                break
+            status_before = att.http_status
+            att = _Attempt(sent=first_sent, http_status=status_before, status="error", error=att.error)
+            await asyncio.sleep(wait_s)  # (a stop cancels the wait: the record says the last refusal)
+            retries += 1
+            waited_s += wait_s
+            if state is not None:
+                state.num_retries += 1
+            att = _Attempt(sent=time.perf_counter())
+        if retries and att.status != "ok":
+            att.error = f"{att.error} (after {retries} {'retry' if retries == 1 else 'retries'})"
+    except asyncio.CancelledError:  # the replay's stop, after its grace: recorded with what was known
+        cut_ms = (time.perf_counter() - att.sent) * 1e3
+        known = f"HTTP {att.http_status}, " if att.http_status is not None else "no reply yet, "
+        if att.ttft is not None:
+            known += f"first token after {att.ttft * 1e3:.0f} ms, "
+        att.status, att.usage = "cancelled", None
+        att.error = f"cancelled by the replay's stop {cut_ms:.0f} ms after it was sent ({known.rstrip(', ')})"
     end = time.perf_counter()
     ready = sr.scheduled_s if ready_s is None else ready_s
+    usage = att.usage
+    ok = att.status == "ok"
     details = usage.get("prompt_tokens_details") if usage else None
-    tpot, itl = _decode_times(token_times, _int(usage.get("completion_tokens")) if usage else None, status == "ok")
+    tpot, itl = _decode_times(att.token_times, _int(usage.get("completion_tokens")) if usage else None, ok)
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return RequestRecord(
         req_idx=sr.req_idx, session_id=sr.session_id, category=sr.category, scheduled_s=sr.scheduled_s,
-        sent_s=sent - t0, drift_ms=(sent - t0 - max(sr.scheduled_s, ready)) * 1e3,
+        sent_s=first_sent - t0, drift_ms=(first_sent - t0 - max(sr.scheduled_s, ready)) * 1e3,
         held_ms=max(0.0, ready - sr.scheduled_s) * 1e3,
-        ttft_ms=ttft * 1e3 if ttft is not None else None,
-        e2e_ms=(end - sent) * 1e3 if status == "ok" else None, prompt_tokens=num_prompt,
+        ttft_ms=att.ttft * 1e3 if att.ttft is not None else None,
+        e2e_ms=(end - att.sent) * 1e3 if ok else None, prompt_tokens=num_prompt,
         engine_prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
         cached_tokens=_int(cached), output_tokens=_int(usage.get("completion_tokens")) if usage else None,
-        max_tokens=sr.max_tokens, status=status, http_status=http_status, error=error,
-        tpot_ms=tpot, itl_ms=itl, instance=instance)
+        max_tokens=sr.max_tokens, status=att.status, http_status=att.http_status, error=att.error,
+        tpot_ms=tpot, itl_ms=itl, instance=instance, retries=retries, retry_wait_ms=waited_s * 1e3)
 
 
 def _decode_times(token_times: list[float], output_tokens: int | None, ok: bool) -> tuple[float | None,
@@ -247,9 +333,8 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
     sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
     finished: dict[int, asyncio.Event] = {}
     tasks: set[asyncio.Task[None]] = set()
-
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-    main = asyncio.current_task()  # cancelled when the replay is stopped (Ctrl-C, SIGTERM): see one()
+    stopping = asyncio.Event()  # set at a stop: nothing more is sent
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm up the client (lazy imports, first connection) so that it does not delay the first sends.
         for u in urls:
@@ -264,16 +349,18 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 if parent is not None and not parent.is_set():
                     await parent.wait()
                     ready_s = max(ready_s, time.perf_counter() - t0)  # held back by its parent
+                if stopping.is_set():  # its parent finished during a stop's grace: not sent
+                    return
                 state.num_sent += 1
                 rec = await _send(session, completions_urls[instance], body, sr, num_prompt, t0, headers,
-                                  instance, ready_s)
-                if not rec.ok and main is not None and main.cancelling():  # cut off by our own stop: not finished
-                    return
+                                  instance, ready_s, opts, state)
                 writer.write(rec)
                 state.num_done += 1
                 if rec.ok:
                     state.prompt_tokens_ok += rec.prompt_tokens
                     state.cached_tokens_ok += rec.cached_tokens or 0
+                elif rec.status == "cancelled":
+                    state.num_cancelled += 1
                 else:
                     state.num_errors += 1
                 if on_update is not None:
@@ -284,28 +371,51 @@ async def _dispatch(url: str | Sequence[str], requests: list[ScheduledRequest], 
                 if sem is not None:
                     sem.release()
 
-        for k, sr in enumerate(requests):
-            prompt, keys = prompt_fn(sr)
-            body = request_body(opts.model, prompt, sr, keys)
-            if opts.closed_sessions:
-                finished[sr.req_idx] = asyncio.Event()
-            parent = finished.get(sr.parent_req_idx) if (
-                opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
-            ) else None
-            delay = t0 + sr.scheduled_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            ready_s = sr.scheduled_s
-            if sem is not None:
-                held = sem.locked()
-                await sem.acquire()
-                if held:  # held back by --max-in-flight: free to go from now on
-                    ready_s = max(ready_s, time.perf_counter() - t0)
-            instance = instance_of[sr.req_idx] if instance_of is not None else 0
-            task = asyncio.create_task(one(sr, body, len(prompt), parent, instance, ready_s))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            if k + 1 < len(requests) and t0 + requests[k + 1].scheduled_s > time.perf_counter():
-                await asyncio.sleep(0)  # on time: the task starts (its send time, the POST) before the next body
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            for k, sr in enumerate(requests):
+                prompt, keys = prompt_fn(sr)
+                body = request_body(opts.model, prompt, sr, keys)
+                if opts.closed_sessions:
+                    finished[sr.req_idx] = asyncio.Event()
+                parent = finished.get(sr.parent_req_idx) if (
+                    opts.closed_sessions and sr.parent_req_idx is not None and sr.parent_req_idx < sr.req_idx
+                ) else None
+                delay = t0 + sr.scheduled_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                ready_s = sr.scheduled_s
+                if sem is not None:
+                    held = sem.locked()
+                    await sem.acquire()
+                    if held:  # held back by --max-in-flight: free to go from now on
+                        ready_s = max(ready_s, time.perf_counter() - t0)
+                instance = instance_of[sr.req_idx] if instance_of is not None else 0
+                task = asyncio.create_task(one(sr, body, len(prompt), parent, instance, ready_s))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                if k + 1 < len(requests) and t0 + requests[k + 1].scheduled_s > time.perf_counter():
+                    await asyncio.sleep(0)  # on time: the task starts (its send time, the POST) before the next body
+            while tasks:  # (not gather: a stop must not cancel the requests in flight before their grace)
+                done, _ = await asyncio.wait(set(tasks))
+                for t in done:
+                    t.result()  # a failure to write a record ends the replay
+        except asyncio.CancelledError:
+            stopping.set()
+            await _settle(tasks, opts.stop_grace_s)
+            raise
+
+
+async def _settle(tasks: set[asyncio.Task[None]], grace_s: float) -> None:
+    """At a stop: let TASKS (the requests in flight) finish within GRACE_S, then cancel the rest, each of
+    which records itself as cancelled; a further stop signal ends the grace at once."""
+    pending = set(tasks)
+    if pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            _, pending = await asyncio.wait(pending, timeout=grace_s)
+    for t in pending:
+        t.cancel()
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            continue

@@ -1,12 +1,14 @@
-"""Per-request replay records: one JSON line per finished request, appended and flushed as it completes.
+"""Per-request replay records: one JSON line per request sent, appended and flushed as it completes (or, at a
+stop, as it is cancelled).
 
 Fields (docs/artifacts/replay.md): req_idx, session_id, category, scheduled_s, sent_s, drift_ms, ttft_ms,
 e2e_ms, prompt_tokens (sent), engine_prompt_tokens (usage.prompt_tokens), cached_tokens
 (usage.prompt_tokens_details.cached_tokens), output_tokens (usage.completion_tokens), max_tokens,
-status ("ok" | "error"), http_status, error, instance (the index in the replay's --server list of the
-engine that served it; 0 with one server), held_ms (how long --max-in-flight or --closed-sessions held it
-back after its due time; drift_ms is the client's own lateness after that). Times are seconds /
-milliseconds from the replay's start.
+status ("ok" | "error" | "cancelled": in flight at a stop, cut off after the grace), http_status, error,
+instance (the index in the replay's --server list of the engine that served it; 0 with one server), held_ms
+(how long --max-in-flight or --closed-sessions held it back after its due time; drift_ms is the client's own
+lateness after that), retries (re-sends after HTTP 429/503), retry_wait_ms (the time waited before them, as
+the server's Retry-After asked). Times are seconds / milliseconds from the replay's start.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "prompt_tokens": pl.Int64, "engine_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
     "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.Utf8, "http_status": pl.Int64,
     "error": pl.Utf8, "tpot_ms": pl.Float64, "itl_ms": pl.List(pl.Float64), "instance": pl.Int64,
-    "held_ms": pl.Float64,
+    "held_ms": pl.Float64, "retries": pl.Int64, "retry_wait_ms": pl.Float64,
 }
 
 
@@ -54,6 +56,8 @@ class RequestRecord:
     itl_ms: list[float] | None = None  # gaps between successive streamed chunks carrying tokens
     instance: int = 0  # the engine that served it: its index in the replay's --server list
     held_ms: float = 0.0  # held back after its due time by --max-in-flight or --closed-sessions (not drift)
+    retries: int = 0  # re-sends after HTTP 429/503 (the server's Retry-After honoured)
+    retry_wait_ms: float = 0.0  # the time waited before those re-sends
 
     @property
     def ok(self) -> bool:

@@ -65,6 +65,7 @@ class ReplayOptions:
     max_in_flight: int | None = None
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    max_retries: int = 3  # re-sends of a request the server answers HTTP 429/503 (after its Retry-After)
     engine_block_size: int | None = None
     engine_num_blocks: int | None = None
     overwrite: bool = False
@@ -269,6 +270,8 @@ def _check_options(run: RunDir, opts: ReplayOptions) -> tuple[Path, bool]:
         raise UsageError(f"--vocab-size {opts.vocab_size}: give the model's vocabulary size (< 2^31)")
     if not (opts.request_timeout_s > 0 and math.isfinite(opts.request_timeout_s)):
         raise UsageError(f"--request-timeout-s {opts.request_timeout_s}: give a positive number of seconds")
+    if not 0 <= opts.max_retries <= 100:
+        raise UsageError(f"--max-retries {opts.max_retries}: give 0 (never retry) to 100")
     out_dir = run.path / "replay" / opts.name
     replacing = out_dir.exists() and any(out_dir.iterdir())
     if replacing and not opts.overwrite:
@@ -361,7 +364,7 @@ def _dispatch(run: RunDir, opts: ReplayOptions, plan: ReplayPlan, out_dir: Path,
     state = DispatchState(num_scheduled=len(plan.sched.requests))
     dopts = DispatchOptions(model=info.model, api_key=opts.api_key, max_in_flight=opts.max_in_flight,
                             closed_sessions=opts.schedule.closed_sessions,
-                            request_timeout_s=opts.request_timeout_s)
+                            request_timeout_s=opts.request_timeout_s, max_retries=opts.max_retries)
     writer = RecordWriter(out_dir / "records.jsonl")
     t_start = time.monotonic()
     status, error = "complete", None
@@ -477,10 +480,16 @@ def _plugin_window(path: Path | None, before: dict[str, Any] | None) -> dict[str
 def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, Any]:
     """Every summary figure that follows from the records alone."""
     ok = recs.filter(pl.col("status") == "ok")
+    failed = recs.filter(pl.col("status") == "error")
+    num_cancelled = recs.height - ok.height - failed.height
     hits = records_hit_ratio(ok)
+    retries = recs["retries"].fill_null(0)
     return {
-        "counts": {"num_done": recs.height, "num_ok": ok.height, "num_error": recs.height - ok.height,
-                   "num_not_finished": None if num_scheduled is None else num_scheduled - recs.height},
+        "counts": {"num_done": recs.height - num_cancelled, "num_ok": ok.height, "num_error": failed.height,
+                   "num_cancelled": num_cancelled,
+                   "num_not_finished": None if num_scheduled is None else num_scheduled - recs.height + num_cancelled},
+        "retries": {"num_requests": int((retries > 0).sum()), "num_retries": int(retries.sum()),
+                    "wait_s": float(recs["retry_wait_ms"].fill_null(0.0).sum()) / 1e3},
         "records_hit_ratio": hits.hit_ratio,
         "num_without_cached_tokens": hits.num_without_cached_tokens,
         "prompt_tokens_ok": int(ok["prompt_tokens"].sum() or 0),
@@ -493,7 +502,7 @@ def _record_figures(recs: pl.DataFrame, num_scheduled: int | None) -> dict[str, 
         "tpot_ms": _pcts(ok["tpot_ms"]),
         "itl_ms": _pcts(ok["itl_ms"].explode()) if ok.height else _pcts(ok["tpot_ms"]),
         "throughput": _throughput(ok),
-        "errors": (recs.filter(pl.col("status") != "ok").group_by("error").len()
+        "errors": (failed.group_by("error").len()
                    .sort(["len", "error"], descending=[True, False]).head(10).rename({"len": "count"})
                    .to_dicts()),
     }

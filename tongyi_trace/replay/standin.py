@@ -15,6 +15,8 @@ ends cleanly but without usage or [DONE]), close (the socket is cut mid-stream),
 read and never answered), trickle (one byte every 0.2 s, forever), huge_line (a 4 MiB line without a
 newline), metrics (every completion is fine but GET /metrics answers nonsense: NaN counters, a negative
 block size, hits above queries). `hang_metrics_after=N`: GET /metrics never answers after N scrapes.
+`throttle=N`: each request's first N attempts are answered `throttle_status` (429 by default) with a
+`Retry-After: retry_after` header (none when retry_after is None), as a server over its rate limit.
 Run: python -m tongyi_trace.replay.standin --port N [--fault MODE].
 """
 
@@ -44,7 +46,8 @@ class StandInState:
     def __init__(self, block_size: int = 32, max_model_len: int = 1 << 20, fail_every: int = 0,
                  token_delay_s: float = 0.0, num_gpu_blocks: int = 1 << 20, api_key: str | None = None,
                  fault: str | None = None, fault_every: int = 1, hang_metrics_after: int = 0,
-                 first_special_id: int | None = None) -> None:
+                 first_special_id: int | None = None, throttle: int = 0, throttle_status: int = 429,
+                 retry_after: str | None = "1") -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
         self.block_size = block_size
@@ -59,6 +62,10 @@ class StandInState:
         # set: GET /tokenizer_info answers as vLLM with --enable-tokenizer-info-endpoint, two special tokens
         # from this id on (the ordinary vocabulary below it); None: 404, as vLLM by default
         self.first_special_id = first_special_id
+        self.throttle = throttle
+        self.throttle_status = throttle_status
+        self.retry_after = retry_after
+        self.attempts: dict[str, list[float]] = {}  # X-Request-Id -> the time.monotonic() of each POST received
         self.max_token_id = -1  # the largest prompt token id received
         self.num_metrics = 0
         self.stop = threading.Event()  # set at shutdown: releases hanging / trickling handlers
@@ -210,6 +217,19 @@ def _handler(state: StandInState) -> type[BaseHTTPRequestHandler]:
                 state.num_completions += 1
                 n = state.num_completions
             request_id = self.headers.get("X-Request-Id", "")
+            with state.lock:
+                tries = state.attempts.setdefault(request_id, [])
+                tries.append(time.monotonic())
+            if len(tries) <= state.throttle:
+                self.send_response(state.throttle_status)
+                body = json.dumps({"error": {"message": "stand-in: too many requests"}}).encode()
+                if state.retry_after is not None:
+                    self.send_header("Retry-After", state.retry_after)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             if state.fault not in (None, "metrics") and n % state.fault_every == 0:
                 with state.lock:
                     state.faulted.append(request_id)
