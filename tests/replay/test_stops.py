@@ -71,7 +71,8 @@ def test_a_stop_signal_leaves_a_consistent_summary(sig: signal.Signals, fresh_ti
     assert 2 <= recs.height < 6
     assert summary["counts"] == {"num_done": recs.height, "num_ok": recs.height, "num_error": 0, "num_cancelled": 0,
                                  "num_not_finished": 6 - recs.height}
-    assert {f"kvtrace-{i}" for i in recs["req_idx"].to_list()} <= set(state.completed)
+    # the one in flight at the signal finished within the grace: every request the server got is a record
+    assert {f"kvtrace-{i}" for i in recs["req_idx"].to_list()} == set(state.completed) == set(state.attempts)
 
 
 def test_reconcile_only_rebuilds_a_summary_left_running(fresh_tiny_run: Path, standin: Standin) -> None:
@@ -131,3 +132,77 @@ def test_a_record_cut_mid_write_counts_as_not_finished(fresh_tiny_run: Path, sta
     records.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
     with pytest.raises(InputError, match=r"records.jsonl:2: not a JSON record"):
         reconcile_only(fresh_tiny_run, "k")
+
+
+def _replay_until(run: Path, url: str, name: str, ready: Callable[[], bool], *extra: str) -> subprocess.Popen[str]:
+    """`kvtrace replay` in a child process, returned once READY() holds (the server got what the test waits for)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tongyi_trace.cli", "replay", str(run), "--server", url,
+                             "--name", name, "--speedup", "1000", "--quiet", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def test_a_request_in_flight_at_ctrl_c_finishes_within_the_grace_and_is_recorded(fresh_tiny_run: Path,
+                                                                                  standin: Standin) -> None:
+    """Issue 42: the request in flight at Ctrl-C left no record though the server served it. Request 0 (10
+    output tokens, 0.1 s each) is in flight at the SIGINT; it finishes within the 2 s grace: an ok record."""
+    url, state = standin(token_delay_s=0.1)
+    proc = _replay_until(fresh_tiny_run, url, "g", lambda: "kvtrace-0" in state.attempts, "--max-in-flight", "1")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    recs = read_records(fresh_tiny_run / "replay" / "g" / "records.jsonl")
+    assert recs["req_idx"].to_list() == [0] and recs["status"].to_list() == ["ok"]
+    assert recs["output_tokens"].to_list() == [10]
+    assert set(state.attempts) == set(state.completed) == {"kvtrace-0"}  # the server served it: recorded
+    summary = json.loads((fresh_tiny_run / "replay" / "g" / "summary.json").read_text())
+    assert summary["counts"] == {"num_done": 1, "num_ok": 1, "num_error": 0, "num_cancelled": 0,
+                                 "num_not_finished": 5}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_requests_still_running_after_the_grace_are_recorded_as_cancelled(sig: signal.Signals, fresh_tiny_run: Path,
+                                                                         standin: Standin) -> None:
+    """Two requests in flight, each a token a second (10 and 5 tokens): at the stop they are cut off after the
+    grace, and each is a record of what was known: HTTP 200, the first token's time, status cancelled."""
+    url, state = standin(token_delay_s=1.0)
+    proc = _replay_until(fresh_tiny_run, url, "c", lambda: {"kvtrace-0", "kvtrace-1"} <= set(state.attempts),
+                         "--max-in-flight", "2")
+    t_stop = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert time.monotonic() - t_stop < 30  # the grace, not the 10 s the first request needs
+    assert "Traceback" not in err and "those cut off: status cancelled" in err
+    recs = read_records(fresh_tiny_run / "replay" / "c" / "records.jsonl").sort("req_idx")
+    assert recs["req_idx"].to_list() == [0, 1] and set(state.attempts) == {"kvtrace-0", "kvtrace-1"}
+    assert recs["status"].to_list() == ["cancelled", "cancelled"] and state.completed == []
+    assert recs["http_status"].to_list() == [200, 200]
+    assert all(900 <= t < 4000 for t in recs["ttft_ms"].to_list()), recs["ttft_ms"]  # the first token, at ~1 s
+    assert recs["output_tokens"].to_list() == [None, None] and recs["e2e_ms"].to_list() == [None, None]
+    for e in recs["error"].to_list():
+        assert e.startswith("cancelled by the replay's stop ") and "ms after it was sent (HTTP 200, first token " \
+            "after " in e, e
+    summary = json.loads((fresh_tiny_run / "replay" / "c" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["counts"] == {"num_done": 0, "num_ok": 0, "num_error": 0, "num_cancelled": 2,
+                                 "num_not_finished": 6}
+    assert summary["errors"] == []  # a cancellation is no server error
+
+
+def test_a_request_held_back_by_its_parent_is_not_sent_during_the_grace(fresh_tiny_run: Path,
+                                                                        standin: Standin) -> None:
+    """--closed-sessions: request 2 waits for its parent 0 (1 s); request 3, a root after it, is sent, then the
+    stop: the parent finishes during the grace, and the child is not sent then (nothing is sent after a stop)."""
+    url, state = standin(token_delay_s=0.1)
+    proc = _replay_until(fresh_tiny_run, url, "p", lambda: "kvtrace-3" in state.attempts, "--closed-sessions")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    recs = read_records(fresh_tiny_run / "replay" / "p" / "records.jsonl")
+    assert set(state.attempts) == {f"kvtrace-{i}" for i in recs["req_idx"].to_list()}
+    assert "kvtrace-2" not in state.attempts and "kvtrace-0" in state.completed
