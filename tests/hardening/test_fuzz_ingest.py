@@ -128,3 +128,5 @@ def test_a_duplicate_key_ingests_its_last_value_or_is_one_line(field: str, value
         assert outs[0] == outs[1]
         if outs[0][0] == 0:
             assert RunDir(Path(d) / "dup").requests().equals(RunDir(Path(d) / "one").requests())
+            found = [RunDir(Path(d) / name).provenance()["findings"].get("duplicate_keys") for name in ("dup", "one")]
+            assert found == [1, None]  # the repeat is counted, never silent

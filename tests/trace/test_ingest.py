@@ -196,3 +196,28 @@ def test_parent_after_child_is_a_finding_and_a_root(tmp_path: Path) -> None:
     req = RunDir(tmp_path / "run").requests().sort("chat_id")
     assert req["parent_chat_id"].to_list() == [-1, -1, 39, 40]
     assert req["session_id"].to_list() == [0, 39, 39, 39]
+
+
+def test_a_duplicate_key_is_a_finding_in_the_ingest_summary(tmp_path: Path) -> None:
+    """Issue 42: duplicate JSON keys (the last wins) gave no finding. Two lines name a key twice: counted,
+    the first named by file and line, in provenance.json and in the ingest summary; the last value is used."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    twice = json.dumps(_req(2, ts=1.0)).replace('"turn": 1', '"turn": 5, "turn": 1')
+    extra = json.dumps(_req(3, ts=2.0, src="a")).replace('"src": "a"', '"src": "a", "src": "b"')
+    path = _write(tmp_path / "t.jsonl", [_req(1), twice, extra])
+    r = CliRunner().invoke(app, ["ingest", str(path), "-o", str(tmp_path / "run"), "--json"])
+    assert r.exit_code == 0, r.output
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert prov["findings"] == {"duplicate_keys": 2}
+    assert prov["finding_examples"]["duplicate_keys"] == [
+        f"{path}:2: names the key 'turn' twice; the last value is used (as every JSON reader does): fix the line "
+        "that wrote it",
+        f"{path}:3: names the key 'src' twice; the last value is used (as every JSON reader does): fix the line "
+        "that wrote it"]
+    assert json.loads(r.stdout)["findings"] == {"duplicate_keys": 2}
+    assert RunDir(tmp_path / "run").requests()["turn"].to_list() == [1, 1, 1]
+    table = CliRunner().invoke(app, ["ingest", str(path), "-o", str(tmp_path / "run2")])
+    assert "duplicate_keys: 2" in table.output

@@ -255,3 +255,35 @@ def test_a_line_longer_than_a_block_is_read_whole(tmp_path: Path, monkeypatch: p
     assert [s.count(b"\n") for s in source.line_segments(path)] == [1] * 8 + [0]
     chunks = list(read_chunks(path, "bailian", "fail", ReadStats()))
     assert [int(n) for n in np.diff(chunks[0].offsets)] == [50 * (i % 3) for i in range(9)]
+
+
+REPEATS = [  # (line, the key named twice or None)
+    (_sub('"turn": 1', '"turn": 1, "turn": 2'), "turn"),
+    (_sub('"user_id": "u1"', '"user_id": "u0", "user_id": "u1"'), "user_id"),
+    (_sub('"x": 1', '"x": 1, "y": 0, "x": 2', {**_BASE, "x": 1}), "x"),
+    (_sub('"x": 1', '"x": 1, "\\u0078": 2', {**_BASE, "x": 1}), "x"),  # the same key, spelled with an escape
+    (_line(_BASE, x={"a": 1}).replace('{"a": 1}', '{"a": 1, "a": 2}'), "a"),
+    (_line(_BASE, x='a": 1, "x'), None),  # the text of a key in a string: no repeat
+    (_line(_BASE, **{f"k{i}": i for i in range(12)}), None),  # many other fields, each once
+    (_line(_BASE), None),
+]
+
+
+@pytest.mark.parametrize(("line", "key"), REPEATS)
+def test_a_repeated_key_is_a_finding_on_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str,
+                                                   key: str | None) -> None:
+    """Issue 42: a key given twice (JSON readers keep the last value) was read without a word. The compiled
+    scan leaves such a line to the precise path, which counts it (duplicate_keys, the first line named); a read
+    without the scan counts the same."""
+    first = _line(_BASE, chat_id=1, hash_ids=[0, 1])
+    fast, slow = _compare(tmp_path, "bailian", f"{first}\n{line}\n{line}\n", "fail", monkeypatch)
+    assert _same(fast, slow)
+    assert isinstance(fast, tuple)
+    stats = fast[1]
+    if key is None:
+        assert "duplicate_keys" not in stats["skipped"]
+    else:
+        assert stats["skipped"]["duplicate_keys"] == 2
+        assert stats["examples"]["duplicate_keys"][0] == (
+            f"{tmp_path / 't.jsonl'}:2: names the key {key!r} twice; the last value is used (as every JSON reader "
+            "does): fix the line that wrote it")

@@ -6,6 +6,7 @@ holds the two paths to the same chunks, statistics and errors."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,30 @@ def _loads(path: Path, line_no: int, line: bytes) -> Any:
             return json.loads(line)
         except (ValueError, RecursionError):
             raise located(path, line_no, None, f"malformed JSON ({e})", FIX) from None
+
+
+_KEY_END = re.compile(rb'"\s*:')  # the end of a key: at least once per key of the line (also in strings)
+
+
+def repeated_key(line: bytes, rec: Any) -> str | None:
+    """The first key that a JSON object of LINE (decoded: REC) names twice, or None. JSON readers keep the
+    last value, silently; kvtrace counts the line as a finding (duplicate_keys). Cheap when there is none: the
+    key ends in the text bound the number of keys, so a flat object with as many keys as that is settled."""
+    if not isinstance(rec, dict) or len(_KEY_END.findall(line)) <= len(rec):
+        return None
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        if not found and len(set(keys)) < len(keys):
+            found.append(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return found[0] if found else None
 
 
 class ChunkBuilder:
@@ -216,6 +241,7 @@ class JsonlReader:
             rec = None
         self.first_line = self.first_line or line_no
         if quick_ok(rec, self.spec, bailian, line):
+            self._note_repeated_key(line_no, line, rec)
             c.add(line_no, rec, bailian, rec["hash_ids"])
             return
         c.settle()  # the id domain of the earlier lines is noted first
@@ -235,7 +261,15 @@ class JsonlReader:
         except InputError as e:
             skip_or_raise(e, on_error, stats)
             return
+        self._note_repeated_key(line_no, line, rec)
         c.add(line_no, rec, bailian, rec["hash_ids"])
+
+    def _note_repeated_key(self, line_no: int, line: bytes, rec: dict[str, Any]) -> None:
+        """Count a record naming a key twice (finding duplicate_keys; the compiled scan leaves such lines here)."""
+        key = repeated_key(line, rec)
+        if key is not None:
+            self.stats.note("duplicate_keys", f"{self.path}:{line_no}: names the key {key!r} twice; the last value "
+                                              "is used (as every JSON reader does): fix the line that wrote it")
 
     def full(self) -> bool:
         return len(self.chunk) >= CHUNK_LINES or self.chunk.num_refs >= CHUNK_REFS

@@ -16,8 +16,9 @@ reader's checks and decodes to the same values:
   literal or null;
 - any other field (ignored, as the reader ignores it) with a scalar value: a number, true, false, null, or
   a string of printable ASCII with JSON escapes.
-Anything else (a field twice, an escape in a field kvtrace reads, a float the fast path cannot round, an
-id beyond int64, an array or object in another field, a malformed line) stops the scan at that line.
+Anything else (a key twice, also one kvtrace does not read, which the reader counts as a finding; an escape in
+a key or in a field kvtrace reads; more than MAX_OTHER_KEYS other fields; a float the fast path cannot round,
+an id beyond int64, an array or object in another field, a malformed line) stops the scan at that line.
 Blank lines (spaces, tabs, CR only) are counted here.
 """
 
@@ -43,6 +44,7 @@ REC_COLS = 16
 USER_NONE, USER_STR, USER_INT = 0, 1, 2
 # scan's status
 END, FULL, SLOW = 0, 1, 2
+MAX_OTHER_KEYS = 8  # other fields a line may have and still be scanned (their names are compared for repeats)
 
 _TRUE, _FALSE, _NULL = (np.frombuffer(w, dtype=np.uint8).copy() for w in (b"true", b"false", b"null"))
 _POW10 = np.array([float(10 ** i) for i in range(23)], dtype=np.float64)  # each exact
@@ -238,13 +240,37 @@ def _field(buf: np.ndarray, s: int, e: int) -> int:
 
 
 @njit(cache=True, nogil=True)
+def _new_other_key(buf: np.ndarray, s: int, e: int, others: np.ndarray, n: int) -> bool:
+    """True when the key BUF[S:E] (a field kvtrace does not read) has no escape and differs from the N keys
+    whose spans OTHERS holds."""
+    for j in range(s, e):
+        if buf[j] == 92:  # an escape: its text is not its bytes
+            return False
+    for k in range(n):
+        a, b = others[k, 0], others[k, 1]
+        if b - a != e - s:
+            continue
+        same = True
+        for j in range(e - s):
+            if buf[a + j] != buf[s + j]:
+                same = False
+                break
+        if same:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _record(buf: np.ndarray, p: int, end: int, bailian: bool, rec: np.ndarray, r: int, ts: np.ndarray,
-            ids: np.ndarray, n_ids: int, lim_ts: float, max_tokens: int, max_turn: int) -> tuple[bool, int]:
-    """Parse the object at P (after blanks) into REC[r], TS[r] and IDS[n_ids:]; (ok, end of the object)."""
+            ids: np.ndarray, n_ids: int, lim_ts: float, max_tokens: int, max_turn: int,
+            others: np.ndarray) -> tuple[bool, int]:
+    """Parse the object at P (after blanks) into REC[r], TS[r] and IDS[n_ids:]; (ok, end of the object).
+    OTHERS: scratch for the spans of the keys kvtrace does not read (MAX_OTHER_KEYS rows)."""
     if p >= end or buf[p] != 123:
         return False, p
     p += 1
     seen = 0
+    n_others = 0
     while True:
         p = _blanks(buf, p, end)
         s = p + 1
@@ -254,12 +280,17 @@ def _record(buf: np.ndarray, p: int, end: int, bailian: bool, rec: np.ndarray, r
         f = _field(buf, s, p - 1)
         if f == USER and not bailian:
             f = -1  # a Mooncake record's user_id is not read
+        if f < 0:  # a key twice (or one with an escape, or one too many): left to the reader, which counts it
+            if n_others == others.shape[0] or not _new_other_key(buf, s, p - 1, others, n_others):
+                return False, p
+            others[n_others, 0], others[n_others, 1] = s, p - 1
+            n_others += 1
         p = _blanks(buf, p, end)
         if p >= end or buf[p] != 58:
             return False, p
         p = _blanks(buf, p + 1, end)
         if f >= 0 and seen & (1 << f):
-            return False, p  # a field twice: left to the reader (which keeps the last)
+            return False, p  # a field twice: left to the reader (which keeps the last and counts it)
         if f >= 0:
             seen |= 1 << f
         if f < 0:  # another field (ignored, like the reader does)
@@ -352,6 +383,7 @@ def scan(buf: np.ndarray, pos: int, end: int, bailian: bool, max_records: int, m
     lines = 0
     r = 0
     n_ids = 0
+    others = np.empty((MAX_OTHER_KEYS, 2), dtype=np.int64)
     while pos < end:
         if r == max_records or n_ids >= max_ids:
             return pos, lines, r, n_ids, FULL
@@ -361,7 +393,7 @@ def scan(buf: np.ndarray, pos: int, end: int, bailian: bool, max_records: int, m
             lines += 1
             continue
         rec[r, USER_KIND] = USER_NONE
-        ok, p = _record(buf, p, end, bailian, rec, r, ts, ids, n_ids, lim_ts, max_tokens, max_turn)
+        ok, p = _record(buf, p, end, bailian, rec, r, ts, ids, n_ids, lim_ts, max_tokens, max_turn, others)
         if ok:
             p = _blanks(buf, p, end)
             ok = p == end or buf[p] == 10
