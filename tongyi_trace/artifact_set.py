@@ -92,18 +92,22 @@ def copy_staged(run_path: Path, staging: Path) -> Path:
 
 
 def commit_sets(run_path: Path, sets: Sequence[tuple[Path, Path]], command: str, run_id: str | None,
-                remove: Sequence[str] = ()) -> None:
+                remove: Sequence[str] = (), files: Sequence[tuple[Path, Path, str]] = ()) -> None:
     """Commit each (STAGING, TARGET) folder pair of RUN_PATH as one step: a manifest.json (run identity,
     COMMAND, the files) written last into each, one journal, then the files moved in; REMOVE (names under
-    RUN_PATH) deleted after. Killed at any point, `recover` completes it or the old sets stay."""
+    RUN_PATH) deleted after. FILES: (STAGING, TARGET, NAME) single files moved in with the sets, each from its
+    own staging folder into a folder whose other files stay (replay's RUN/replay/cost_model.json). Killed at
+    any point, `recover` completes it or the old sets stay."""
     entries = []
     for staging, target in sets:
-        files = sorted(f.name for f in staging.iterdir() if f.is_file() and f.name != MANIFEST_NAME)
+        names = sorted(f.name for f in staging.iterdir() if f.is_file() and f.name != MANIFEST_NAME)
         manifest = {"schema": SET_SCHEMA, "run_id": run_id, "command": command, "folder": _rel(run_path, target),
-                    "files": files}
+                    "files": names}
         atomic_write_text(staging / MANIFEST_NAME, json_text(manifest))
         entries.append({"staging": _rel(run_path, staging), "target": _rel(run_path, target),
                         "marker": MANIFEST_NAME, "prune": True})
+    entries += [{"staging": _rel(run_path, staging), "target": _rel(run_path, target), "marker": name, "prune": False}
+                for staging, target, name in files]
     _commit(run_path, entries, list(remove))
 
 

@@ -291,6 +291,21 @@ def _grouping(both: pl.DataFrame) -> str:
     return "sessions" if both.height and both["session_id"].n_unique() < both.height else "time slices"
 
 
+def unfinished_note(label: str, side: ReplaySide, summary: dict[str, Any]) -> str | None:
+    """What a comparison must say of a replay whose SUMMARY is not "complete" (None when it is): a replay killed
+    hard (its summary still says "running"), stopped or failed covers only the requests it recorded."""
+    status = summary.get("status")
+    if status == "complete":
+        return None
+    covered = f"its figures cover the {side.num_requests or 0} requests it completed"
+    if status in (None, "running"):
+        return (f"replay {label} ({side.name}) never finished: its summary says 'running' (it was killed, or "
+                f"still runs); {covered}; rebuild its summary with 'kvtrace replay {side.run_dir} --name "
+                f"{Path(side.replay_dir).name} --reconcile-only'")
+    why = f": {summary['error']}" if summary.get("error") else ""
+    return f"replay {label} ({side.name}) is {status}{why}; {covered}"
+
+
 def _sub(b: float | None, a: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
@@ -311,6 +326,7 @@ def compare_replays(replay_a: str | Path, replay_b: str | Path, policy: Path | N
     else:
         notes.append("no intervals: a replay has no records.jsonl")
     sa, sb = read_artifact(Path(a.replay_dir) / "summary.json"), read_artifact(Path(b.replay_dir) / "summary.json")
+    notes += [n for label, side, s in (("A", a, sa), ("B", b, sb)) if (n := unfinished_note(label, side, s))]
     if (sa.get("trace") or {}).get("source") != (sb.get("trace") or {}).get("source"):
         notes.append("the two replays come from different traces: the comparison is not like for like")
     if a.num_requests != b.num_requests:

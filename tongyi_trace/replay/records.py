@@ -20,6 +20,7 @@ from typing import IO, Any
 
 import polars as pl
 
+from tongyi_trace.atomic import commit_point
 from tongyi_trace.errors import InputError
 
 RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
@@ -73,9 +74,10 @@ class RecordWriter:
         self._fh: IO[str] = path.open("a", encoding="utf-8")
 
     def write(self, rec: RequestRecord) -> None:
-        """Append REC as one JSON line and flush it to the OS."""
+        """Append REC as one JSON line and flush it to the OS (a committed write: atomic.commit_point)."""
         self._fh.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
         self._fh.flush()
+        commit_point(self.path)
 
     def close(self) -> None:
         """Close the file."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace import __version__
+from tongyi_trace.artifact_set import commit_sets, staging_dir
 from tongyi_trace.engine.model import VOCAB_SIZE
 from tongyi_trace.engine.process import local_engine_at
 from tongyi_trace.errors import EngineError, InputError, KvtraceError, UsageError
@@ -350,12 +350,14 @@ def _dispatch(run: RunDir, opts: ReplayOptions, plan: ReplayPlan, out_dir: Path,
     """Write the replay's folder (the old one cleared), send PLAN's requests, and finalize the summary however
     the dispatch ends (complete, interrupted or failed)."""
     info, routing, summary = plan.infos[0], plan.routing, plan.summary
-    if replacing:
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if replacing:  # the new replay is written aside and replaces the old one once finished (or stopped)
+        work_dir = staging_dir(run.path)
+    else:  # written in place: a replay killed hard keeps its records (summary "running")
+        work_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
     if routing is not None:
-        write_parquet_atomic(routing.table, out_dir / "routing.parquet")
-    run.write_artifact(out_dir / "summary.json", summary)
+        write_parquet_atomic(routing.table, work_dir / "routing.parquet")
+    run.write_artifact(work_dir / "summary.json", summary)
     if on_start is not None:
         on_start(plan.sched, info)
     stats_path = _plugin_stats_path(info.url, opts.plugin_stats) if routing is None else opts.plugin_stats
@@ -365,7 +367,7 @@ def _dispatch(run: RunDir, opts: ReplayOptions, plan: ReplayPlan, out_dir: Path,
     dopts = DispatchOptions(model=info.model, api_key=opts.api_key, max_in_flight=opts.max_in_flight,
                             closed_sessions=opts.schedule.closed_sessions,
                             request_timeout_s=opts.request_timeout_s, max_retries=opts.max_retries)
-    writer = RecordWriter(out_dir / "records.jsonl")
+    writer = RecordWriter(work_dir / "records.jsonl")
     t_start = time.monotonic()
     status, error = "complete", None
     try:
@@ -379,9 +381,28 @@ def _dispatch(run: RunDir, opts: ReplayOptions, plan: ReplayPlan, out_dir: Path,
         raise
     finally:
         writer.close()
-        _finalize(run, out_dir, plan.infos, opts, summary, status, error, time.monotonic() - t_start,
+        _finalize(run, work_dir, plan.infos, opts, summary, status, error, time.monotonic() - t_start,
                   stats_path, stats_before)
+        _publish(run, work_dir, out_dir, summary)
     return ReplayResult(out_dir, summary)
+
+
+def _publish(run: RunDir, work_dir: Path, out_dir: Path, summary: dict[str, Any]) -> None:
+    """Put the finished replay in WORK_DIR in place as OUT_DIR (a replay written aside replaces the old one in one
+    commit, artifact_set.commit_sets: killed before, the old replay stays whole) and its cost model as the run's
+    latest (RUN/replay/cost_model.json, in the same commit)."""
+    cost = summary.get("cost_model")
+    latest = run.subdir("replay")
+    if work_dir == out_dir:
+        if cost is not None:
+            run.write_artifact(latest / "cost_model.json", {**cost, "replay": out_dir.name})
+        return
+    files = []
+    if cost is not None:
+        cost_dir = staging_dir(run.path)
+        run.write_artifact(cost_dir / "cost_model.json", {**cost, "replay": out_dir.name})
+        files.append((cost_dir, latest, "cost_model.json"))
+    commit_sets(run.path, [(work_dir, out_dir)], "replay", run.provenance().get("run_id"), files=files)
 
 
 def _engine_figures(info: ServerInfo, opts: ReplayOptions) -> dict[str, Any]:
@@ -524,8 +545,10 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
               status: str, error: str | None, wall_s: float, stats_path: Path | None,
               stats_before: dict[str, Any] | None) -> None:
     """Write summary.json after the dispatch, whatever stopped it: first the figures of the records (a
-    consistent summary even if the next step is interrupted), then the engine side (/metrics, cost fit,
-    reconciliation, plugin counters). A stop during the engine side leaves the first summary, marked."""
+    consistent summary even if the next step is interrupted; still "running" when the replay is to be
+    complete, so that a kill before the engine side is never read as a complete replay), then the engine side
+    (/metrics, cost fit, reconciliation, plugin counters). A stop during the engine side leaves the first
+    summary, marked."""
     recs = read_records(out_dir / "records.jsonl")
     summary.update({"status": status, "error": error, "finished_at": time.time(), "wall_s": wall_s,
                     "metrics": _no_metrics(), "cost_model": None, "reconciliation": None,
@@ -536,7 +559,8 @@ def _finalize(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: ReplayO
         top = summary["errors"][0]["error"] if summary["errors"] else "unknown error"
         summary["status"], summary["error"] = "failed", (f"every request failed ({counts['num_error']} of "
                                                          f"{counts['num_done']}; most often: {top})")
-    run.write_artifact(out_dir / "summary.json", summary)
+    final = summary["status"]
+    run.write_artifact(out_dir / "summary.json", {**summary, "status": "running" if final == "complete" else final})
     try:
         with stop_signals_interrupt():
             summary["plugin"] = _plugin_window(stats_path, stats_before)  # first: the reconciliation simulates it
@@ -563,11 +587,11 @@ def _engine_side(run: RunDir, out_dir: Path, infos: list[ServerInfo], opts: Repl
     out: dict[str, Any] = {"metrics": metrics}
     cost = fit_ttft_cost(ok)
     out["cost_model"] = cost
-    if cost is not None:
+    if cost is not None:  # (the run's latest copy goes with the replay's commit: _publish)
         run.write_artifact(out_dir / "cost_model.json", cost)
-        run.write_artifact(run.subdir("replay") / "cost_model.json", {**cost, "replay": out_dir.name})
     out["reconciliation"], out["reconciliation_note"] = _reconcile(run, out_dir, ok, summary["engine"],
-                                                                   summary.get("servers"), summary.get("plugin"))
+                                                                   summary.get("servers"), summary.get("plugin"),
+                                                                   name=opts.name)
     return out
 
 
@@ -580,7 +604,7 @@ def _metrics_delta(info: ServerInfo, after: MetricsSnapshot | None) -> dict[str,
 
 
 def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, Any],
-               servers: list[str] | None = None, plugin: dict[str, Any] | None = None,
+               servers: list[str] | None = None, plugin: dict[str, Any] | None = None, name: str | None = None,
                ) -> tuple[dict[str, Any] | None, str | None]:
     bs, nb = engine.get("block_size"), engine.get("num_gpu_blocks")
     if bs is None or nb is None:
@@ -604,6 +628,6 @@ def _reconcile(run: RunDir, out_dir: Path, ok: pl.DataFrame, engine: dict[str, A
         return None, f"simulator prediction failed: {e}"
     except Exception as e:  # a simulator bug must not lose the replay's summary: say it, keep the records
         return None, (f"simulator prediction crashed ({type(e).__name__}: {e}); once fixed, run "
-                      f"'kvtrace replay {run.path} --name {out_dir.name} --reconcile-only'")
+                      f"'kvtrace replay {run.path} --name {name or out_dir.name} --reconcile-only'")
     write_parquet_atomic(rec.table, out_dir / "reconcile.parquet")
     return rec.aggregate, None

@@ -50,7 +50,12 @@ def _replay_section(d: Path, index: int) -> Section:
                            "plugin's policy with its file and guard) at the engine's block size and block count.")
     records = read_records(d / "records.jsonl")
     ok = records.filter(pl.col("status") == "ok")
-    counts = doc.get("counts") or {}
+    if doc.get("status") in (None, "running"):  # the report holds the run lock: no replay of this run runs now
+        doc = {**doc, "status": "never finished (killed)",
+               "error": f"its summary still says 'running'; {records.height} requests recorded; rebuild the summary "
+                        f"with 'kvtrace replay {d.parent.parent} --name {d.name} --reconcile-only'"}
+    counts = doc.get("counts") or {"num_done": records.height, "num_ok": ok.height,
+                                   "num_error": records.height - ok.height}
     engine = doc.get("engine") or {}
     opts = doc.get("options") or {}
     rec = doc.get("reconciliation")
