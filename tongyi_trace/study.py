@@ -267,7 +267,10 @@ def write_page(res: StudyResult, path: Path) -> None:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    names = [w["window"] for w in res.windows]
+    from tongyi_trace.report.figures import label, labels
+
+    names = labels([w["window"] for w in res.windows])  # shown literally by Plotly, never read as its tags
+    window_label = dict(zip((w["window"] for w in res.windows), names, strict=True))
     figs: list[tuple[str, go.Figure]] = []
     ideal = go.Figure(go.Scatter(x=names, y=[w.get("ideal_hit_ratio") for w in res.windows], mode="lines+markers",
                                  name="ideal"))
@@ -277,15 +280,17 @@ def write_page(res: StudyResult, path: Path) -> None:
                        ("life_s", "Lifespan regulator life (s) per category")):
         fig = go.Figure()
         for cat in sorted({f["category"] for f in res.fits}):
-            by_w = {f["window"]: f[key] for f in res.fits if f["category"] == cat}
-            fig.add_trace(go.Scatter(x=names, y=[by_w.get(n) for n in names], mode="lines+markers", name=cat))
+            by_w = {window_label[f["window"]]: f[key] for f in res.fits if f["category"] == cat}
+            fig.add_trace(go.Scatter(x=names, y=[by_w.get(n) for n in names], mode="lines+markers",
+                                     name=label(cat)))
         figs.append((title, fig))
     for cap in dict.fromkeys(r["capacity"] for r in res.transfer):
         fig = go.Figure()
-        for pol, label in (("lru", "LRU"), ("wa-own", "WA, fitted on the same window"),
-                           ("wa-prev", "WA, fitted on the previous window")):
-            by_w = {r["window"]: r["hit_ratio"] for r in res.transfer if r["capacity"] == cap and r["policy"] == pol}
-            fig.add_trace(go.Scatter(x=names, y=[by_w.get(n) for n in names], mode="lines+markers", name=label))
+        for pol, title_of in (("lru", "LRU"), ("wa-own", "WA, fitted on the same window"),
+                              ("wa-prev", "WA, fitted on the previous window")):
+            by_w = {window_label[r["window"]]: r["hit_ratio"] for r in res.transfer
+                    if r["capacity"] == cap and r["policy"] == pol}
+            fig.add_trace(go.Scatter(x=names, y=[by_w.get(n) for n in names], mode="lines+markers", name=title_of))
         figs.append((f"Hit ratio at capacity {cap}: does the previous window's fit hold?", fig))
     y_titles = ["ideal hit ratio", "reuse probability p", "mean reuse time (s)", "life_s (s)"]
     parts = []

@@ -102,3 +102,44 @@ def test_a_nul_in_a_type_name_is_shown_not_written_raw(tmp_path: Path) -> None:
     html = render_report(RunDir(tmp_path / "run")).read_text()
     assert "\x00" not in html and "\x1b" not in html
     assert "te\\x00xt\\x1b" in html
+
+
+def test_hostile_file_folder_and_replay_names_render_as_text(tiny_bailian_path: Path, tmp_path: Path) -> None:
+    """Issue 42 item 4: every name a user chooses reaches report.html as text: the trace's file name, the run
+    folder's, the replays' (--name) and the comparison of two of them (kvtrace compare)."""
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+    from tongyi_trace.replay.standin import StandInState, serve
+
+    trace = tmp_path / 'x"><img src=x onerror=alert(document.domain)>.jsonl'
+    trace.write_text(tiny_bailian_path.read_text())
+    run = tmp_path / "r<img src=x onerror=alert(3)>"
+    names = ["<img src=y onerror=alert(4)>", "a&b<svg onload=alert(5)>"]
+    cli = CliRunner()
+    assert cli.invoke(app, ["ingest", str(trace), "-o", str(run), "-q"]).exit_code == 0
+    httpd = serve(StandInState(block_size=16, fail_every=4))
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        for name in names:
+            r = cli.invoke(app, ["replay", str(run), "--server", url, "--name", name, "--speedup", "1000",
+                                 "--max-in-flight", "1", "-q"])
+            assert r.exit_code == 0, r.output
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    r = cli.invoke(app, ["compare", str(run / "replay" / names[0]), str(run / "replay" / names[1]), "-q"])
+    assert r.exit_code == 0, r.output
+    r = cli.invoke(app, ["report", str(run), "-q"])
+    assert r.exit_code == 0, r.output
+    html = (run / "report.html").read_text()
+    parsed = _parse(html)
+    assert "img" not in parsed.tags and "svg" not in parsed.tags
+    assert [attrs.get("type") or "js" for attrs, _ in parsed.scripts] == ["js", "application/json",
+                                                                          "application/json", "js"]
+    for raw in ("<img src=x onerror=alert(document.domain)>", *names, "<img src=x onerror=alert(3)>"):
+        assert raw not in html
+    assert "x&#34;&gt;&lt;img src=x onerror=alert(document.domain)&gt;.jsonl" in html or \
+        "x&quot;&gt;&lt;img src=x onerror=alert(document.domain)&gt;.jsonl" in html  # the source, as text
+    assert "Live replay on vLLM: &lt;img src=y onerror=alert(4)&gt;" in html
+    assert "a&amp;b&lt;svg onload=alert(5)&gt;" in html  # the second replay, and B of the comparison

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from html import escape as html_escape
+from html.parser import HTMLParser
 from pathlib import Path
 
 import polars as pl
@@ -127,3 +129,61 @@ def test_the_index_page_escapes_hostile_window_names(tmp_path: Path) -> None:
     assert 'href="runs/x%22%3E%3Cimg%20src%3Dx%20onerror%3Dalert%28document.domain%29%3E/report.html"' in page
     assert "x&quot;&gt;&lt;img src=x onerror=alert(document.domain)&gt;" in page
     assert not list(tmp_path.glob(".*.tmp*"))  # written atomically
+
+
+class _Tags(HTMLParser):
+    """Every element name of a page, and the text of each <script> element."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+@pytest.mark.slow
+def test_every_page_of_a_study_of_hostile_trace_names_shows_them_as_text(tmp_path: Path,
+                                                                          make_trace: Callable[..., Path]) -> None:
+    """Issue 42 #3 and item 4, end to end: `kvtrace study` over two windows whose file names are markup writes
+    index.html and a report.html per window in which the names are text only (no element of theirs, no
+    script closed early), escaped where they show."""
+    folder = tmp_path / "w"
+    folder.mkdir()
+    names = ['a"><img src=x onerror=alert(document.domain)>', "b<svg onload=alert(1)>&c"]
+    for seed, name in enumerate(names, 1):
+        make_trace(folder, seed, num_requests=200, duration_s=200).rename(folder / f"{name}.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "tongyi_trace.cli", "study", str(folder), "-o", str(tmp_path / "o"),
+                           "-q", "-j", "1"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    pages = [tmp_path / "o" / "index.html", *(tmp_path / "o" / "runs" / n / "report.html" for n in names)]
+    for page in pages:
+        html = page.read_text()
+        parsed = _Tags()
+        parsed.feed(html)
+        parsed.close()
+        assert not {"img", "svg"} & set(parsed.tags), page  # (a script closed early would show its rest as tags)
+        # in the figures' data too, the names are entity-escaped labels (Plotly shows them, never reads tags)
+        tags = ("\\u003cimg", "\\u003csvg", "<img s", "<svg o")
+        assert not any(t in s for s in parsed.scripts[1:] for t in tags), page
+        for name in names:
+            assert name not in html
+    index = pages[0].read_text()
+    assert "a&quot;&gt;&lt;img src=x onerror=alert(document.domain)&gt;" in index
+    assert "b&lt;svg onload=alert(1)&gt;&amp;c" in index
+    assert '"x":["a&quot;&gt;&lt;img src=x onerror=alert(document.do\u2026",' in index  # the figures' labels (cut)
+    for page, name in zip(pages[1:], names, strict=True):
+        assert html_escape(name).replace("&quot;", "&#34;") in page.read_text()  # its trace, in its own report
