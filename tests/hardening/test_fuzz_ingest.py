@@ -25,7 +25,7 @@ MOONCAKE = {"timestamp": 1500, "input_length": 1000, "output_length": 3, "hash_i
 SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
            | st.sampled_from([0, -1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64])
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8)
-           | st.sampled_from(["[/x]", "[bold]", "", "NaN"]))
+           | st.sampled_from(["[/x]", "[bold]", "", "NaN", "te\x00xt", "\x00", "<b>\x00</b>"]))
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
 
@@ -130,3 +130,32 @@ def test_a_duplicate_key_ingests_its_last_value_or_is_one_line(field: str, value
             assert RunDir(Path(d) / "dup").requests().equals(RunDir(Path(d) / "one").requests())
             found = [RunDir(Path(d) / name).provenance()["findings"].get("duplicate_keys") for name in ("dup", "one")]
             assert found == [1, None]  # the repeat is counted, never silent
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(["bailian", "mooncake"]), where=st.floats(min_value=0.0, max_value=1.0),
+       skip=st.booleans())
+def test_a_raw_nul_byte_anywhere_in_a_line_is_one_line_or_a_skipped_line(fmt: str, where: float, skip: bool) -> None:
+    """Issue 42 item 4: a NUL byte written raw into a line (not the escape \\u0000: JSON allows no raw control
+    character) is malformed JSON wherever it falls: one line naming f.jsonl:2, exit 2, no run folder; with
+    --on-error skip that line is counted as skipped and the rest ingests."""
+    first = {**BAILIAN, "chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "turn": 1} if fmt == "bailian" \
+        else {**MOONCAKE, "timestamp": 0}
+    line = json.dumps(BAILIAN if fmt == "bailian" else MOONCAKE).encode()
+    at = round(where * len(line))
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "f.jsonl"
+        trace.write_bytes(json.dumps(first).encode() + b"\n" + line[:at] + b"\x00" + line[at:] + b"\n")
+        r = runner.invoke(app, ["ingest", str(trace), "-o", str(Path(d) / "run"), "-q",
+                                *(["--on-error", "skip"] if skip else [])])
+        out = r.output.strip()
+        assert "Traceback" not in out, out
+        if skip:
+            assert r.exit_code == 0, out
+            prov = RunDir(Path(d) / "run").provenance()
+            assert prov["num_requests"] == 1 and prov["findings"]["skipped_lines"] == 1
+            assert "f.jsonl:2: malformed JSON" in prov["finding_examples"]["skipped_lines"][0]
+        else:
+            assert r.exit_code == 2 and out.count("\n") == 0, out
+            assert "f.jsonl:2: malformed JSON" in out, out
+            assert not (Path(d) / "run").exists()
