@@ -99,3 +99,19 @@ def test_brief_never_cuts_a_word() -> None:
     assert len(cut) <= 60 and cut.endswith(" ...") and "\\n" in cut
     assert cut.removesuffix(" ...").split()[-1] in text.split()  # the last word is whole
     assert brief("short  and\\nsweet") == "short and\\nsweet"
+
+
+def test_a_duplicate_key_is_a_finding(tmp_path: Path) -> None:
+    """Issue 42: as in the Bailian and Mooncake readers, a line naming a key twice is counted and named."""
+    lines = FIXTURE.read_text().splitlines()
+    lines[1] = lines[1].replace('"delay": 2000', '"delay": 9, "delay": 2000')
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    prov = ingest_trace(path, tmp_path / "run")
+    assert prov["findings"]["duplicate_keys"] == 1
+    assert prov["finding_examples"]["duplicate_keys"] == [
+        f"{path}:2: names the key 'delay' twice; the last value is used (as every JSON reader does): fix the line "
+        "that wrote it"]
+    same = ingest_trace(FIXTURE, tmp_path / "same")
+    assert "duplicate_keys" not in same["findings"]
+    assert RunDir(tmp_path / "run").requests().equals(RunDir(tmp_path / "same").requests())

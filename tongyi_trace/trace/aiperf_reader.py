@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from tongyi_trace.errors import InputError, located
-from tongyi_trace.trace.jsonl_reader import ChunkBuilder
+from tongyi_trace.trace.jsonl_reader import ChunkBuilder, note_repeated_key
 from tongyi_trace.trace.records import (
     AIPERF_SPEC,
     BAILIAN_ONLY,
@@ -56,6 +56,7 @@ class AiperfReader:
         # per session id: (chat id, arrival in ms, turn) of its latest turn so far
         self.sessions: dict[Any, tuple[int, float, int]] = {}
         self.chunk = ChunkBuilder(path, on_error, stats)
+        self.raw: Any = None  # the last line as decoded
 
     def line(self, line_no: int, line: bytes) -> None:
         """Check one line and add its record (a blank line is counted; a bad line raises or is skipped)."""
@@ -68,6 +69,7 @@ class AiperfReader:
         except InputError as e:
             skip_or_raise(e, self.on_error, self.stats)
             return
+        note_repeated_key(self.stats, self.path, line_no, line, self.raw)
         self.chunk.add(line_no, rec, True, rec["hash_ids"])
         self.num_records += 1
 
@@ -76,7 +78,7 @@ class AiperfReader:
         InputError naming the line and field."""
         path = self.path
         try:
-            rec = orjson.loads(line)
+            rec = self.raw = orjson.loads(line)
         except orjson.JSONDecodeError as e:
             raise located(path, line_no, None, f"malformed JSON ({e})", FIX) from None
         if isinstance(rec, dict) and "text_input" in rec and "hash_ids" not in rec:

@@ -73,6 +73,15 @@ def repeated_key(line: bytes, rec: Any) -> str | None:
     return found[0] if found else None
 
 
+def note_repeated_key(stats: ReadStats, path: Path, line_no: int, line: bytes, rec: Any) -> None:
+    """Count in STATS a record (LINE, decoded: REC) that names a key twice: finding duplicate_keys (the
+    compiled scan leaves such lines to the precise path)."""
+    key = repeated_key(line, rec)
+    if key is not None:
+        stats.note("duplicate_keys", f"{path}:{line_no}: names the key {key!r} twice; the last value is used (as "
+                                     "every JSON reader does): fix the line that wrote it")
+
+
 class ChunkBuilder:
     """The requests of one chunk as they are read. Each record's hash ids (a list of integers only, see add)
     become an int64 array at once, so no Python int outlives its line; a record with an id outside int64
@@ -265,11 +274,7 @@ class JsonlReader:
         c.add(line_no, rec, bailian, rec["hash_ids"])
 
     def _note_repeated_key(self, line_no: int, line: bytes, rec: dict[str, Any]) -> None:
-        """Count a record naming a key twice (finding duplicate_keys; the compiled scan leaves such lines here)."""
-        key = repeated_key(line, rec)
-        if key is not None:
-            self.stats.note("duplicate_keys", f"{self.path}:{line_no}: names the key {key!r} twice; the last value "
-                                              "is used (as every JSON reader does): fix the line that wrote it")
+        note_repeated_key(self.stats, self.path, line_no, line, rec)
 
     def full(self) -> bool:
         return len(self.chunk) >= CHUNK_LINES or self.chunk.num_refs >= CHUNK_REFS
