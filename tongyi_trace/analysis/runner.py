@@ -27,6 +27,7 @@ from tongyi_trace.analysis.common import (
 from tongyi_trace.analysis.hit_ratio import hit_ratio
 from tongyi_trace.analysis.kv_size import kv_size
 from tongyi_trace.analysis.lifespan import lifespan
+from tongyi_trace.analysis.partitioned import PartitionOptions, partitioned_context
 from tongyi_trace.analysis.live_set import live_set
 from tongyi_trace.analysis.next_turn import next_turn
 from tongyi_trace.analysis.request_mix import request_mix
@@ -87,32 +88,34 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
 
 def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: AnalysisOptions | None = None,
                  on_done: Callable[[AnalysisResult], None] | None = None,
-                 write: bool = True) -> AnalysisReport:
+                 write: bool = True, partitions: PartitionOptions | None = None) -> AnalysisReport:
     """Run the analyses ONLY (default all) over RUN; write artifacts into RUN/analysis/ unless WRITE is False.
 
-    ON_DONE is called after each analysis (progress). Returns the results in report order. A writing run
-    holds the run folder exclusively (run_lock)."""
+    ON_DONE is called after each analysis (progress). With PARTITIONS, the per-chain work runs in that many
+    partitions on its executor and is merged (analysis/partitioned.py; the same artifacts). Returns the
+    results in report order. A writing run holds the run folder exclusively (run_lock)."""
     if write:
         with run.lock():
-            return _run_analyses(run, only, options, on_done, write)
-    return _run_analyses(run, only, options, on_done, write)
+            return _run_analyses(run, only, options, on_done, write, partitions)
+    return _run_analyses(run, only, options, on_done, write, partitions)
 
 
 def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
-                  on_done: Callable[[AnalysisResult], None] | None, write: bool) -> AnalysisReport:
+                  on_done: Callable[[AnalysisResult], None] | None, write: bool,
+                  partitions: PartitionOptions | None) -> AnalysisReport:
     out_dir = run.path / "analysis"
     if not write:
-        return _analyses_into(run, only, options, on_done, None, out_dir)
+        return _analyses_into(run, only, options, on_done, None, out_dir, partitions)
     prov = load_provenance(run)
     with staged(run.path, keep_from=out_dir) as stage:  # analyses run earlier with --only are kept
-        rep = _analyses_into(run, only, options, on_done, stage, out_dir)
+        rep = _analyses_into(run, only, options, on_done, stage, out_dir, partitions)
         commit_sets(run.path, [(stage, out_dir)], "analyze", prov.get("run_id"))
     return rep
 
 
 def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
                    on_done: Callable[[AnalysisResult], None] | None, stage: Path | None,
-                   out_dir: Path) -> AnalysisReport:
+                   out_dir: Path, partitions: PartitionOptions | None = None) -> AnalysisReport:
     """Run the analyses; write their artifacts into STAGE (the set committed to OUT_DIR after) unless None."""
     opts = options or AnalysisOptions()
     names = parse_only(only)
@@ -121,7 +124,11 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
     results: dict[str, AnalysisResult] = {}
     models = models_doc(opts, int(prov.get("block_size") or 16))
     t0 = time.perf_counter()
-    with open_context(tables, opts, temp_dir=stage) as ctx:
+    with open_context(tables, opts, temp_dir=stage) as local:
+        ctx = local
+        if partitions is not None:
+            with step("analysis partitions"):
+                ctx = partitioned_context(local, names, partitions)
         for name in names:
             t = time.perf_counter()
             try:
