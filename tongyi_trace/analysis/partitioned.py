@@ -172,7 +172,8 @@ def merge_rows(name: str, frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
     m = _MERGES[name]
     df = pl.concat(frames, how="vertical")
     if m.keys:
-        df = df.group_by(list(m.keys), maintain_order=True).agg(pl.exclude(list(m.keys)).sum()).select(frames[0].columns)
+        keys = list(m.keys)
+        df = df.group_by(keys, maintain_order=True).agg(pl.exclude(keys).sum()).select(frames[0].columns)
     if m.order:
         df = df.sort([c for c, _ in m.order], descending=[d for _, d in m.order], nulls_last=True,
                      maintain_order=True)

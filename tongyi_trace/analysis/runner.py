@@ -27,9 +27,9 @@ from tongyi_trace.analysis.common import (
 from tongyi_trace.analysis.hit_ratio import hit_ratio
 from tongyi_trace.analysis.kv_size import kv_size
 from tongyi_trace.analysis.lifespan import lifespan
-from tongyi_trace.analysis.partitioned import PartitionOptions, partitioned_context
 from tongyi_trace.analysis.live_set import live_set
 from tongyi_trace.analysis.next_turn import next_turn
+from tongyi_trace.analysis.partitioned import PartitionedContext, PartitionOptions, partitioned_context
 from tongyi_trace.analysis.request_mix import request_mix
 from tongyi_trace.analysis.reuse_time import reuse_time
 from tongyi_trace.analysis.skew import skew
@@ -69,6 +69,7 @@ class AnalysisReport:
     out_dir: Path
     elapsed_s: float
     models: list[dict[str, Any]]
+    num_partitions: int = 0  # partitions the per-chain work ran in (0: in this process, unpartitioned)
 
     def summary(self) -> dict[str, Any]:
         """The summary.json document: provenance digest, models and every headline figure."""
@@ -145,7 +146,8 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
                                                                  models))
             if on_done is not None:
                 on_done(res)
-    return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models)
+    num_partitions = partitions.num_partitions if isinstance(ctx, PartitionedContext) and partitions else 0
+    return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models, num_partitions)
 
 
 def write_result(out_dir: Path, res: AnalysisResult) -> None:
