@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -49,7 +49,7 @@ from tongyi_trace.splitmix import splitmix64
 
 DEFAULT_PARTITIONS = 16
 MAX_PARTITIONS = 4096
-_BATCH_ROWS = 1 << 21
+_BATCH_ROWS = 1 << 18
 _BLOCK_COLUMNS = ["req_idx", "pos", "block_id", "chain_id", "chain_idx", "num_tokens"]
 
 
@@ -103,6 +103,14 @@ def query_params(name: str, ctx: AnalysisContext) -> dict[str, Any]:
     if name == "user_heatmap":
         return {"use_users": ctx.key_kind() == "user"}
     return {}
+
+
+def partition_queries(ctx: AnalysisContext, names: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The per-chain queries the analyses NAMES need, each with its parameters (sorted by name)."""
+    wanted = sorted({q for n in names for q in _NEEDS.get(n, ())})
+    if "user_heatmap" in wanted and ctx.key_kind() is None:
+        wanted.remove("user_heatmap")  # the analysis is absent without keys: it asks nothing
+    return [(n, query_params(n, ctx)) for n in wanted]
 
 
 def check_partitions(num_partitions: int) -> int:
@@ -258,20 +266,16 @@ class PartitionedContext(AnalysisContext):
 _CONCATENATED = frozenset(n for n, m in _MERGES.items() if not m.keys)
 
 
-def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: PartitionOptions,
-                        on_partition: Callable[[int, int], None] | None = None) -> AnalysisContext:
+def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: PartitionOptions) -> AnalysisContext:
     """CTX with the per-chain queries of the analyses NAMES computed in OPTS.num_partitions partitions on
-    OPTS.executor and merged; CTX itself when none of NAMES is per chain. ON_PARTITION(done, total) after
-    each partition."""
-    wanted = sorted({q for n in names for q in _NEEDS.get(n, ())})
-    if "user_heatmap" in wanted and ctx.key_kind() is None:
-        wanted.remove("user_heatmap")  # the analysis is absent without keys: it asks nothing
-    if not wanted:
-        return ctx
+    OPTS.executor and merged; CTX itself when none of NAMES is per chain."""
     num = check_partitions(opts.num_partitions)
-    params = {n: query_params(n, ctx) for n in wanted}
-    shared = {"tables": ctx.tables, "options": ctx.options, "num_partitions": num,
-              "queries": [(n, params[n]) for n in wanted]}
+    queries = partition_queries(ctx, names)
+    if not queries:
+        return ctx
+    params = dict(queries)
+    wanted = list(params)
+    shared = {"tables": ctx.tables, "options": ctx.options, "num_partitions": num, "queries": queries}
     results: dict[int, dict[str, pl.DataFrame]] = {}
     errors: list[str] = []
 
@@ -280,8 +284,6 @@ def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: Partit
             results[out.index] = out.value
         else:
             errors.append(f"partition {out.index}: {out.error}")
-        if on_partition is not None:
-            on_partition(len(results) + len(errors), num)
 
     map_tasks(partition_task, list(range(num)), shared, done, opts.executor)
     if errors:
