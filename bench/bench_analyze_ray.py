@@ -1,8 +1,8 @@
 """Benchmark of `kvtrace analyze --executor ray`: the default to-C synthetic trace analyzed locally and with the
 per-chain work in 8 and 16 partitions on a local 2-CPU Ray cluster (`ray start --head`, connected by
 address): wall time and the driver's peak memory of each, one partition task's time and peak memory in a
-fresh process (what a Ray worker needs), and whether every artifact equals the local one (all exact but the
-float sums, whose largest relative difference is printed). --scale 10 for the 10x trace.
+fresh process (what a Ray worker needs), and whether every artifact equals the local one (to the bit).
+--scale 10 for the 10x trace.
 
     .venv/bin/python bench/bench_analyze_ray.py [--scale 10]
 """
@@ -23,8 +23,6 @@ import polars as pl
 from _common import BENCH_DIR, KVTRACE, ingested_run, timed_child
 from bench_ray import ray_cluster
 
-FLOAT_SUMS = {"mean_lifespan_s", "sum_reuse_time_s", "sum_reuse_time_after_600s_s", "mean_reuse_time_s",
-              "mean_reuse_time_after_600s_s"}
 PARTITIONS = (8, 16)
 
 
@@ -38,22 +36,18 @@ def copy_run(src: Path, name: str) -> Path:
     return dst
 
 
-def _diff_json(a: Any, b: Any, key: str, out: list[float]) -> bool:
-    """True when A equals B (float sums: their relative difference is appended to OUT)."""
+def _same_json(a: Any, b: Any) -> bool:
+    """A equals B exactly (floats to the bit), but for the measured timings and the run's path."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(k in ("elapsed_s", "run") or _diff_json(a[k], b[k], k, out) for k in a)
+        return a.keys() == b.keys() and all(k in ("elapsed_s", "run") or _same_json(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_diff_json(x, y, key, out) for x, y in zip(a, b, strict=True))
-    if key in FLOAT_SUMS and isinstance(a, float) and isinstance(b, float):
-        out.append(abs(a - b) / max(abs(a), 1e-300))
-        return True
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 
-def compare(local: Path, other: Path) -> tuple[list[str], float]:
-    """(files that differ beyond the float sums, the largest relative difference of a float sum)."""
+def compare(local: Path, other: Path) -> list[str]:
+    """The files (file:column for tables) of OTHER/analysis that differ from LOCAL's."""
     bad: list[str] = []
-    rel: list[float] = [0.0]
     for a in sorted((local / "analysis").iterdir()):
         b = other / "analysis" / a.name
         if a.name == "manifest.json":
@@ -61,19 +55,15 @@ def compare(local: Path, other: Path) -> tuple[list[str], float]:
         if not b.exists():
             bad.append(a.name)
         elif a.suffix == ".json":
-            if not _diff_json(json.loads(a.read_text()), json.loads(b.read_text()), "", rel):
+            if not _same_json(json.loads(a.read_text()), json.loads(b.read_text())):
                 bad.append(a.name)
         else:
             x, y = pl.read_parquet(a), pl.read_parquet(b)
             if x.schema != y.schema or x.height != y.height:
                 bad.append(a.name)
                 continue
-            for c in x.columns:
-                if c in FLOAT_SUMS:
-                    rel.append(float(((x[c] - y[c]).abs() / y[c].abs()).max() or 0.0))  # type: ignore[arg-type]
-                elif not x[c].equals(y[c]):
-                    bad.append(f"{a.name}:{c}")
-    return bad, max(rel)
+            bad += [f"{a.name}:{c}" for c in x.columns if not x[c].equals(y[c])]
+    return bad
 
 
 def probe(run: Path, num_partitions: int) -> None:
@@ -114,10 +104,9 @@ def main() -> None:
             run = copy_run(src, f"analyze-ray{n}.run")
             wall, peak = timed_child([*KVTRACE, "analyze", str(run), "--executor", "ray", "--ray-address", address,
                                       "--partitions", str(n), "-q"])
-            bad, rel = compare(local, run)
-            same = "every artifact equal" if not bad else f"DIFFERS: {', '.join(bad[:5])}"
-            print(f"  ray, {n:2} partitions:    {wall:6.1f} s, driver peak {peak:6.0f} MiB; {same} "
-                  f"(float sums within {rel:.1e} relative)")
+            bad = compare(local, run)
+            same = "every artifact equal to the bit" if not bad else f"DIFFERS: {', '.join(bad[:5])}"
+            print(f"  ray, {n:2} partitions:    {wall:6.1f} s, driver peak {peak:6.0f} MiB; {same}")
             shutil.rmtree(run, ignore_errors=True)
     for n in PARTITIONS:
         out = json.loads(subprocess.run([sys.executable, __file__, "--probe", str(src), str(n)], check=True,

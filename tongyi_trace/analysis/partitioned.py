@@ -12,11 +12,13 @@ whose splitmix64(block_id) mod N is its partition.
 The driver merges exactly, then runs every analysis as the local run does, its per-chain queries served
 from the merge:
 - histograms and counts add (reuse_time.sql, lifespan.sql, skew_blocks.sql, user_heatmap.sql: a group-by
-  sum over the partitions' rows; integer columns exact, the summed reuse seconds a float sum);
+  sum over the partitions' rows; every summed column is an integer, the reuse times in whole microseconds);
 - per-request sums (req_hit_parts.sql, live_deltas.sql) are concatenated and summed by the local run's
   own SQL (req_hits_table.sql, live_set.sql): the per-request figures are computed after the merge;
 - lifespan percentiles are interpolated from the merged histogram of exact lifespans (lifespan_values.sql)
-  as DuckDB's quantile_cont does over the values themselves (lifespan_quantiles.sql).
+  as DuckDB's quantile_cont does over the values themselves (lifespan_quantiles.sql), their mean from the
+  exact sum in microseconds.
+So every artifact equals the local run's to the bit (tests/study/test_analyze_partitioned.py).
 The analyses that are not per chain (request_mix, next_turn, kv_size, spatial) run in the driver as today.
 """
 
@@ -75,7 +77,7 @@ _HIST_PARAMS = {"bin_zero": BIN_ZERO, "bin_min": BIN_MIN, "bin_max": BIN_MAX, "b
 _MERGES: dict[str, _Merge] = {
     "reuse_time": _Merge(("category", "bin"), (("category", False), ("bin", False)), "reuse_events"),
     "lifespan": _Merge(("category", "reused", "bin"), (("category", False), ("reused", False), ("bin", False))),
-    "lifespan_values": _Merge(("category", "reused", "lifespan_s")),
+    "lifespan_values": _Merge(("category", "reused", "lifespan_s", "lifespan_us")),
     "skew_blocks": _Merge(("num_reuses",), (("num_reuses", True),)),
     "user_heatmap": _Merge(("producer", "consumer")),
     "req_hit_parts": _Merge(()),
@@ -211,15 +213,16 @@ def lifespan_quantiles(values: pl.DataFrame, qs: Sequence[float]) -> pl.DataFram
     cats: list[str | None] = [None, *sorted(values["category"].unique().to_list())]
     for cat in cats:
         h = values if cat is None else values.filter(pl.col("category") == cat)
-        h = h.group_by("reused", "lifespan_s").agg(pl.col("num_blocks").sum()).sort("lifespan_s")
-        every = h.group_by("lifespan_s", maintain_order=True).agg(pl.col("num_blocks").sum())
+        h = h.group_by("reused", "lifespan_s", "lifespan_us").agg(pl.col("num_blocks").sum()).sort("lifespan_s")
+        every = h.group_by("lifespan_s", "lifespan_us", maintain_order=True).agg(pl.col("num_blocks").sum())
         reused = h.filter(pl.col("reused"))
         v, c = every["lifespan_s"].to_numpy(), every["num_blocks"].to_numpy()
         rv, rc = reused["lifespan_s"].to_numpy(), reused["num_blocks"].to_numpy()
         n = int(c.sum())
+        sum_us = sum(int(u) * int(k) for u, k in zip(every["lifespan_us"].to_list(), c.tolist(), strict=True))
         rows.append({
             "category": cat, "num_blocks": n, "num_reused_blocks": int(rc.sum()),
-            "mean_lifespan_s": math.fsum((v * c).tolist()) / n if n else None,
+            "mean_lifespan_s": float(sum_us) / 1e6 / n if n else None,  # as lifespan_quantiles.sql
             "lifespan_q_s": [quantile_cont(v, c, q) for q in qs] if n else None,
             "reused_lifespan_q_s": [quantile_cont(rv, rc, q) for q in qs] if rc.size else None,
         })
