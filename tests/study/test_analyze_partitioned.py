@@ -137,3 +137,21 @@ def test_default_trace_on_ray_equals_local(ray_address: str, tmp_path: Path) -> 
     assert split.num_partitions == 8
     assert len(assert_same_artifacts(tmp_path / "local", tmp_path / "split")) == 34
     assert split.results["hit_ratio"].headline["num_block_refs"] > 6_000_000
+
+
+def test_cli_partitions_on_the_local_pool(tiny_src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from tongyi_trace.cli import app
+
+    run_analyses(_copy_run(tiny_src, tmp_path / "local"))
+    _copy_run(tiny_src, tmp_path / "split")
+    monkeypatch.chdir(tmp_path)  # a relative run path: the tasks get absolute ones
+    out = CliRunner().invoke(app, ["analyze", "split", "--partitions", "3", "--json", "-q"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["analyses"]["live_set"]["headline"]["peak_live_blocks"] == 5
+    assert_same_artifacts(tmp_path / "local", tmp_path / "split")
+    for args, why in ((["--partitions", "0"], "--partitions 0: give a number in 1..4096"),
+                      (["--ray-address", "127.0.0.1:1"], "--ray-address needs --executor ray")):
+        bad = CliRunner().invoke(app, ["analyze", "split", *args, "-q"])
+        assert bad.exit_code == 2 and why in bad.output and "Traceback" not in bad.output

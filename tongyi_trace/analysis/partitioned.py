@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -278,7 +278,9 @@ def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: Partit
         return ctx
     params = dict(queries)
     wanted = list(params)
-    shared = {"tables": ctx.tables, "options": ctx.options, "num_partitions": num, "queries": queries}
+    tables = replace(ctx.tables, requests_path=ctx.tables.requests_path.resolve(),  # read on other nodes
+                     blocks_path=ctx.tables.blocks_path.resolve())
+    shared = {"tables": tables, "options": ctx.options, "num_partitions": num, "queries": queries}
     results: dict[int, dict[str, pl.DataFrame]] = {}
     errors: list[str] = []
 
