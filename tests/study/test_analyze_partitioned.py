@@ -17,12 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
-from tongyi_trace.analysis.partitioned import PARTITIONED_ANALYSES, PartitionOptions, quantile_cont, read_partition
+from tongyi_trace.analysis.partitioned import PARTITIONED_ANALYSES, quantile_cont
 from tongyi_trace.analysis.runner import ANALYSES, AnalysisReport, run_analyses
 from tongyi_trace.errors import UsageError
-from tongyi_trace.executor import ExecutorOptions
+from tongyi_trace.executor import ExecutorOptions, PartitionOptions
 from tongyi_trace.run import RunDir, open_run
 from tongyi_trace.trace.ingest import ingest_trace
+from tongyi_trace.trace.partition import read_partition
 from tongyi_trace.trace.synth import synth_to_file
 
 MEASURED = {"elapsed_s", "run"}

@@ -35,32 +35,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tongyi_trace.analysis.common import BIN_MAX, BIN_MIN, BIN_ZERO, BINS_PER_DECADE, AnalysisContext, AnalysisOptions
 from tongyi_trace.analysis.lifespan import QUANTILES
 from tongyi_trace.analysis.reuse_time import LONG_S, SHORT_S
 from tongyi_trace.budget import spill_dir
 from tongyi_trace.duckdb_setup import duckdb_connect
-from tongyi_trace.errors import KvtraceError, UsageError
-from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks
+from tongyi_trace.errors import KvtraceError
+from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunTables
-from tongyi_trace.splitmix import splitmix64
-
-DEFAULT_PARTITIONS = 16
-MAX_PARTITIONS = 4096
-_BATCH_ROWS = 1 << 18
-_BLOCK_COLUMNS = ["req_idx", "pos", "block_id", "chain_id", "chain_idx", "num_tokens"]
-
-
-@dataclass(frozen=True)
-class PartitionOptions:
-    """How the per-chain work is split: NUM_PARTITIONS tasks on the executor OPTS names."""
-
-    executor: ExecutorOptions
-    num_partitions: int = DEFAULT_PARTITIONS
+from tongyi_trace.trace.partition import read_partition
 
 
 @dataclass(frozen=True)
@@ -115,35 +100,6 @@ def partition_queries(ctx: AnalysisContext, names: Sequence[str]) -> list[tuple[
     return [(n, query_params(n, ctx)) for n in wanted]
 
 
-def check_partitions(num_partitions: int) -> int:
-    """NUM_PARTITIONS, or a UsageError when it is not in 1..MAX_PARTITIONS."""
-    if not 1 <= num_partitions <= MAX_PARTITIONS:
-        raise UsageError(f"--partitions {num_partitions}: give a number in 1..{MAX_PARTITIONS}")
-    return num_partitions
-
-
-def partition_of(ids: npt.NDArray[np.int64], num_partitions: int) -> npt.NDArray[np.uint64]:
-    """The partition of each 64-bit id: splitmix64(id) mod NUM_PARTITIONS."""
-    return splitmix64(ids.view(np.uint64)) % np.uint64(num_partitions)
-
-
-def read_partition(tables: RunTables, part: int, num_partitions: int) -> tuple[pa.Table, pa.Table]:
-    """The rows of blocks.parquet in partition PART: by chain_id (every column) and by block_id (req_idx,
-    block_id), streamed batch by batch so that only the partition's rows are held."""
-    by_chain: list[pa.RecordBatch] = []
-    by_block: list[pa.RecordBatch] = []
-    pf = pq.ParquetFile(tables.blocks_path, pre_buffer=False)  # pre-buffering keeps whole column chunks: 2x RSS
-    for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=_BLOCK_COLUMNS):
-        in_chain = partition_of(batch.column("chain_id").to_numpy(), num_partitions) == part
-        in_block = partition_of(batch.column("block_id").to_numpy(), num_partitions) == part
-        by_chain.append(batch.filter(pa.array(in_chain)))
-        by_block.append(batch.select(["req_idx", "block_id"]).filter(pa.array(in_block)))
-    schema = pf.schema_arrow
-    chain_schema = pa.schema([schema.field(c) for c in _BLOCK_COLUMNS])
-    block_schema = pa.schema([schema.field(c) for c in ("req_idx", "block_id")])
-    return pa.Table.from_batches(by_chain, chain_schema), pa.Table.from_batches(by_block, block_schema)
-
-
 class _PartitionContext(AnalysisContext):
     """An AnalysisContext whose `blocks` is one partition: `chains` comes from chains_table.sql over it."""
 
@@ -161,6 +117,7 @@ def partition_task(part: int, shared: Mapping[str, Any]) -> dict[str, pl.DataFra
     tables: RunTables = shared["tables"]
     options: AnalysisOptions = shared["options"]
     blocks, content = read_partition(tables, part, int(shared["num_partitions"]))
+    assert content is not None
     with spill_dir(Path(tempfile.mkdtemp(prefix="kvtrace-duckdb-"))) as spill:
         con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", 1)
         try:

@@ -29,7 +29,7 @@ from tongyi_trace.analysis.kv_size import kv_size
 from tongyi_trace.analysis.lifespan import lifespan
 from tongyi_trace.analysis.live_set import live_set
 from tongyi_trace.analysis.next_turn import next_turn
-from tongyi_trace.analysis.partitioned import PartitionedContext, PartitionOptions, partitioned_context
+from tongyi_trace.analysis.partitioned import PartitionedContext, partitioned_context
 from tongyi_trace.analysis.request_mix import request_mix
 from tongyi_trace.analysis.reuse_time import reuse_time
 from tongyi_trace.analysis.skew import skew
@@ -39,6 +39,7 @@ from tongyi_trace.analysis.user_heatmap import user_heatmap
 from tongyi_trace.artifact_set import commit_sets, staged
 from tongyi_trace.budget import MemoryLimitError, step
 from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.executor import PartitionOptions
 from tongyi_trace.run import RunDir, load_provenance, read_artifact, write_json, write_parquet_atomic
 
 AnalysisFn = Callable[[AnalysisContext], AnalysisResult]

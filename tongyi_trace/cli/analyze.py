@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from tongyi_trace.analysis import AnalysisReport
-    from tongyi_trace.analysis.partitioned import PartitionOptions
+    from tongyi_trace.executor import PartitionOptions
 
 
 @app.command()
@@ -111,8 +111,13 @@ def analyze(
 
 def _partition_options(executor: str, ray_address: str | None, partitions: int | None) -> PartitionOptions | None:
     """The partitioning --executor, --ray-address and --partitions ask for (None: the local run as is)."""
-    from tongyi_trace.analysis.partitioned import DEFAULT_PARTITIONS, PartitionOptions, check_partitions
-    from tongyi_trace.executor import ExecutorOptions, check_options
+    from tongyi_trace.executor import (
+        DEFAULT_PARTITIONS,
+        ExecutorOptions,
+        PartitionOptions,
+        check_options,
+        check_partitions,
+    )
 
     opts = check_options(ExecutorOptions(executor, ray_address))
     if partitions is None:
