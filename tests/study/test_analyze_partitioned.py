@@ -156,3 +156,29 @@ def test_cli_partitions_on_the_local_pool(tiny_src: Path, tmp_path: Path, monkey
                       (["--ray-address", "127.0.0.1:1"], "--ray-address needs --executor ray")):
         bad = CliRunner().invoke(app, ["analyze", "split", *args, "-q"])
         assert bad.exit_code == 2 and why in bad.output and "Traceback" not in bad.output
+
+
+def _fit_artifacts(src: Path, folder: Path, **kw: Any) -> dict[str, Any]:
+    from tongyi_trace.fit.policy_fit import fit_policy
+
+    run = _copy_run(src, folder)
+    fit_policy(run.path, folder / "policy.json", train="0:200", test="200:", capacities=None, min_samples=10,
+               **kw)
+    return {"policy": json.loads((folder / "policy.json").read_text()),
+            "train_test": json.loads((run.path / "fit" / "train_test.json").read_text()),
+            "cdf": pl.read_parquet(run.path / "fit" / "cdf.parquet")}
+
+
+@pytest.mark.parametrize("kind", ["in-process", "ray"])
+def test_fit_partitioned_equals_local(tiny_run: Path, tmp_path: Path, kind: str,
+                                      request: pytest.FixtureRequest) -> None:
+    """`fit --executor ray` links the block accesses in partitions: the policy file and the fit artifacts are
+    the local ones to the bit."""
+    local = _fit_artifacts(tiny_run, tmp_path / "local")
+    kw: dict[str, Any] = ({"executor": "ray", "ray_address": request.getfixturevalue("ray_address"),
+                           "partitions": 5} if kind == "ray" else {"jobs": 1, "partitions": 5})
+    split = _fit_artifacts(tiny_run, tmp_path / "split", **kw)
+    _same_json(local["policy"], split["policy"], "policy.json")
+    _same_json(local["train_test"], split["train_test"], "train_test.json")
+    assert local["cdf"].equals(split["cdf"]) and local["cdf"].height > 0
+    assert len(local["policy"]["categories"]) >= 2
