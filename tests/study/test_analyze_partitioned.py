@@ -182,3 +182,26 @@ def test_fit_partitioned_equals_local(tiny_run: Path, tmp_path: Path, kind: str,
     _same_json(local["train_test"], split["train_test"], "train_test.json")
     assert local["cdf"].equals(split["cdf"]) and local["cdf"].height > 0
     assert len(local["policy"]["categories"]) >= 2
+
+
+def test_a_failed_partition_stops_with_one_line_and_writes_nothing(tiny_src: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import tongyi_trace.analysis.partitioned as partitioned
+    from tongyi_trace.errors import KvtraceError
+
+    real = partitioned.read_partition
+
+    def broken(tables: Any, part: int, num: int) -> Any:
+        if part == 2:
+            raise OSError("blocks.parquet: Input/output error")
+        return real(tables, part, num)
+
+    monkeypatch.setattr(partitioned, "read_partition", broken)  # the inline executor runs tasks in this process
+    seen: list[tuple[int, int]] = []
+    run = _copy_run(tiny_src, tmp_path / "r")
+    with pytest.raises(KvtraceError) as err:
+        run_analyses(run, partitions=PartitionOptions(INLINE, 4), on_partition=lambda d, n: seen.append((d, n)))
+    assert str(err.value) == ("analyze --executor local: 1 of 4 partitions failed (partition 2: OSError: "
+                              "blocks.parquet: Input/output error); nothing was written, run again")
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]  # progress as each partition ended
+    assert not (run.path / "analysis").exists()

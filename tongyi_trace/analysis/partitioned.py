@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -226,9 +226,11 @@ class PartitionedContext(AnalysisContext):
 _CONCATENATED = frozenset(n for n, m in _MERGES.items() if not m.keys)
 
 
-def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: PartitionOptions) -> AnalysisContext:
+def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: PartitionOptions,
+                        on_partition: Callable[[int, int], None] | None = None) -> AnalysisContext:
     """CTX with the per-chain queries of the analyses NAMES computed in OPTS.num_partitions partitions on
-    OPTS.executor and merged; CTX itself when none of NAMES is per chain."""
+    OPTS.executor and merged; CTX itself when none of NAMES is per chain. ON_PARTITION(finished, total) as
+    each partition ends (progress)."""
     num = check_partitions(opts.num_partitions)
     queries = partition_queries(ctx, names)
     if not queries:
@@ -246,6 +248,8 @@ def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: Partit
             results[out.index] = out.value
         else:
             errors.append(f"partition {out.index}: {out.error}")
+        if on_partition is not None:
+            on_partition(len(results) + len(errors), num)
 
     map_tasks(partition_task, list(range(num)), shared, done, opts.executor)
     if errors:

@@ -90,34 +90,38 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
 
 def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: AnalysisOptions | None = None,
                  on_done: Callable[[AnalysisResult], None] | None = None,
-                 write: bool = True, partitions: PartitionOptions | None = None) -> AnalysisReport:
+                 write: bool = True, partitions: PartitionOptions | None = None,
+                 on_partition: Callable[[int, int], None] | None = None) -> AnalysisReport:
     """Run the analyses ONLY (default all) over RUN; write artifacts into RUN/analysis/ unless WRITE is False.
 
     ON_DONE is called after each analysis (progress). With PARTITIONS, the per-chain work runs in that many
-    partitions on its executor and is merged (analysis/partitioned.py; the same artifacts). Returns the
-    results in report order. A writing run holds the run folder exclusively (run_lock)."""
+    partitions on its executor and is merged (analysis/partitioned.py; the same artifacts), calling
+    ON_PARTITION(finished, total) as each partition ends. Returns the results in report order. A writing
+    run holds the run folder exclusively (run_lock)."""
     if write:
         with run.lock():
-            return _run_analyses(run, only, options, on_done, write, partitions)
-    return _run_analyses(run, only, options, on_done, write, partitions)
+            return _run_analyses(run, only, options, on_done, write, partitions, on_partition)
+    return _run_analyses(run, only, options, on_done, write, partitions, on_partition)
 
 
 def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
                   on_done: Callable[[AnalysisResult], None] | None, write: bool,
-                  partitions: PartitionOptions | None) -> AnalysisReport:
+                  partitions: PartitionOptions | None,
+                  on_partition: Callable[[int, int], None] | None) -> AnalysisReport:
     out_dir = run.path / "analysis"
     if not write:
-        return _analyses_into(run, only, options, on_done, None, out_dir, partitions)
+        return _analyses_into(run, only, options, on_done, None, out_dir, partitions, on_partition)
     prov = load_provenance(run)
     with staged(run.path, keep_from=out_dir) as stage:  # analyses run earlier with --only are kept
-        rep = _analyses_into(run, only, options, on_done, stage, out_dir, partitions)
+        rep = _analyses_into(run, only, options, on_done, stage, out_dir, partitions, on_partition)
         commit_sets(run.path, [(stage, out_dir)], "analyze", prov.get("run_id"))
     return rep
 
 
 def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
                    on_done: Callable[[AnalysisResult], None] | None, stage: Path | None,
-                   out_dir: Path, partitions: PartitionOptions | None = None) -> AnalysisReport:
+                   out_dir: Path, partitions: PartitionOptions | None = None,
+                   on_partition: Callable[[int, int], None] | None = None) -> AnalysisReport:
     """Run the analyses; write their artifacts into STAGE (the set committed to OUT_DIR after) unless None."""
     opts = options or AnalysisOptions()
     names = parse_only(only)
@@ -130,7 +134,7 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
         ctx = local
         if partitions is not None:
             with step("analysis partitions"):
-                ctx = partitioned_context(local, names, partitions)
+                ctx = partitioned_context(local, names, partitions, on_partition)
         for name in names:
             t = time.perf_counter()
             try:

@@ -81,7 +81,15 @@ def analyze(
         run = ensure_run(trace_or_run, out)
         with progress(quiet or json_out) as bar:
             task = bar.add_task("analyzing", total=len(parse_only(only)))
-            rep = run_analyses(run, only=only, options=opts, on_done=lambda r: bar.advance(task), partitions=split)
+            parts: list[Any] = []
+
+            def on_partition(done: int, total: int) -> None:
+                if not parts:
+                    parts.append(bar.add_task("per-block partitions", total=total))
+                bar.update(parts[0], completed=done)
+
+            rep = run_analyses(run, only=only, options=opts, on_done=lambda r: bar.advance(task), partitions=split,
+                               on_partition=on_partition)
         html = None
         if report:
             from tongyi_trace.report import render_report
