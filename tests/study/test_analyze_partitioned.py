@@ -1,6 +1,7 @@
 """`analyze --executor ray`: the per-chain work in partitions (analysis/partitioned.py) gives the local run's
-artifacts, file for file and row for row, on the tiny fixture (partitions in this process) and on the default
-trace (`make demo`'s synthetic to-C trace) on the suite's local Ray cluster."""
+artifacts, file for file and row for row, to the bit, on the tiny fixture (partitions in this process) and on
+the default trace (`make demo`'s synthetic to-C trace) on the suite's local Ray cluster; `fit --executor ray`
+links the block accesses in partitions (fit/events.py) and writes the local policy and artifacts."""
 
 from __future__ import annotations
 
