@@ -4,7 +4,9 @@
 -- (bin k holds (10^((k-1)/$bins_per_decade), 10^(k/$bins_per_decade)] seconds, clamped to
 -- [$bin_min, $bin_max]; reuse time 0 -> $bin_zero; never reused -> NULL), with exact counts within
 -- $short_s and $long_s seconds and the summed reuse times, all and after $long_s (a block waits
--- through each of its reuse times: their sum is the time integral of the oracle's live set).
+-- through each of its reuse times: their sum is the time integral of the oracle's live set), in whole
+-- microseconds (each reuse time rounded to 1 us): integer sums are exact in any order, so the sums of
+-- partitions (`analyze --executor ray`) equal the whole run's to the bit.
 WITH ev AS (
     SELECT category, next_access_s - access_s AS reuse_time_s
     FROM reuse_events
@@ -18,8 +20,9 @@ SELECT category,
        count(*) AS num_accesses,
        count(*) FILTER (WHERE reuse_time_s <= $short_s) AS num_within_short,
        count(*) FILTER (WHERE reuse_time_s <= $long_s) AS num_within_long,
-       coalesce(sum(reuse_time_s), 0) AS reuse_s,
-       coalesce(sum(reuse_time_s) FILTER (WHERE reuse_time_s > $long_s), 0) AS reuse_s_after_long
+       coalesce(sum(CAST(round(reuse_time_s * 1e6) AS BIGINT)), 0) AS reuse_us,
+       coalesce(sum(CAST(round(reuse_time_s * 1e6) AS BIGINT)) FILTER (WHERE reuse_time_s > $long_s), 0)
+           AS reuse_us_after_long
 FROM ev
 GROUP BY ALL
 ORDER BY category, bin;

@@ -32,6 +32,8 @@ EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 2  # a failed task is retried once, unless it failed on its input (a KvtraceError cannot change)
 CONNECT_TIMEOUT_S = 10.0
 INLINE_BELOW_REFS = 1_000_000  # by default, work over fewer block references than this runs in this process
+DEFAULT_PARTITIONS = 16  # partitions of the per-block work of analyze and fit with --executor ray
+MAX_PARTITIONS = 4096
 
 TaskFn = Callable[[Any, Mapping[str, Any]], Any]
 
@@ -43,6 +45,22 @@ class ExecutorOptions:
     kind: str = "local"  # local | ray
     address: str | None = None  # Ray only; default $RAY_ADDRESS, else a Ray instance started here
     jobs: int = 0  # local: worker processes (0 = one per core); ray: CPUs of a Ray instance started here
+
+
+@dataclass(frozen=True)
+class PartitionOptions:
+    """How per-block work is split (`--partitions`): NUM_PARTITIONS tasks on the executor EXECUTOR names
+    (trace/partition.py: by a hash of the chained block id)."""
+
+    executor: ExecutorOptions
+    num_partitions: int = DEFAULT_PARTITIONS
+
+
+def check_partitions(num_partitions: int) -> int:
+    """NUM_PARTITIONS, or a UsageError when it is not in 1..MAX_PARTITIONS."""
+    if not 1 <= num_partitions <= MAX_PARTITIONS:
+        raise UsageError(f"--partitions {num_partitions}: give a number in 1..{MAX_PARTITIONS}")
+    return num_partitions
 
 
 @dataclass(frozen=True)

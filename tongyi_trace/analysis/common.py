@@ -5,7 +5,11 @@ The DuckDB session registers the views `requests` and `blocks` over the run's Pa
 `refs` (blocks joined with their request's attributes) and, on demand, two shared tables every
 analysis can build on (each one SQL file in queries/):
 - `chains`   (chains_table.sql; computed by analysis/chains.py): one row per distinct prefix-chained block.
-- `req_hits` (req_hits_table.sql): one row per request: its ideal prefix and content hits.
+- `req_hits` (req_hits_table.sql): one row per request: its ideal prefix and content hits, summed from
+  the view `req_hit_parts` (req_hit_parts.sql).
+- `live_deltas` (live_deltas.sql): per request, the change of the oracle's live set.
+The per-chain work (chains, reuse_events and what is built on them) can instead run in partitions of the
+chains on Ray workers: analysis/partitioned.py.
 Memory limit, temporary (spill) directory and thread count are set so that a 10x trace spills to
 disk instead of running out of memory.
 """
@@ -141,7 +145,8 @@ class AnalysisContext:
         return df.with_columns(pl.col(pl.Decimal).cast(pl.Int64))
 
     def ensure(self, table: str) -> None:
-        """Build the shared temp table TABLE (chains, req_hits) or view (reuse_events) once."""
+        """Build the shared temp table TABLE (chains, req_hits) or view (reuse_events, req_hit_parts,
+        live_deltas) once."""
         if table in self._tables:
             return
         for dep in _TABLE_DEPS.get(table, ()):
@@ -155,9 +160,10 @@ class AnalysisContext:
         self._tables.add(table)
 
 
-_TABLE_DEPS: dict[str, tuple[str, ...]] = {"req_hits": ("chains",)}
-# Queries owned by other parts of kvtrace, registered as views under their own name.
-_SHARED_VIEWS = frozenset({"reuse_events"})
+_TABLE_DEPS: dict[str, tuple[str, ...]] = {"req_hits": ("req_hit_parts",), "req_hit_parts": ("chains",),
+                                           "live_deltas": ("chains",)}
+# Queries registered as views under their own name (reuse_events is shared with `kvtrace fit`).
+_SHARED_VIEWS = frozenset({"reuse_events", "req_hit_parts", "live_deltas"})
 
 
 @contextmanager
@@ -179,6 +185,7 @@ def open_context(tables: RunTables, options: AnalysisOptions,
         try:
             con.read_parquet(str(tables.requests_path)).create_view("requests")
             con.read_parquet(str(tables.blocks_path)).create_view("blocks")
+            con.read_parquet(str(tables.blocks_path)).create_view("content_blocks")  # req_hit_parts.sql
             con.execute(read_query("refs_view"))
             yield AnalysisContext(tables, options, con)
         finally:

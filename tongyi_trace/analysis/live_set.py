@@ -7,7 +7,7 @@ set achieves the ideal hit ratio, so its peak is the cache an oracle needs. Repo
 (x full-block KV bytes of each model) and x HBM for KV (paper: trace A on Llama3-70B ~4x HBM).
 The time series keeps, per time bucket, the largest live set seen in it (at most ~2000 points), and that
 size x HBM for each model (column x_hbm_<model name>).
-Queries: chains_table.sql, live_set.sql.
+Queries: chains_table.sql, live_deltas.sql, live_set.sql.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def live_set(ctx: AnalysisContext) -> AnalysisResult:
         NAME, "Oracle live set (capacity for the ideal hit ratio)", "Fig 22",
         "Blocks already computed that a later request reuses, after each request; its peak is the cache "
         "an oracle needs to reach the ideal hit ratio.")
-    ctx.ensure("chains")
+    ctx.ensure("live_deltas")
     series = ctx.query("live_set")
     if series.height == 0:
         res.headline = {"peak_live_blocks": 0}

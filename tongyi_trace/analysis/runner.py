@@ -29,6 +29,7 @@ from tongyi_trace.analysis.kv_size import kv_size
 from tongyi_trace.analysis.lifespan import lifespan
 from tongyi_trace.analysis.live_set import live_set
 from tongyi_trace.analysis.next_turn import next_turn
+from tongyi_trace.analysis.partitioned import PartitionedContext, partitioned_context
 from tongyi_trace.analysis.request_mix import request_mix
 from tongyi_trace.analysis.reuse_time import reuse_time
 from tongyi_trace.analysis.skew import skew
@@ -38,6 +39,7 @@ from tongyi_trace.analysis.user_heatmap import user_heatmap
 from tongyi_trace.artifact_set import commit_sets, staged
 from tongyi_trace.budget import MemoryLimitError, step
 from tongyi_trace.errors import InputError, UsageError
+from tongyi_trace.executor import PartitionOptions
 from tongyi_trace.run import RunDir, load_provenance, read_artifact, write_json, write_parquet_atomic
 
 AnalysisFn = Callable[[AnalysisContext], AnalysisResult]
@@ -68,6 +70,7 @@ class AnalysisReport:
     out_dir: Path
     elapsed_s: float
     models: list[dict[str, Any]]
+    num_partitions: int = 0  # partitions the per-chain work ran in (0: in this process, unpartitioned)
 
     def summary(self) -> dict[str, Any]:
         """The summary.json document: provenance digest, models and every headline figure."""
@@ -87,32 +90,38 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
 
 def run_analyses(run: RunDir, only: str | Sequence[str] | None = None, options: AnalysisOptions | None = None,
                  on_done: Callable[[AnalysisResult], None] | None = None,
-                 write: bool = True) -> AnalysisReport:
+                 write: bool = True, partitions: PartitionOptions | None = None,
+                 on_partition: Callable[[int, int], None] | None = None) -> AnalysisReport:
     """Run the analyses ONLY (default all) over RUN; write artifacts into RUN/analysis/ unless WRITE is False.
 
-    ON_DONE is called after each analysis (progress). Returns the results in report order. A writing run
-    holds the run folder exclusively (run_lock)."""
+    ON_DONE is called after each analysis (progress). With PARTITIONS, the per-chain work runs in that many
+    partitions on its executor and is merged (analysis/partitioned.py; the same artifacts), calling
+    ON_PARTITION(finished, total) as each partition ends. Returns the results in report order. A writing
+    run holds the run folder exclusively (run_lock)."""
     if write:
         with run.lock():
-            return _run_analyses(run, only, options, on_done, write)
-    return _run_analyses(run, only, options, on_done, write)
+            return _run_analyses(run, only, options, on_done, write, partitions, on_partition)
+    return _run_analyses(run, only, options, on_done, write, partitions, on_partition)
 
 
 def _run_analyses(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
-                  on_done: Callable[[AnalysisResult], None] | None, write: bool) -> AnalysisReport:
+                  on_done: Callable[[AnalysisResult], None] | None, write: bool,
+                  partitions: PartitionOptions | None,
+                  on_partition: Callable[[int, int], None] | None) -> AnalysisReport:
     out_dir = run.path / "analysis"
     if not write:
-        return _analyses_into(run, only, options, on_done, None, out_dir)
+        return _analyses_into(run, only, options, on_done, None, out_dir, partitions, on_partition)
     prov = load_provenance(run)
     with staged(run.path, keep_from=out_dir) as stage:  # analyses run earlier with --only are kept
-        rep = _analyses_into(run, only, options, on_done, stage, out_dir)
+        rep = _analyses_into(run, only, options, on_done, stage, out_dir, partitions, on_partition)
         commit_sets(run.path, [(stage, out_dir)], "analyze", prov.get("run_id"))
     return rep
 
 
 def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: AnalysisOptions | None,
                    on_done: Callable[[AnalysisResult], None] | None, stage: Path | None,
-                   out_dir: Path) -> AnalysisReport:
+                   out_dir: Path, partitions: PartitionOptions | None = None,
+                   on_partition: Callable[[int, int], None] | None = None) -> AnalysisReport:
     """Run the analyses; write their artifacts into STAGE (the set committed to OUT_DIR after) unless None."""
     opts = options or AnalysisOptions()
     names = parse_only(only)
@@ -121,7 +130,11 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
     results: dict[str, AnalysisResult] = {}
     models = models_doc(opts, int(prov.get("block_size") or 16))
     t0 = time.perf_counter()
-    with open_context(tables, opts, temp_dir=stage) as ctx:
+    with open_context(tables, opts, temp_dir=stage) as local:
+        ctx = local
+        if partitions is not None:
+            with step("analysis partitions"):
+                ctx = partitioned_context(local, names, partitions, on_partition)
         for name in names:
             t = time.perf_counter()
             try:
@@ -138,7 +151,8 @@ def _analyses_into(run: RunDir, only: str | Sequence[str] | None, options: Analy
                                                                  models))
             if on_done is not None:
                 on_done(res)
-    return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models)
+    num_partitions = partitions.num_partitions if isinstance(ctx, PartitionedContext) and partitions else 0
+    return AnalysisReport(run, results, out_dir, time.perf_counter() - t0, models, num_partitions)
 
 
 def write_result(out_dir: Path, res: AnalysisResult) -> None:

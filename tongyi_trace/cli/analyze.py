@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from tongyi_trace.analysis import AnalysisReport
+    from tongyi_trace.executor import PartitionOptions
 
 
 @app.command()
@@ -49,6 +50,14 @@ def analyze(
                                                        "of what the interpreter leaves and spills to the run folder "
                                                        "beyond it."),
     threads: int = typer.Option(2, "--threads", help="DuckDB threads."),
+    executor: str = typer.Option("local", "--executor", help="Where the per-block work runs: local (this process; "
+                                 "the local process pool with --partitions) or ray (a Ray cluster, in partitions "
+                                 "by a hash of the chained block id; pip install 'kvtrace[ray]'). Same artifacts."),
+    ray_address: str | None = typer.Option(None, "--ray-address", "--address", metavar="ADDR",
+                                           help="Ray cluster to use (default: $RAY_ADDRESS, else start a local "
+                                                "Ray instance)."),
+    partitions: int | None = typer.Option(None, "--partitions", help="Partitions of the per-block work, one task "
+                                          "each (default with --executor ray: 16; locally: none)."),
     report: bool = typer.Option(False, "--report", help="Also write RUN_DIR/report.html."),
     json_out: bool = typer.Option(False, "--json", help="Print every headline figure as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
@@ -68,10 +77,19 @@ def analyze(
             reserve_gib=reserve_gib, utilization=gpu_util)
         opts = AnalysisOptions(models=models, top_n=top_n, window_s=window_s,
                                memory_limit_gib=budget.duckdb_gib, threads=threads)
+        split = _partition_options(executor, ray_address, partitions)
         run = ensure_run(trace_or_run, out)
         with progress(quiet or json_out) as bar:
             task = bar.add_task("analyzing", total=len(parse_only(only)))
-            rep = run_analyses(run, only=only, options=opts, on_done=lambda r: bar.advance(task))
+            parts: list[Any] = []
+
+            def on_partition(done: int, total: int) -> None:
+                if not parts:
+                    parts.append(bar.add_task("per-block partitions", total=total))
+                bar.update(parts[0], completed=done)
+
+            rep = run_analyses(run, only=only, options=opts, on_done=lambda r: bar.advance(task), partitions=split,
+                               on_partition=on_partition)
         html = None
         if report:
             from tongyi_trace.report import render_report
@@ -97,6 +115,22 @@ def analyze(
     say("artifacts: ", (str(rep.out_dir), "bold"), f" ({rep.elapsed_s:.1f} s)")
     if html:
         say("report: ", (html, "bold"))
+
+
+def _partition_options(executor: str, ray_address: str | None, partitions: int | None) -> PartitionOptions | None:
+    """The partitioning --executor, --ray-address and --partitions ask for (None: the local run as is)."""
+    from tongyi_trace.executor import (
+        DEFAULT_PARTITIONS,
+        ExecutorOptions,
+        PartitionOptions,
+        check_options,
+        check_partitions,
+    )
+
+    opts = check_options(ExecutorOptions(executor, ray_address))
+    if partitions is None:
+        return PartitionOptions(opts, DEFAULT_PARTITIONS) if opts.kind == "ray" else None
+    return PartitionOptions(opts, check_partitions(partitions))
 
 
 def _fmt(v: Any) -> str:

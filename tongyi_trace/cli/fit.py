@@ -42,9 +42,12 @@ def fit(
                                      f"else {DEFAULT_MODEL})."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Simulations at once while choosing (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (a Ray cluster) for the "
-                                 "simulations of the capacity-aware choice."),
+                                 "simulations of the capacity-aware choice, and for linking the block accesses "
+                                 "in partitions by a hash of the chained block id."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (--executor ray; "
                                            "default $RAY_ADDRESS, else a local Ray instance)."),
+    partitions: int | None = typer.Option(None, "--partitions", help="Partitions of the linking of block accesses, "
+                                          "one task each (default with --executor ray: 16; locally: none)."),
     context: str = typer.Option("auto", "--context", help="Context classes appended to WA's categories: gap (a "
                                 "follow-up's gap to its previous turn), pace (the user's pace so far), a list "
                                 "(gap,pace), none, or auto (what the trace supports)."),
@@ -88,7 +91,7 @@ def fit(
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=preset,
                 jobs=budget_jobs(run, jobs, budget), executor=executor, ray_address=ray_address, context=context,
-                holdout=holdout,
+                holdout=holdout, partitions=partitions,
                 confidence=confidence,
                 on_step=on_step,
                 on_progress=lambda what, done, total: bar.update(task, description=what, completed=done,

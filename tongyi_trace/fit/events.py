@@ -17,20 +17,25 @@ pairs with a count: the fit and the Kaplan-Meier estimator work on weighted samp
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
-from tongyi_trace.errors import UsageError
+from tongyi_trace.errors import KvtraceError, UsageError
+from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
 from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.policy.reuse_model import Samples
 from tongyi_trace.run import RunTables
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
+from tongyi_trace.trace.partition import read_partition
 
 T = TypeVar("T")
+Int64s = npt.NDArray[np.int64]
+Linked = tuple[Int64s, Int64s, Int64s, Int64s]  # pair keys, pair counts, sorted req_idx, sorted chain_idx
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,12 @@ class Accesses:
         return float(self.arrival_s.max()) if len(self.arrival_s) else 0.0
 
 
-def load_accesses(tables: RunTables, context: RequestContext | None = None) -> Accesses:
+def load_accesses(tables: RunTables, context: RequestContext | None = None,
+                  partitions: PartitionOptions | None = None) -> Accesses:
     """Read the run's TABLES and link every block access to the block's next access (vectorized). Categories
-    are the run's, with CONTEXT's classes appended when it is set."""
+    are the run's, with CONTEXT's classes appended when it is set. With PARTITIONS, the linking runs in that
+    many partitions of the chained block ids on its executor (trace/partition.py), merged exactly: the same
+    Accesses but for the order of the chains in sorted_req / sorted_chain (each chain's run is the same)."""
     req = pl.read_parquet(tables.requests_path, columns=[*CONTEXT_COLUMNS, "type"]).sort("req_idx")
     req = req.with_columns(category=context_categories(req, context)).select(
         "req_idx", "arrival_s", "category", "type")
@@ -138,9 +146,30 @@ def load_accesses(tables: RunTables, context: RequestContext | None = None) -> A
         else np.empty(0, dtype=np.int64)
     types = {str(c): (None if t is None else str(t)) for c, t in names_and_types.iter_rows()}
 
-    blocks = pl.read_parquet(tables.blocks_path, columns=["req_idx", "chain_idx"])
-    req_idx = blocks["req_idx"].to_numpy()
-    chain = blocks["chain_idx"].to_numpy()
+    if partitions is None:
+        keys, counts, sorted_req, sorted_chain = link_accesses(
+            pl.read_parquet(tables.blocks_path, columns=["req_idx", "chain_idx"]), num_requests)
+    else:
+        keys, counts, sorted_req, sorted_chain = _link_partitions(tables, num_requests, partitions)
+    return Accesses(
+        arrival_s=req["arrival_s"].to_numpy().astype(np.float64),
+        category_code=codes.astype(np.int64),
+        category_names=names,
+        category_type=types,
+        pair_req=keys // (num_requests + 1),
+        pair_next=keys % (num_requests + 1) - 1,
+        pair_count=counts,
+        sorted_req=sorted_req,
+        sorted_chain=sorted_chain,
+    )
+
+
+def link_accesses(blocks: pl.DataFrame, num_requests: int) -> Linked:
+    """Link every access (BLOCKS: req_idx, chain_idx of every reference of each chain present, in arrival
+    order; pass it as a temporary: its columns are released here as soon as they are sorted) to its chain's
+    next access: (pair keys req x (NUM_REQUESTS + 1) + next + 1 ascending, their counts, and the accesses'
+    req_idx and chain_idx sorted by (chain_idx, req_idx))."""
+    req_idx, chain = blocks["req_idx"].to_numpy(), blocks["chain_idx"].to_numpy()
     del blocks
     # blocks.parquet is sorted by (req_idx, pos): a STABLE sort by chain keeps each chain's accesses in
     # arrival order, so an access's next access is the following row when it has the same chain.
@@ -152,20 +181,46 @@ def load_accesses(tables: RunTables, context: RequestContext | None = None) -> A
     if len(sorted_req) > 1:
         same = sorted_chain[1:] == sorted_chain[:-1]
         nxt[:-1] = np.where(same, sorted_req[1:], -1)
-    key = pl.Series("key", sorted_req * (num_requests + 1) + (nxt + 1))
-    pairs = key.value_counts(name="count")
-    keys = pairs["key"].to_numpy()
-    return Accesses(
-        arrival_s=req["arrival_s"].to_numpy().astype(np.float64),
-        category_code=codes.astype(np.int64),
-        category_names=names,
-        category_type=types,
-        pair_req=keys // (num_requests + 1),
-        pair_next=keys % (num_requests + 1) - 1,
-        pair_count=pairs["count"].to_numpy().astype(np.int64),
-        sorted_req=sorted_req,
-        sorted_chain=sorted_chain,
-    )
+    pairs = pl.Series("key", sorted_req * (num_requests + 1) + (nxt + 1)).value_counts(name="count").sort("key")
+    return (pairs["key"].to_numpy(), pairs["count"].to_numpy().astype(np.int64), sorted_req, sorted_chain)
+
+
+def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
+    """link_accesses over partition PART of the run's chains (an executor task; SHARED: tables,
+    num_partitions, num_requests)."""
+    rows, _ = read_partition(shared["tables"], part, int(shared["num_partitions"]), ("req_idx", "chain_idx"),
+                             by_block_id=False)
+    frame = pl.from_arrow(rows)
+    del rows
+    assert isinstance(frame, pl.DataFrame)
+    return link_accesses(frame, int(shared["num_requests"]))
+
+
+def _link_partitions(tables: RunTables, num_requests: int, opts: PartitionOptions) -> Linked:
+    """link_accesses of the whole run from its partitions: pair counts added (keys ascending), the sorted
+    accesses concatenated in partition order (each chain's run whole, in one partition)."""
+    num = check_partitions(opts.num_partitions)
+    tables = replace(tables, requests_path=tables.requests_path.resolve(), blocks_path=tables.blocks_path.resolve())
+    parts: dict[int, Linked] = {}
+    errors: list[str] = []
+
+    def done(out: TaskOutcome) -> None:
+        if out.ok:
+            parts[out.index] = out.value
+        else:
+            errors.append(f"partition {out.index}: {out.error}")
+
+    map_tasks(link_partition, list(range(num)), {"tables": tables, "num_partitions": num,
+                                                 "num_requests": num_requests}, done, opts.executor)
+    if errors:
+        raise KvtraceError(f"linking block accesses with --executor {opts.executor.kind}: {len(errors)} of {num} "
+                           f"partitions failed ({errors[0]}); run again")
+    ordered = [parts[p] for p in range(num)]
+    pairs = (pl.DataFrame({"key": np.concatenate([p[0] for p in ordered]),
+                           "count": np.concatenate([p[1] for p in ordered])})
+             .group_by("key").agg(pl.col("count").sum()).sort("key"))
+    return (pairs["key"].to_numpy(), pairs["count"].to_numpy().astype(np.int64),
+            np.concatenate([p[2] for p in ordered]), np.concatenate([p[3] for p in ordered]))
 
 
 def window_samples(acc: Accesses, window: Window) -> dict[str, Samples]:

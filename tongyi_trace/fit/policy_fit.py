@@ -41,7 +41,7 @@ import polars as pl
 
 from tongyi_trace.artifact_set import commit_sets, staged
 from tongyi_trace.errors import UsageError
-from tongyi_trace.executor import ExecutorOptions, check_options
+from tongyi_trace.executor import DEFAULT_PARTITIONS, ExecutorOptions, PartitionOptions, check_options, check_partitions
 from tongyi_trace.fit.events import (
     Window,
     block_lifespans,
@@ -102,7 +102,8 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                capacities: str | None = DEFAULT_CAPACITIES, model: ModelPreset | None = None, jobs: int = 0,
                executor: str = "local", ray_address: str | None = None, context: str = "auto",
                holdout: float = DEFAULT_HOLDOUT, confidence: float = DEFAULT_CONFIDENCE,
-               on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None) -> FitOutcome:
+               partitions: int | None = None, on_step: Callable[[str], None] | None = None,
+               on_progress: ProgressFn | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
     TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace). ON_STEP names each
@@ -110,8 +111,12 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     CONTEXT: the context classes appended to the categories (fit_context): "none", "gap", "pace", "gap,pace",
     or "auto" (those the train window supports). HOLDOUT: the share of the train window (its end) on which
     the setting per capacity is chosen, with parameters fitted on the rest (0: chosen on the whole train
-    window with its own parameters, in-sample); the file's parameters are fitted on the whole window."""
-    check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
+    window with its own parameters, in-sample); the file's parameters are fitted on the whole window.
+    PARTITIONS: link the block accesses in that many partitions on the executor (default with executor "ray":
+    DEFAULT_PARTITIONS; locally none), the same accesses (fit/events.py)."""
+    opts = check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
+    split = (PartitionOptions(opts, check_partitions(partitions if partitions is not None else DEFAULT_PARTITIONS))
+             if partitions is not None or opts.kind == "ray" else None)
     check_not_run_table(Path(out_path), "-o")
     if min_samples < 1:
         raise UsageError(f"--min-samples {min_samples}: must be at least 1")
@@ -137,7 +142,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         test_w = parse_window(test, start_s, trace_end_s, "--test") if test else None
         ctx = fit_context(requests, train_w, context)
         step("linking block accesses")
-        acc = load_accesses(run.tables(), ctx)
+        acc = load_accesses(run.tables(), ctx, split)
 
         step("fitting the train window")
         train_fits = _own_fits(_nonempty(window_samples(acc, train_w), train_w, trace_end_s, "--train"),

@@ -1,0 +1,259 @@
+"""The per-chain work of the analyses in partitions (`kvtrace analyze --executor ray --partitions N`).
+
+A chain (prefix-chained block) belongs to partition splitmix64(chain_id) mod N, so every reference of a
+block, hence its first use, reuse gaps, lifespan and live interval, is in one partition. Each partition
+is one task (executor.map_tasks: Ray workers, or the local pool): it streams the run's blocks.parquet,
+keeps only its rows (the hash predicate, batch by batch: a worker never holds the whole table), builds
+the `chains` table and the `reuse_events` view over them with the same SQL as the local run
+(chains_table.sql, reuse_events.sql) and runs the per-chain queries of the analyses asked for. The
+content-hit part of req_hit_parts.sql needs whole block ids instead: the same task also keeps the rows
+whose splitmix64(block_id) mod N is its partition.
+
+The driver merges exactly, then runs every analysis as the local run does, its per-chain queries served
+from the merge:
+- histograms and counts add (reuse_time.sql, lifespan.sql, skew_blocks.sql, user_heatmap.sql: a group-by
+  sum over the partitions' rows; every summed column is an integer, the reuse times in whole microseconds);
+- per-request sums (req_hit_parts.sql, live_deltas.sql) are concatenated and summed by the local run's
+  own SQL (req_hits_table.sql, live_set.sql): the per-request figures are computed after the merge;
+- lifespan percentiles are interpolated from the merged histogram of exact lifespans (lifespan_values.sql)
+  as DuckDB's quantile_cont does over the values themselves (lifespan_quantiles.sql), their mean from the
+  exact sum in microseconds.
+So every artifact equals the local run's to the bit (tests/study/test_analyze_partitioned.py).
+The analyses that are not per chain (request_mix, next_turn, kv_size, spatial) run in the driver as today.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from tongyi_trace.analysis.common import BIN_MAX, BIN_MIN, BIN_ZERO, BINS_PER_DECADE, AnalysisContext, AnalysisOptions
+from tongyi_trace.analysis.lifespan import QUANTILES
+from tongyi_trace.analysis.reuse_time import LONG_S, SHORT_S
+from tongyi_trace.budget import spill_dir
+from tongyi_trace.duckdb_setup import duckdb_connect
+from tongyi_trace.errors import KvtraceError
+from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
+from tongyi_trace.resources import read_query
+from tongyi_trace.run import RunTables
+from tongyi_trace.trace.partition import read_partition
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """How the rows of one per-chain query from the partitions become the whole run's."""
+
+    keys: tuple[str, ...]  # group-by keys of a summing merge; () = concatenate (the SQL after sums)
+    order: tuple[tuple[str, bool], ...] = ()  # (column, descending): the query's ORDER BY
+    needs: str = "chains"  # the table or view the query reads
+
+
+_HIST_PARAMS = {"bin_zero": BIN_ZERO, "bin_min": BIN_MIN, "bin_max": BIN_MAX, "bins_per_decade": BINS_PER_DECADE}
+# The per-chain queries and the parameters the analyses run them with (a served query checks them).
+_MERGES: dict[str, _Merge] = {
+    "reuse_time": _Merge(("category", "bin"), (("category", False), ("bin", False)), "reuse_events"),
+    "lifespan": _Merge(("category", "reused", "bin"), (("category", False), ("reused", False), ("bin", False))),
+    "lifespan_values": _Merge(("category", "reused", "lifespan_s", "lifespan_us")),
+    "skew_blocks": _Merge(("num_reuses",), (("num_reuses", True),)),
+    "user_heatmap": _Merge(("producer", "consumer")),
+    "req_hit_parts": _Merge(()),
+    "live_deltas": _Merge(()),
+}
+# What each per-chain analysis needs of the partitions.
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "hit_ratio": ("req_hit_parts",),
+    "turn_hits": ("req_hit_parts",),
+    "skew": ("skew_blocks", "req_hit_parts"),
+    "user_heatmap": ("user_heatmap",),
+    "reuse_time": ("reuse_time",),
+    "lifespan": ("lifespan", "lifespan_values"),
+    "live_set": ("live_deltas",),
+}
+PARTITIONED_ANALYSES = tuple(_NEEDS)
+
+
+def query_params(name: str, ctx: AnalysisContext) -> dict[str, Any]:
+    """The $-parameters the analyses run the per-chain query NAME with."""
+    if name == "reuse_time":
+        return {**_HIST_PARAMS, "short_s": SHORT_S, "long_s": LONG_S}
+    if name == "lifespan":
+        return dict(_HIST_PARAMS)
+    if name == "user_heatmap":
+        return {"use_users": ctx.key_kind() == "user"}
+    return {}
+
+
+def partition_queries(ctx: AnalysisContext, names: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The per-chain queries the analyses NAMES need, each with its parameters (sorted by name)."""
+    wanted = sorted({q for n in names for q in _NEEDS.get(n, ())})
+    if "user_heatmap" in wanted and ctx.key_kind() is None:
+        wanted.remove("user_heatmap")  # the analysis is absent without keys: it asks nothing
+    return [(n, query_params(n, ctx)) for n in wanted]
+
+
+class _PartitionContext(AnalysisContext):
+    """An AnalysisContext whose `blocks` is one partition: `chains` comes from chains_table.sql over it."""
+
+    def ensure(self, table: str) -> None:
+        """See AnalysisContext.ensure; chains over this partition's blocks."""
+        if table == "chains" and table not in self._tables:
+            self.con.execute(read_query("chains_table"))
+            self._tables.add(table)
+            return
+        super().ensure(table)
+
+
+def partition_task(part: int, shared: Mapping[str, Any]) -> dict[str, pl.DataFrame]:
+    """One partition's rows of every per-chain query in shared['queries'] ((name, params) pairs)."""
+    tables: RunTables = shared["tables"]
+    options: AnalysisOptions = shared["options"]
+    blocks, content = read_partition(tables, part, int(shared["num_partitions"]))
+    assert content is not None
+    with spill_dir(Path(tempfile.mkdtemp(prefix="kvtrace-duckdb-"))) as spill:
+        con = duckdb_connect(spill, f"{int(options.memory_limit_gib * 1024)}MB", 1)
+        try:
+            con.read_parquet(str(tables.requests_path)).create_view("requests")
+            con.register("blocks", blocks)
+            con.register("content_blocks", content)
+            ctx = _PartitionContext(tables, options, con)
+            out = {}
+            for name, params in shared["queries"]:
+                ctx.ensure(_MERGES[name].needs)
+                out[name] = ctx.query(name, **params)
+            return out
+        finally:
+            con.close()
+
+
+def merge_rows(name: str, frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """The whole run's rows of per-chain query NAME from its partitions' FRAMES (in partition order)."""
+    m = _MERGES[name]
+    df = pl.concat(frames, how="vertical")
+    if m.keys:
+        keys = list(m.keys)
+        df = df.group_by(keys, maintain_order=True).agg(pl.exclude(keys).sum()).select(frames[0].columns)
+    if m.order:
+        df = df.sort([c for c, _ in m.order], descending=[d for _, d in m.order], nulls_last=True,
+                     maintain_order=True)
+    return df
+
+
+def quantile_cont(values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64], q: float) -> float:
+    """DuckDB's quantile_cont(x, Q) over the values VALUES (ascending, distinct) each repeated COUNTS times.
+
+    With x sorted, rn = (n - 1) Q and d = rn - floor(rn): x[floor(rn)] (1 - d) + x[ceil(rn)] d, computed as
+    DuckDB's build computes it, the first product and the sum in one rounding (a fused multiply-add), so
+    the result is DuckDB's to the bit (tests/analysis/test_partitioned.py holds the two equal)."""
+    cum = np.cumsum(counts)
+    rn = float(cum[-1] - 1) * q
+    lo, hi = math.floor(rn), math.ceil(rn)
+    v_lo = float(values[int(np.searchsorted(cum, lo, side="right"))])
+    if hi == lo:
+        return v_lo
+    v_hi = float(values[int(np.searchsorted(cum, hi, side="right"))])
+    d = rn - lo
+    return float(Fraction(v_lo) * Fraction(1.0 - d) + Fraction(v_hi * d))
+
+
+def lifespan_quantiles(values: pl.DataFrame, qs: Sequence[float]) -> pl.DataFrame:
+    """lifespan_quantiles.sql's rows from the histogram of exact lifespans VALUES (lifespan_values.sql)."""
+    rows: list[dict[str, Any]] = []
+    cats: list[str | None] = [None, *sorted(values["category"].unique().to_list())]
+    for cat in cats:
+        h = values if cat is None else values.filter(pl.col("category") == cat)
+        h = h.group_by("reused", "lifespan_s", "lifespan_us").agg(pl.col("num_blocks").sum()).sort("lifespan_s")
+        every = h.group_by("lifespan_s", "lifespan_us", maintain_order=True).agg(pl.col("num_blocks").sum())
+        reused = h.filter(pl.col("reused"))
+        v, c = every["lifespan_s"].to_numpy(), every["num_blocks"].to_numpy()
+        rv, rc = reused["lifespan_s"].to_numpy(), reused["num_blocks"].to_numpy()
+        n = int(c.sum())
+        sum_us = sum(int(u) * int(k) for u, k in zip(every["lifespan_us"].to_list(), c.tolist(), strict=True))
+        rows.append({
+            "category": cat, "num_blocks": n, "num_reused_blocks": int(rc.sum()),
+            "mean_lifespan_s": float(sum_us) / 1e6 / n if n else None,  # as lifespan_quantiles.sql
+            "lifespan_q_s": [quantile_cont(v, c, q) for q in qs] if n else None,
+            "reused_lifespan_q_s": [quantile_cont(rv, rc, q) for q in qs] if rc.size else None,
+        })
+    return pl.DataFrame(rows, schema={"category": pl.Utf8, "num_blocks": pl.Int64, "num_reused_blocks": pl.Int64,
+                                      "mean_lifespan_s": pl.Float64, "lifespan_q_s": pl.List(pl.Float64),
+                                      "reused_lifespan_q_s": pl.List(pl.Float64)})
+
+
+class PartitionedContext(AnalysisContext):
+    """The driver's AnalysisContext: the per-chain queries are served from the partitions' merged rows;
+    everything else runs in its DuckDB session as locally."""
+
+    def __init__(self, base: AnalysisContext, merged: dict[str, pl.DataFrame],
+                 params: dict[str, dict[str, Any]]) -> None:
+        super().__init__(base.tables, base.options, base.con)
+        self._merged = merged
+        self._params = params
+        if "lifespan_values" in merged:
+            qs = list(QUANTILES)
+            merged["lifespan_quantiles"] = lifespan_quantiles(merged.pop("lifespan_values"), qs)
+            self._params["lifespan_quantiles"] = {"qs": qs}
+
+    def query(self, name: str, **params: Any) -> pl.DataFrame:
+        """See AnalysisContext.query; a per-chain query's merged rows (same parameters checked)."""
+        if name not in self._merged or name in _CONCATENATED:
+            return super().query(name, **params)
+        if params != self._params.get(name, {}):
+            raise KvtraceError(f"analysis query {name}: run with {params}, partitions computed "
+                               f"{self._params.get(name)}; keep analysis/partitioned.py's query_params in step")
+        return self._merged[name]
+
+    def ensure(self, table: str) -> None:
+        """See AnalysisContext.ensure; chains and reuse_events exist only in the partitions (the queries over
+        them are served merged), the per-request parts (req_hit_parts, live_deltas) are the partitions' rows."""
+        if table in self._tables or table in ("chains", "reuse_events"):
+            return
+        if table in _CONCATENATED:
+            self.con.register(table, self._merged[table].to_arrow())
+            self._tables.add(table)
+            return
+        super().ensure(table)
+
+
+_CONCATENATED = frozenset(n for n, m in _MERGES.items() if not m.keys)
+
+
+def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: PartitionOptions,
+                        on_partition: Callable[[int, int], None] | None = None) -> AnalysisContext:
+    """CTX with the per-chain queries of the analyses NAMES computed in OPTS.num_partitions partitions on
+    OPTS.executor and merged; CTX itself when none of NAMES is per chain. ON_PARTITION(finished, total) as
+    each partition ends (progress)."""
+    num = check_partitions(opts.num_partitions)
+    queries = partition_queries(ctx, names)
+    if not queries:
+        return ctx
+    params = dict(queries)
+    wanted = list(params)
+    tables = replace(ctx.tables, requests_path=ctx.tables.requests_path.resolve(),  # read on other nodes
+                     blocks_path=ctx.tables.blocks_path.resolve())
+    shared = {"tables": tables, "options": ctx.options, "num_partitions": num, "queries": queries}
+    results: dict[int, dict[str, pl.DataFrame]] = {}
+    errors: list[str] = []
+
+    def done(out: TaskOutcome) -> None:
+        if out.ok:
+            results[out.index] = out.value
+        else:
+            errors.append(f"partition {out.index}: {out.error}")
+        if on_partition is not None:
+            on_partition(len(results) + len(errors), num)
+
+    map_tasks(partition_task, list(range(num)), shared, done, opts.executor)
+    if errors:
+        raise KvtraceError(f"analyze --executor {opts.executor.kind}: {len(errors)} of {num} partitions failed "
+                           f"({errors[0]}); nothing was written, run again")
+    merged = {n: merge_rows(n, [results[p][n] for p in range(num)]) for n in wanted}
+    return PartitionedContext(ctx, merged, params)
