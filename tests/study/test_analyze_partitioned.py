@@ -130,6 +130,7 @@ def test_quantile_cont_is_duckdbs(hist: list[tuple[float, int]], qs: list[float]
     assert [quantile_cont(values, counts, q) for q in qs] == want
 
 
+@pytest.mark.full  # 35-45 s of the fast lane's six minutes; the fast lane splits the small fixture on Ray
 def test_default_trace_on_ray_equals_local(ray_address: str, tmp_path: Path) -> None:
     trace = tmp_path / "to-c.jsonl"
     synth_to_file("to-c", 1, trace)  # `make demo`'s trace: kvtrace synth --profile to-c --seed 1
