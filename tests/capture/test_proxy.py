@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.capture.conftest import SLOW_S, FakeUpstream, fake_token_ids, read_lines
+from tests.capture.conftest import SLOW_S, SLOW_TOKENIZE_S, FakeUpstream, fake_token_ids, read_lines
 
 FIELDS = {"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn", "linked_by",
           "hash_ids"}
@@ -273,6 +273,54 @@ def test_a_request_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: 
     t.join(30)
     assert s["skipped"] == {"stopped before it finished": 1} and s["num_recorded"] == 0
     assert len(failed) == 1  # the client sees its connection closed without an answer
+
+
+def _text_body(k: int) -> dict[str, Any]:
+    """A completion whose prompt is text (the recorder asks the upstream's /tokenize) of 20 + K characters."""
+    return {"model": "fake", "prompt": "q" * (20 + k), "max_tokens": 2}
+
+
+def test_a_request_answered_just_before_a_stop_has_its_line(fake_upstream: FakeUpstream, start_capture: Any,
+                                                            tmp_path: Path) -> None:
+    """The recorder process drains what it was handed: the replies are out at once, each line needs a /tokenize
+    that takes SLOW_TOKENIZE_S, and SIGTERM follows the last reply at once; every line is in the file."""
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    t0 = time.perf_counter()
+    for k in range(8):
+        assert _post(cap.url, "/v1/completions", _text_body(k)).status_code == 200
+    assert time.perf_counter() - t0 < SLOW_TOKENIZE_S * 8  # answered before their lines could all be written
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"], s["num_skipped"]) == (8, 0, 0)
+    assert sorted(r["input_length"] for r in read_lines(out)) == [20 + k for k in range(8)]
+
+
+def test_a_recording_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: FakeUpstream, start_capture: Any,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out, "--drain-s", "0.05")
+    for k in range(3):
+        _post(cap.url, "/v1/completions", _text_body(k))
+    s = cap.stop()
+    assert (s["num_recorded"], s["skipped"]) == (0, {"stopped before it finished": 3})
+    assert read_lines(out) == []  # the .zst is complete (an empty frame)
+
+
+def test_the_recorder_closes_the_file_complete_when_the_proxy_is_killed(fake_upstream: FakeUpstream,
+                                                                        start_capture: Any, tmp_path: Path) -> None:
+    """SIGKILL to the forwarder: its recorder (its own session, deaf to signals) sees its input end, writes
+    the lines it was handed and closes the .zst complete."""
+    import psutil
+
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    (recorder,) = psutil.Process(cap.proc.pid).children()
+    for k in range(3):
+        _post(cap.url, "/v1/completions", _text_body(k))
+    cap.proc.kill()
+    cap.proc.communicate(timeout=30)
+    recorder.wait(timeout=30)  # its exit code is not ours to read: the file says it ended well
+    assert sorted(r["input_length"] for r in read_lines(out)) == [20, 21, 22]
 
 
 def test_ingest_reads_what_capture_writes(fake_upstream: FakeUpstream, start_capture: Any, tmp_path: Path) -> None:

@@ -29,30 +29,25 @@ import json
 import signal
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from yarl import URL
 
-from tongyi_trace.capture.blocks import DenseBlockIds, chained_block_hashes, load_salt
-from tongyi_trace.capture.content import request_type
-from tongyi_trace.capture.writer import LineWriter
-from tongyi_trace.errors import KvtraceError, UsageError
+from tongyi_trace.capture.blocks import load_salt
+from tongyi_trace.capture.handoff import RecorderProcess, loop_factory
+from tongyi_trace.errors import UsageError
 from tongyi_trace.stops import STOP_SIGNALS
-from tongyi_trace.trace.formats import CAPTURE_LINKER, LINKED_BY_FIELD
 
 API_PATHS = ("/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
 DEFAULT_DRAIN_S = 5.0
-_MAX_REASON = 300  # a reason (an upstream error message) kept up to this many characters
 
 
 @dataclass(frozen=True)
@@ -107,136 +102,6 @@ def check_upstream(url: str) -> str:
     return url.rstrip("/")
 
 
-# ---- what a reply says ------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReplyCounts:
-    """The counts a reply gives: its usage object, output tokens counted per choice index, or its error."""
-
-    usage: dict[str, Any] | None = None
-    counted: Counter[int] = field(default_factory=Counter)
-    error: str | None = None
-
-
-def _loads(raw: bytes) -> Any:
-    """The JSON value RAW holds: orjson's, else (what orjson refuses but the standard library reads: NaN, integers
-    beyond 64 bits, UTF-16) the standard library's; ValueError when neither reads it."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
-def _is_token_chunk(choice: dict[str, Any]) -> bool:
-    """Whether a streamed choice carries a generated token: vLLM and SGLang stream one chunk per token (its
-    text may be empty: a partial character, or an engine without detokenizer); a chat stream opens with a
-    chunk that only says the role."""
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return "role" not in delta
-    return "text" in choice
-
-
-def parse_stream(raw: bytes) -> ReplyCounts:
-    """The counts of a server-sent-event stream RAW (`data: {...}` lines, `data: [DONE]` at the end)."""
-    out = ReplyCounts()
-    for line in raw.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        try:
-            obj = _loads(data)
-        except ValueError:
-            out.error = "stream chunk is not JSON"
-            return out
-        if not isinstance(obj, dict):
-            out.error = "stream chunk is not a JSON object"
-            return out
-        if "error" in obj:
-            out.error = "error in the stream"
-            return out
-        if isinstance(obj.get("usage"), dict):
-            out.usage = obj["usage"]
-        choices = obj.get("choices")
-        if isinstance(choices, list):
-            for c in choices:
-                if isinstance(c, dict) and _is_token_chunk(c):
-                    idx = c.get("index", 0)
-                    out.counted[idx if isinstance(idx, int) else 0] += 1
-    return out
-
-
-def parse_reply(raw: bytes, content_encoding: str | None) -> ReplyCounts:
-    """The counts of a whole (not streamed) JSON reply RAW, decoded per CONTENT_ENCODING (gzip, deflate)."""
-    enc = (content_encoding or "identity").lower()
-    try:
-        if enc in ("gzip", "deflate"):
-            raw = zlib.decompressobj(wbits=47).decompress(raw)
-        elif enc != "identity":
-            return ReplyCounts(error=f"reply in content encoding {enc[:20]!r}, cannot be read")
-        obj = _loads(raw)
-    except (ValueError, zlib.error):
-        return ReplyCounts(error="reply is not JSON")
-    if not isinstance(obj, dict):
-        return ReplyCounts(error="reply is not a JSON object")
-    return ReplyCounts(usage=obj["usage"] if isinstance(obj.get("usage"), dict) else None)
-
-
-def _count(v: object) -> int | None:
-    return v if type(v) is int and 0 <= v < 1 << 31 else None
-
-
-# ---- the recorder -----------------------------------------------------------------------------------------
-
-
-class Recorder:
-    """Turns finished requests into trace lines: hashes, dense ids, session links, the line, the counts."""
-
-    def __init__(self, writer: LineWriter, block_size_tokens: int, salt: bytes, shared_ids: bool,
-                 summary: CaptureSummary) -> None:
-        from tongyi_trace.trace.sessions import SessionLinker
-
-        self.writer = writer
-        self.block_size_tokens = block_size_tokens
-        self._salt = salt
-        self._dense = DenseBlockIds(shared=shared_ids)
-        self._linker = SessionLinker(block_size_tokens)
-        self.summary = summary
-
-    def error(self, reason: str, num: int = 1) -> None:
-        """Count NUM requests not recorded because of an error (REASON)."""
-        self.summary.num_errors += num
-        self._note(self.summary.errors, reason, num)
-
-    def skip(self, reason: str, num: int = 1) -> None:
-        """Count NUM requests not recorded for want of what a line needs (REASON)."""
-        self.summary.num_skipped += num
-        self._note(self.summary.skipped, reason, num)
-
-    @staticmethod
-    def _note(table: dict[str, int], reason: str, num: int) -> None:
-        reason = " ".join(reason.split())[:_MAX_REASON]
-        table[reason] = table.get(reason, 0) + num
-
-    def record(self, arrival_s: float, token_ids: list[int], input_length: int, output_length: int,
-               req_type: str) -> None:
-        """Write the line of one finished request (module doc)."""
-        ids = self._dense.ids(chained_block_hashes(token_ids, self.block_size_tokens, self._salt))
-        link = self._linker.link(ids, input_length)
-        chat_id = self.summary.num_recorded
-        line = {"chat_id": chat_id, "parent_chat_id": link.parent, "timestamp": round(arrival_s, 6),
-                "input_length": input_length, "output_length": output_length, "type": req_type,
-                "turn": link.turn, LINKED_BY_FIELD: CAPTURE_LINKER, "hash_ids": ids}
-        self.writer.write_line(orjson.dumps(line))
-        self.summary.num_recorded += 1
-        self.summary.num_distinct_blocks = len(self._dense)
-        if input_length != len(token_ids):
-            self.summary.num_input_length_mismatch += 1
-
-
 # ---- the proxy --------------------------------------------------------------------------------------------
 
 
@@ -251,8 +116,8 @@ def _bad_gateway(upstream: str, e: BaseException) -> web.Response:
 
 
 class CaptureProxy:
-    """The running proxy (module doc): `start` listens and returns its URL; `close` drains and writes the
-    file's end, returning the summary."""
+    """The running proxy (module doc): `start` starts the recorder process, listens and returns its URL; `close`
+    drains, has the recorder write the file's end, and returns the summary."""
 
     def __init__(self, opts: CaptureOptions) -> None:
         if opts.block_size_tokens <= 0:
@@ -264,26 +129,24 @@ class CaptureProxy:
         self.opts = opts
         self.upstream = check_upstream(opts.upstream_url)
         self._salt = load_salt(opts.salt_file)
-        self._writer: LineWriter | None = None
-        self._recorder: Recorder | None = None
+        self._recorder = RecorderProcess()
         self._session: aiohttp.ClientSession | None = None  # forwarding: nothing added, nothing decoded
-        self._tok_session: aiohttp.ClientSession | None = None  # the token source's own calls (/tokenize)
         self._runner: web.AppRunner | None = None
-        self._token_source: Any = None
         self._inflight: set[asyncio.Task[Any]] = set()  # handlers running
-        self._recording: set[asyncio.Task[None]] = set()  # finished requests being turned into lines
         self._t0 = 0.0
         self.summary = CaptureSummary(url="", out_path=str(opts.out_path), upstream_url=self.upstream,
                                       block_size=opts.block_size_tokens)
+        self._unhanded: Counter[str] = Counter()  # requests the recorder could not be handed, by reason
 
     async def start(self) -> str:
-        """Open the output file, listen, and return the proxy's base URL."""
-        from tongyi_trace.capture.tokenize import make_token_source
-
-        self._writer = LineWriter(self.opts.out_path, overwrite=self.opts.overwrite)
-        try:  # whatever fails from here (a bad --tokenizer, a taken --listen) leaves no session or file behind
-            self._recorder = Recorder(self._writer, self.opts.block_size_tokens, self._salt,
-                                      self.opts.salt_file is not None, self.summary)
+        """Start the recorder (it opens the output file), listen, and return the proxy's base URL."""
+        opts = self.opts
+        await self._recorder.start({
+            "out_path": str(opts.out_path), "overwrite": opts.overwrite, "upstream_url": self.upstream,
+            "block_size_tokens": opts.block_size_tokens, "shared_ids": opts.salt_file is not None,
+            "tokenizer_file": str(opts.tokenizer_file) if opts.tokenizer_file is not None else None,
+            "drain_s": opts.drain_s}, self._salt)
+        try:  # whatever fails from here (a taken --listen) leaves no session or file behind
             # One pooled session (keep-alive connections reused across requests and clients) and no cookie
             # jar: a proxy keeps no upstream cookie, or one client's cookie would go out with every other's.
             self._session = aiohttp.ClientSession(
@@ -291,9 +154,6 @@ class CaptureProxy:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-            self._tok_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120.0, sock_connect=30.0),
-                                                      cookie_jar=aiohttp.DummyCookieJar())
-            self._token_source = make_token_source(self.upstream, self._tok_session, self.opts.tokenizer_file)
             app = web.Application(client_max_size=1 << 30)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
@@ -305,7 +165,9 @@ class CaptureProxy:
                 raise UsageError(f"--listen {self.opts.listen_host}:{self.opts.listen_port}: cannot listen "
                                  f"({e.strerror or e}); choose another address or port 0") from None
         except BaseException:
-            await self._abort_start()
+            await self._release()
+            await self._recorder.stop(0.0)
+            self.opts.out_path.unlink(missing_ok=True)
             raise
         sockets = self._runner.addresses
         host, port = sockets[0][0], sockets[0][1]
@@ -315,37 +177,45 @@ class CaptureProxy:
         return self.summary.url
 
     async def _release(self) -> None:
-        """Close the listener, the client sessions and the output file."""
+        """Close the listener and the forwarding session."""
         if self._runner is not None:
             await self._runner.cleanup()
-        for session in (self._session, self._tok_session):
-            if session is not None:
-                await session.close()
-        if self._writer is not None:
-            self._writer.close()
-
-    async def _abort_start(self) -> None:
-        await self._release()
-        if self._writer is not None:
-            self.opts.out_path.unlink(missing_ok=True)
+        if self._session is not None:
+            await self._session.close()
 
     async def close(self) -> CaptureSummary:
         """Stop listening, let requests in flight finish for up to drain_s (then cut them: counted as
-        skipped), close the file complete; the summary."""
+        skipped), let the recorder finish what it was handed in what is left of drain_s and close the file
+        complete; the summary."""
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
         deadline = time.perf_counter() + self.opts.drain_s
-        for tasks in (self._inflight, self._recording):  # the handlers first: they start recordings
-            if tasks:
-                _, pending = await asyncio.wait(set(tasks), timeout=max(deadline - time.perf_counter(), 0.0))
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    await asyncio.wait(pending)
+        if self._inflight:
+            _, pending = await asyncio.wait(set(self._inflight), timeout=self.opts.drain_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
         await self._release()
-        self.summary.duration_s = round(time.perf_counter() - self._t0, 3)
-        return self.summary
+        counts = await self._recorder.stop(max(deadline - time.perf_counter(), 0.0))
+        s = self.summary
+        if counts is not None:
+            for name, value in asdict(counts).items():
+                setattr(s, name, value)
+        elif self._recorder.num_handed:  # its counts died with it: what it was handed is counted as errors
+            s.num_errors += self._recorder.num_handed
+            s.errors[f"outcome not known: {self._recorder.lost}"] = self._recorder.num_handed
+        for reason, num in self._unhanded.items():
+            s.num_errors += num
+            s.errors[reason] = s.errors.get(reason, 0) + num
+        s.duration_s = round(time.perf_counter() - self._t0, 3)
+        return s
+
+    def _hand(self, meta: dict[str, Any], body: bytes, reply: bytes = b"") -> None:
+        """Hand a finished request to the recorder (counted as an error when it is gone)."""
+        if not self._recorder.hand(meta, body, reply):
+            self._unhanded[f"not recorded: {self._recorder.lost}"] += 1
 
     # -- handlers --
 
@@ -425,109 +295,14 @@ class CaptureProxy:
         body = await request.read()
         errors: list[str] = []
         try:
-            resp, reply = await self._forward(request, body, errors.append)
+            resp, (status, kind, raw) = await self._forward(request, body, errors.append)
         except asyncio.CancelledError:
-            assert self._recorder is not None
-            self._recorder.skip("stopped before it finished", self._num_prompts(request.path, body))
+            self._hand({"k": "stopped", "path": request.path}, body)
             raise
-        # The reply is out: reading the request, its token ids and the line happen after the handler returns
-        # (a keep-alive connection's next request does not wait for them).
-        task = asyncio.create_task(self._after(request.path, body, arrival_s, errors, reply,
-                                               resp.headers.get("Content-Encoding")))
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
+        # The reply is out: everything else is the recorder's, in its own process (capture/handoff.py).
+        self._hand({"k": "req", "path": request.path, "arrival_s": arrival_s, "error": errors[0] if errors else None,
+                    "status": status, "kind": kind, "encoding": resp.headers.get("Content-Encoding")}, body, raw)
         return resp
-
-    def _num_prompts(self, path: str, body: bytes) -> int:
-        """How many lines the request would give (for the counts of one not recorded)."""
-        return self._read_request(path, body)[2]
-
-    def _read_request(self, path: str, body: bytes) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None, int]:
-        """The request BODY as a JSON object (None when it is not one), its prompts (_prompts) and how many lines
-        it would give."""
-        try:
-            parsed = _loads(body)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            return None, None, 1
-        prompts = self._prompts(path, parsed)
-        return parsed, prompts, max(len(prompts or ()), 1)
-
-    async def _after(self, path: str, body: bytes, arrival_s: float, errors: list[str],
-                     reply: tuple[int, str, bytes], content_encoding: str | None) -> None:
-        """Count or record one forwarded request (never raises: a failure here is counted, with its reason)."""
-        rec = self._recorder
-        assert rec is not None
-        status, kind, raw = reply
-        parsed, prompts, num = self._read_request(path, body)
-        try:
-            if errors:
-                rec.error(errors[0], num)
-            elif status != 200:
-                rec.error(f"upstream HTTP {status}", num)
-            elif parsed is None:
-                rec.skip("request body is not a JSON object", num)
-            elif not prompts:
-                rec.skip("request has no prompt (or messages) to record", num)
-            else:
-                counts = parse_stream(raw) if kind == "stream" else parse_reply(raw, content_encoding)
-                if counts.error is not None:
-                    rec.error(counts.error, num)
-                else:
-                    await self._record(path, parsed, prompts, arrival_s, counts, kind == "stream")
-        except asyncio.CancelledError:
-            rec.skip("stopped before it finished", num)
-            raise
-        except Exception as e:  # the proxy never stops for one request: counted, with what went wrong
-            rec.skip(f"internal error ({type(e).__name__}: {e})", num)
-
-    @staticmethod
-    def _prompts(path: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """The request bodies of each prompt (a completions batch gives several); None when there is none."""
-        if path == "/v1/chat/completions":
-            return [body] if isinstance(body.get("messages"), list) else None
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-            return [{**body, "prompt": p} for p in prompt]  # a batch: several texts or token-id lists
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt):
-            return [body]
-        return None
-
-    async def _record(self, path: str, body: dict[str, Any], prompts: list[dict[str, Any]], arrival_s: float,
-                      counts: ReplyCounts, streamed: bool) -> None:
-        rec = self._recorder
-        assert rec is not None
-        num = len(prompts)
-        n = body.get("n", 1) if type(body.get("n", 1)) is int else 1
-        usage = counts.usage or {}
-        ids_list: list[list[int]] = []
-        for p in prompts:
-            try:
-                ids_list.append(await self._token_source.prompt_token_ids(path, p))
-            except KvtraceError as e:
-                rec.skip(f"no token ids: {e}", num)
-                return
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-                rec.skip(f"no token ids: {type(e).__name__}", num)
-                return
-        req_type = request_type(path, body)
-        if num == 1:
-            inp = _count(usage.get("prompt_tokens"))
-            out = _count(usage.get("completion_tokens"))
-            if out is None and counts.counted:
-                out = sum(counts.counted.values())
-            if out is None:
-                rec.skip("reply without usage (output length unknown)")
-                return
-            rec.record(arrival_s, ids_list[0], inp if inp is not None else len(ids_list[0]), out, req_type)
-            return
-        if not streamed:
-            rec.skip("batched prompts in a reply without per-prompt counts (send stream: true)", num)
-            return
-        for i, ids in enumerate(ids_list):  # vLLM numbers the choices of prompt i from i * n
-            out = sum(counts.counted[i * n + j] for j in range(max(n, 1)))
-            rec.record(arrival_s, ids, len(ids), out, req_type)
 
 
 async def serve_capture(opts: CaptureOptions, on_ready: Callable[[str], None], stop: asyncio.Event) -> CaptureSummary:
@@ -560,15 +335,5 @@ def run_capture(opts: CaptureOptions, on_ready: Callable[[str], None]) -> Captur
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, handler)
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main())
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (a tenth less CPU per forwarded request than asyncio's:
-    docs/capture.md#overhead), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
