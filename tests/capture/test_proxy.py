@@ -275,6 +275,44 @@ def test_a_request_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: 
     assert len(failed) == 1  # the client sees its connection closed without an answer
 
 
+def test_pipelined_chunked_and_abandoned_requests(fake_upstream: FakeUpstream, start_capture: Any,
+                                                  tmp_path: Path) -> None:
+    """HTTP/1.1 as clients send it: two requests pipelined on one connection are answered in order; a body sent
+    chunked reaches the upstream whole (with its Content-Length); a client that gives up on a slow reply is
+    counted ("client disconnected") and the proxy goes on."""
+    cap = start_capture(fake_upstream.url("ok"), tmp_path / "t.jsonl")
+    host, port = cap.url.removeprefix("http://").split(":")
+    bodies = [json.dumps({"model": "fake", "prompt": _ids(20 + k), "max_tokens": 1 + k}).encode() for k in range(2)]
+    raw = b"".join(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(raw)  # both at once
+        got = b""
+        while got.count(b'"finish_reason"') < 2:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    first, second = got.index(b'"text": "x"'), got.index(b'"text": "xx"')
+    assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1 200") == 2 and first < second
+
+    n = len(fake_upstream.received)
+    body = json.dumps({"model": "fake", "prompt": _ids(30), "max_tokens": 2}).encode()
+    r = httpx.post(cap.url + "/v1/completions", content=iter([body[:10], body[10:]]), timeout=30,
+                   headers={"Content-Type": "application/json"})  # an iterator: sent chunked
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 30
+    assert fake_upstream.received[n][2] == body and fake_upstream.received[n][1]["Content-Length"] == str(len(body))
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"]) == (3, 0)
+
+    cap = start_capture(fake_upstream.url("slow"), tmp_path / "t2.jsonl")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(cap.url + "/v1/completions", timeout=SLOW_S / 5,
+                   content=json.dumps({"model": "fake", "prompt": _ids(20), "max_tokens": 1}))
+    assert _post(cap.url, "/v1/completions", {"model": "fake", "prompt": _ids(20), "max_tokens": 1}).status_code == 200
+    s = cap.stop()
+    assert (s["num_recorded"], s["errors"]) == (1, {"client disconnected": 1})
+
+
 def _text_body(k: int) -> dict[str, Any]:
     """A completion whose prompt is text (the recorder asks the upstream's /tokenize) of 20 + K characters."""
     return {"model": "fake", "prompt": "q" * (20 + k), "max_tokens": 2}

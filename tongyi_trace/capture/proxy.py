@@ -24,8 +24,6 @@ the API says, a stream cut short, the client gone) or skipped (no token ids, no 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import signal
 import threading
 import time
@@ -35,18 +33,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from aiohttp import web
 from yarl import URL
 
 from tongyi_trace.capture.blocks import load_salt
 from tongyi_trace.capture.handoff import RecorderProcess, loop_factory
+from tongyi_trace.capture.relay import Exchange, Relay
 from tongyi_trace.errors import UsageError
 from tongyi_trace.stops import STOP_SIGNALS
 
 API_PATHS = ("/v1/completions", "/v1/chat/completions")
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
 DEFAULT_DRAIN_S = 5.0
 
 
@@ -105,16 +100,6 @@ def check_upstream(url: str) -> str:
 # ---- the proxy --------------------------------------------------------------------------------------------
 
 
-def _forward_headers(headers: Any) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
-
-
-def _bad_gateway(upstream: str, e: BaseException) -> web.Response:
-    msg = f"kvtrace capture: upstream {upstream} unreachable ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
-    body = json.dumps({"error": {"message": msg, "type": "BadGateway", "code": 502}}).encode()
-    return web.Response(status=502, body=body, content_type="application/json")
-
-
 class CaptureProxy:
     """The running proxy (module doc): `start` starts the recorder process, listens and returns its URL; `close`
     drains, has the recorder write the file's end, and returns the summary."""
@@ -130,9 +115,7 @@ class CaptureProxy:
         self.upstream = check_upstream(opts.upstream_url)
         self._salt = load_salt(opts.salt_file)
         self._recorder = RecorderProcess()
-        self._session: aiohttp.ClientSession | None = None  # forwarding: nothing added, nothing decoded
-        self._runner: web.AppRunner | None = None
-        self._inflight: set[asyncio.Task[Any]] = set()  # handlers running
+        self._relay = Relay(self.upstream, _recorded, self._done)
         self._t0 = 0.0
         self.summary = CaptureSummary(url="", out_path=str(opts.out_path), upstream_url=self.upstream,
                                       block_size=opts.block_size_tokens)
@@ -146,58 +129,24 @@ class CaptureProxy:
             "block_size_tokens": opts.block_size_tokens, "shared_ids": opts.salt_file is not None,
             "tokenizer_file": str(opts.tokenizer_file) if opts.tokenizer_file is not None else None,
             "drain_s": opts.drain_s}, self._salt)
-        try:  # whatever fails from here (a taken --listen) leaves no session or file behind
-            # One pooled session (keep-alive connections reused across requests and clients) and no cookie
-            # jar: a proxy keeps no upstream cookie, or one client's cookie would go out with every other's.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-            app = web.Application(client_max_size=1 << 30)
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.opts.listen_host, self.opts.listen_port)
-            try:
-                await site.start()
-            except OSError as e:
-                raise UsageError(f"--listen {self.opts.listen_host}:{self.opts.listen_port}: cannot listen "
-                                 f"({e.strerror or e}); choose another address or port 0") from None
-        except BaseException:
-            await self._release()
+        try:
+            host, port = await self._relay.start(opts.listen_host, opts.listen_port)
+        except OSError as e:  # a taken --listen: no file left behind
             await self._recorder.stop(0.0)
-            self.opts.out_path.unlink(missing_ok=True)
-            raise
-        sockets = self._runner.addresses
-        host, port = sockets[0][0], sockets[0][1]
+            opts.out_path.unlink(missing_ok=True)
+            raise UsageError(f"--listen {opts.listen_host}:{opts.listen_port}: cannot listen "
+                             f"({e.strerror or e}); choose another address or port 0") from None
         shown = f"[{host}]" if ":" in host else host
         self.summary.url = f"http://{shown}:{port}"
         self._t0 = time.perf_counter()
         return self.summary.url
 
-    async def _release(self) -> None:
-        """Close the listener and the forwarding session."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
     async def close(self) -> CaptureSummary:
         """Stop listening, let requests in flight finish for up to drain_s (then cut them: counted as
         skipped), let the recorder finish what it was handed in what is left of drain_s and close the file
         complete; the summary."""
-        if self._runner is not None:
-            for site in list(self._runner.sites):
-                await site.stop()
         deadline = time.perf_counter() + self.opts.drain_s
-        if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=self.opts.drain_s)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-        await self._release()
+        await self._relay.stop(self.opts.drain_s)
         counts = await self._recorder.stop(max(deadline - time.perf_counter(), 0.0))
         s = self.summary
         if counts is not None:
@@ -212,97 +161,26 @@ class CaptureProxy:
         s.duration_s = round(time.perf_counter() - self._t0, 3)
         return s
 
-    def _hand(self, meta: dict[str, Any], body: bytes, reply: bytes = b"") -> None:
-        """Hand a finished request to the recorder (counted as an error when it is gone)."""
-        if not self._recorder.hand(meta, body, reply):
+    def _done(self, ex: Exchange) -> None:
+        """An exchange ended: an API request is handed to the recorder (all else is its), any other counted."""
+        if not _recorded(ex):
+            self.summary.num_passthrough += 1
+            return
+        if ex.cut:
+            meta: dict[str, Any] = {"k": "stopped", "path": ex.path}
+            reply = b""
+        else:
+            meta = {"k": "req", "path": ex.path, "arrival_s": ex.arrival - self._t0, "error": ex.error,
+                    "status": ex.status, "kind": "stream" if ex.streaming else "whole",
+                    "encoding": ex.content_encoding}
+            reply = ex.reply
+        if not self._recorder.hand(meta, ex.body, reply):
             self._unhanded[f"not recorded: {self._recorder.lost}"] += 1
 
-    # -- handlers --
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        task = asyncio.current_task()
-        assert task is not None
-        self._inflight.add(task)
-        try:
-            if request.method == "POST" and request.path in API_PATHS:
-                return await self._handle_api(request)
-            self.summary.num_passthrough += 1
-            body = await request.read()
-            resp, _ = await self._forward(request, body, None)
-            return resp
-        finally:
-            self._inflight.discard(task)
-
-    async def _forward(self, request: web.Request, body: bytes,
-                       on_error: Callable[[str], None] | None) -> tuple[web.StreamResponse, tuple[int, str, bytes]]:
-        """Send REQUEST (BODY) upstream and its reply back; returns the response and (status, reply kind,
-        reply bytes). Kind: "stream", "whole", or "error: REASON" (reported to ON_ERROR)."""
-        assert self._session is not None
-        url = URL(self.upstream + request.raw_path, encoded=True)  # raw_path: path and query as sent
-
-        def failed(reason: str) -> None:
-            if on_error is not None:
-                on_error(reason)
-
-        try:
-            up_cm = self._session.request(request.method, url, headers=_forward_headers(request.headers),
-                                          data=body if body else None, allow_redirects=False)
-            up = await up_cm.__aenter__()
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            failed("upstream unreachable")
-            return _bad_gateway(self.upstream, e), (502, "error", b"")
-        try:
-            resp = web.StreamResponse(status=up.status, reason=up.reason)
-            for k, v in up.headers.items():
-                if k.lower() not in HOP_BY_HOP:
-                    resp.headers.add(k, v)
-            streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
-            length = up.headers.get("Content-Length", "")
-            if not streaming and length.isdigit():
-                resp.content_length = int(length)
-            keep = on_error is not None  # the reply's bytes are read for the record (API paths only)
-            chunks: list[bytes] = []
-            try:
-                await resp.prepare(request)
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                failed("client disconnected")
-                return resp, (up.status, "error", b"")
-            while True:
-                try:
-                    chunk = await up.content.readany()
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    failed("stream cut short by the upstream" if streaming else "reply cut short by the upstream")
-                    if request.transport is not None:
-                        request.transport.close()  # the client sees the same cut
-                    return resp, (up.status, "error", b"")
-                if not chunk:
-                    break
-                if keep:
-                    chunks.append(chunk)
-                try:
-                    await resp.write(chunk)
-                except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                    failed("client disconnected")
-                    return resp, (up.status, "error", b"")
-            with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-                await resp.write_eof()
-            return resp, (up.status, "stream" if streaming else "whole", b"".join(chunks))
-        finally:
-            await up_cm.__aexit__(None, None, None)
-
-    async def _handle_api(self, request: web.Request) -> web.StreamResponse:
-        arrival_s = time.perf_counter() - self._t0
-        body = await request.read()
-        errors: list[str] = []
-        try:
-            resp, (status, kind, raw) = await self._forward(request, body, errors.append)
-        except asyncio.CancelledError:
-            self._hand({"k": "stopped", "path": request.path}, body)
-            raise
-        # The reply is out: everything else is the recorder's, in its own process (capture/handoff.py).
-        self._hand({"k": "req", "path": request.path, "arrival_s": arrival_s, "error": errors[0] if errors else None,
-                    "status": status, "kind": kind, "encoding": resp.headers.get("Content-Encoding")}, body, raw)
-        return resp
+def _recorded(ex: Exchange) -> bool:
+    """Whether EX is a request the capture records (its reply's bytes are kept for the recorder)."""
+    return ex.method == b"POST" and ex.path in API_PATHS
 
 
 async def serve_capture(opts: CaptureOptions, on_ready: Callable[[str], None], stop: asyncio.Event) -> CaptureSummary:
