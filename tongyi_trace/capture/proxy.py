@@ -1,8 +1,12 @@
 """`kvtrace capture`: an OpenAI-compatible reverse proxy that records a privacy-safe Qwen-Bailian trace.
 
+Two processes. The forwarder (this module, on capture/relay.py) only forwards, and hands each finished API
+request (its body, the reply's bytes, status and timing) to the recorder process (capture/handoff.py,
+capture/recorder.py), which does everything else: no recording work runs on the forwarding event loop.
+
 Forwarding. Every request goes to the upstream unchanged: same method, path and query, the client's headers
-(less the hop-by-hop ones and Host), the same body bytes; the upstream's status, headers and body bytes come
-back unchanged (no decompression: Content-Encoding passes through), a stream chunk by chunk as it arrives.
+(less the hop-by-hop ones and Host), the same body bytes; the upstream's status line, headers and body bytes
+come back verbatim (no decompression: Content-Encoding passes through), a stream piece by piece as it arrives.
 An upstream that cannot be reached gets a 502 with a JSON body saying so; a stream the upstream cuts short
 is cut short to the client too.
 
@@ -11,8 +15,8 @@ completions `prompt` holding several prompts gives one line per prompt), when th
 reply it could count: `timestamp` (s from the capture's start, at the request's arrival), `input_length` and
 `output_length` (the reply's `usage`; a stream without usage: one output token per streamed chunk of a choice,
 as vLLM and SGLang stream, less a chat stream's opening role chunk), `type` (capture/content.py), `hash_ids`
-(capture/blocks.py: keyed chained hashes of the prompt's token ids, which capture/tokenize.py gets while the
-request runs), and `chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's
+(capture/blocks.py: keyed chained hashes of the prompt's token ids, which capture/tokenize.py gets once the
+request is answered), and `chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's
 SessionLinker, fed the requests in the order their lines are written (each line says so: `linked_by`, so
 that ingest's provenance says its sessions were inferred, by the capture). Lines are written as requests finish, so
 the file is in finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written:
