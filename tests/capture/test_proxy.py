@@ -333,6 +333,20 @@ def test_a_request_answered_just_before_a_stop_has_its_line(fake_upstream: FakeU
     assert sorted(r["input_length"] for r in read_lines(out)) == [20 + k for k in range(8)]
 
 
+def test_lines_keep_the_order_the_replies_ended_in(fake_upstream: FakeUpstream, start_capture: Any,
+                                                   tmp_path: Path) -> None:
+    """A text prompt waits SLOW_TOKENIZE_S for its token ids, the next request (token ids, no wait) finished after
+    it: its line still follows, so the linker sees the first turn before its continuation."""
+    out = tmp_path / "t.jsonl"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": "q" * 40, "max_tokens": 8})
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": fake_token_ids("q" * 40) + _ids(30), "max_tokens": 2})
+    cap.stop()
+    lines = read_lines(out)
+    assert [(r["input_length"], r["chat_id"], r["parent_chat_id"], r["turn"]) for r in lines] == [
+        (40, 0, -1, 1), (70, 1, 0, 2)]
+
+
 def test_a_recording_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: FakeUpstream, start_capture: Any,
                                                                    tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl.zst"

@@ -18,8 +18,9 @@ as vLLM and SGLang stream, less a chat stream's opening role chunk), `type` (cap
 (capture/blocks.py: keyed chained hashes of the prompt's token ids, which capture/tokenize.py gets once the
 request is answered), and `chat_id` (the line's index), `parent_chat_id` and `turn` from trace/sessions.py's
 SessionLinker, fed the requests in the order their lines are written (each line says so: `linked_by`, so
-that ingest's provenance says its sessions were inferred, by the capture). Lines are written as requests finish, so
-the file is in finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written:
+that ingest's provenance says its sessions were inferred, by the capture). Lines are written as requests finish,
+in the order their replies ended (a line whose token ids come back late holds back the ones after it), so the
+file is in finish order, not arrival order (`kvtrace ingest` sorts by timestamp). Nothing else is written:
 no prompt or output text, no token id, no header, no user identifier. Every request that is not recorded is
 counted by reason: an error (the upstream unreachable, a non-200 status, a reply or stream that is not what
 the API says, a stream cut short, the client gone) or skipped (no token ids, no counts in the reply, stopped).

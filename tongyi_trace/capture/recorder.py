@@ -4,7 +4,8 @@ trace lines, in a process of its own (`python -m tongyi_trace.capture.recorder I
 For each request: the request body read as JSON, its prompts, the reply's counts (its `usage`, or counted from
 the stream), the prompts' token ids (capture/tokenize.py: given, the upstream's /tokenize or a local
 tokenizer), keyed chained block hashes and dense ids (capture/blocks.py), the session link (trace/sessions.py's
-SessionLinker, fed the requests in the order their lines are written), the line, written and flushed at once
+SessionLinker, fed the requests in the order they were handed: their replies' ends), the line, written and
+flushed as soon as its token ids are in and the lines before it are written
 (capture/writer.py). Every request not recorded is counted with its reason (proxy.py's module doc lists
 them). At the end of its input (the forwarder's stop, or the forwarder gone) it lets the recordings under way
 finish for the drain time, cuts the rest (counted as skipped), closes the file complete and answers its counts.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -158,6 +160,34 @@ class Recorder:
         self._linker = SessionLinker(block_size_tokens)
         self._token_source = token_source
         self.counts = RecorderCounts()
+        # Lines are written in the order the requests were handed (their replies' ends), whatever order their
+        # token ids come back in, so that the linker sees a conversation's turns in order.
+        self._upto = 0  # the hand-off number whose lines are written next
+        self._ended: set[int] = set()  # later numbers done with (written, counted or cut)
+        self._turns: dict[int, asyncio.Future[None]] = {}  # numbers whose lines wait for their turn
+
+    @property
+    def waiting(self) -> set[int]:
+        """The hand-off numbers whose lines are ready and wait for earlier ones."""
+        return set(self._turns)
+
+    async def _my_turn(self, seq: int) -> None:
+        if seq != self._upto:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._turns[seq] = fut
+            try:
+                await fut
+            finally:
+                del self._turns[seq]
+
+    def _end_turn(self, seq: int) -> None:
+        self._ended.add(seq)
+        while self._upto in self._ended:
+            self._ended.discard(self._upto)
+            self._upto += 1
+        fut = self._turns.get(self._upto)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def error(self, reason: str, num: int = 1) -> None:
         """Count NUM requests not recorded because of an error (REASON)."""
@@ -189,9 +219,9 @@ class Recorder:
         if input_length != len(token_ids):
             self.counts.num_input_length_mismatch += 1
 
-    async def finished(self, meta: dict[str, Any], body: bytes, raw: bytes) -> None:
-        """Count or record one forwarded request (a "req" frame; never raises but when cancelled: a failure
-        here is counted, with its reason)."""
+    async def finished(self, seq: int, meta: dict[str, Any], body: bytes, raw: bytes) -> None:
+        """Count or record one forwarded request (a "req" frame, the SEQ-th handed; never raises but when
+        cancelled: a failure here is counted, with its reason)."""
         path = meta["path"]
         parsed, prompts, num = request_prompts(path, body)
         try:
@@ -209,15 +239,22 @@ class Recorder:
                 if counts.error is not None:
                     self.error(counts.error, num)
                 else:
-                    await self._record(path, parsed, prompts, meta["arrival_s"], counts, streamed)
+                    lines = await self._lines(path, parsed, prompts, meta["arrival_s"], counts, streamed)
+                    if lines:
+                        await self._my_turn(seq)
+                        for line in lines:
+                            self.record(*line)
         except asyncio.CancelledError:
             self.skip(STOPPED, num)
             raise
         except Exception as e:  # the capture never stops for one request: counted, with what went wrong
             self.skip(f"internal error ({type(e).__name__}: {e})", num)
+        finally:
+            self._end_turn(seq)
 
-    async def _record(self, path: str, body: dict[str, Any], prompts: list[dict[str, Any]], arrival_s: float,
-                      counts: ReplyCounts, streamed: bool) -> None:
+    async def _lines(self, path: str, body: dict[str, Any], prompts: list[dict[str, Any]], arrival_s: float,
+                     counts: ReplyCounts, streamed: bool) -> list[tuple[float, list[int], int, int, str]]:
+        """The lines (record's arguments) of a request whose reply was counted; [] when it is skipped (counted)."""
         num = len(prompts)
         n = body.get("n", 1) if type(body.get("n", 1)) is int else 1
         usage = counts.usage or {}
@@ -227,10 +264,10 @@ class Recorder:
                 ids_list.append(await self._token_source.prompt_token_ids(path, p))
             except KvtraceError as e:
                 self.skip(f"no token ids: {e}", num)
-                return
+                return []
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
                 self.skip(f"no token ids: {type(e).__name__}", num)
-                return
+                return []
         req_type = request_type(path, body)
         if num == 1:
             inp = _count(usage.get("prompt_tokens"))
@@ -239,15 +276,14 @@ class Recorder:
                 out = sum(counts.counted.values())
             if out is None:
                 self.skip("reply without usage (output length unknown)")
-                return
-            self.record(arrival_s, ids_list[0], inp if inp is not None else len(ids_list[0]), out, req_type)
-            return
+                return []
+            return [(arrival_s, ids_list[0], inp if inp is not None else len(ids_list[0]), out, req_type)]
         if not streamed:
             self.skip("batched prompts in a reply without per-prompt counts (send stream: true)", num)
-            return
-        for i, ids in enumerate(ids_list):  # vLLM numbers the choices of prompt i from i * n
-            out = sum(counts.counted[i * n + j] for j in range(max(n, 1)))
-            self.record(arrival_s, ids, len(ids), out, req_type)
+            return []
+        # vLLM numbers the choices of prompt i from i * n
+        return [(arrival_s, ids, len(ids), sum(counts.counted[i * n + j] for j in range(max(n, 1))), req_type)
+                for i, ids in enumerate(ids_list)]
 
 
 # ---- the process ------------------------------------------------------------------------------------------
@@ -284,24 +320,30 @@ async def serve(in_fd: int, out_fd: int) -> int:
         return e.exit_code
     rec = Recorder(writer, cfg["block_size_tokens"], salt, cfg["shared_ids"], source)
     answers.write(b'{"ready": true}\n')
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: dict[int, asyncio.Task[None]] = {}  # by hand-off number
     drain_s = float(cfg["drain_s"])  # when the forwarder is gone without its "end"
+    seq = 0
     try:
         while (got := await read_frame(reader)) is not None:
             meta, body, raw = got
             if meta["k"] == "req":
-                task = asyncio.create_task(rec.finished(meta, body, raw))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                task = asyncio.create_task(rec.finished(seq, meta, body, raw))
+                tasks[seq] = task
+                task.add_done_callback(functools.partial(_forget, tasks, seq))
+                seq += 1
             elif meta["k"] == "stopped":
                 rec.skip(STOPPED, request_prompts(meta["path"], body)[2])
             elif meta["k"] == "end":
                 drain_s = float(meta["drain_s"])
                 break
         if tasks:
-            _, pending = await asyncio.wait(set(tasks), timeout=drain_s)
-            for task in pending:
-                task.cancel()
+            _, pending = await asyncio.wait(set(tasks.values()), timeout=drain_s)
+            # past the drain: cut what still waits for its token ids; the lines that only wait for their turn
+            # are written as the ones before them end
+            waiting = rec.waiting
+            for n, task in list(tasks.items()):
+                if task in pending and n not in waiting:
+                    task.cancel()
             if pending:
                 await asyncio.wait(pending)
     finally:
@@ -310,6 +352,10 @@ async def serve(in_fd: int, out_fd: int) -> int:
     with contextlib.suppress(BrokenPipeError):
         answers.write(counts_json(rec.counts))
     return 0
+
+
+def _forget(tasks: dict[int, asyncio.Task[None]], seq: int, _: asyncio.Task[None]) -> None:
+    tasks.pop(seq, None)
 
 
 def main(argv: list[str]) -> int:
