@@ -20,7 +20,7 @@ from aiohttp import web
 
 KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 # The upstream's fake tokenizer: a text's token ids are its characters' code points (shared with the tests).
-MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize", "slow", "slowtokenize")
+MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize", "slow", "slowtokenize", "lateend")
 SLOW_S = 1.5  # how long the "slow" upstream thinks before it answers
 SLOW_TOKENIZE_S = 0.4  # how long the "slowtokenize" upstream's /tokenize takes (its completions answer at once)
 
@@ -105,6 +105,8 @@ def _app(state: FakeUpstream) -> web.Application:
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(b"data: " + json.dumps({"id": "c", "choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if mode == "lateend":  # the stream's chunked end comes late (a client may have left by then)
+            await asyncio.sleep(0.3)
         await resp.write_eof()
         return resp
 

@@ -98,7 +98,7 @@ def test_replay_through_the_proxy_round_trips(cpu_engine: dict[str, Any], slice_
     assert summary["status"] == "complete" and summary["counts"]["num_error"] == 0
     assert summary["engine"]["block_size"] == ENGINE_BLOCK  # read from /metrics, through the proxy
     recs = read_records(slice_run / "replay" / "rt" / "records.jsonl").sort("sent_s")
-    assert recs.height == 40 and s["num_recorded"] == 40 and s["num_errors"] == s["num_skipped"] == 0
+    assert recs.height == 40 and s["num_recorded"] == 40 and s["num_errors"] == s["num_skipped"] == 0, s
 
     kvtrace_cli("ingest", str(tmp_path / "captured.jsonl"), "-o", str(tmp_path / "cap_run"), "--quiet")
     cap_run = open_run(tmp_path / "cap_run")

@@ -313,6 +313,21 @@ def test_pipelined_chunked_and_abandoned_requests(fake_upstream: FakeUpstream, s
     assert (s["num_recorded"], s["errors"]) == (1, {"client disconnected": 1})
 
 
+def test_a_client_that_leaves_after_the_last_event_is_recorded(fake_upstream: FakeUpstream, start_capture: Any,
+                                                                tmp_path: Path) -> None:
+    """An SSE client may close its connection on `data: [DONE]`, before the chunked body's end: the request was
+    answered and is recorded (a client that leaves earlier is counted: test_pipelined_chunked_and_abandoned)."""
+    cap = start_capture(fake_upstream.url("lateend"), tmp_path / "t.jsonl")
+    body = {"model": "fake", "prompt": _ids(20), "max_tokens": 3, "stream": True}
+    with httpx.Client(timeout=30) as client, client.stream("POST", cap.url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # leaving the block closes the connection, the body's end not read
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"], s["num_skipped"]) == (1, 0, 0), s
+    assert [(x["input_length"], x["output_length"]) for x in read_lines(tmp_path / "t.jsonl")] == [(20, 3)]
+
+
 def _text_body(k: int) -> dict[str, Any]:
     """A completion whose prompt is text (the recorder asks the upstream's /tokenize) of 20 + K characters."""
     return {"model": "fake", "prompt": "q" * (20 + k), "max_tokens": 2}

@@ -101,6 +101,7 @@ class Relay:
         self.on_done = on_done
         self._idle: deque[tuple[float, _Upstream]] = deque()
         self._clients: set[_Client] = set()
+        self._orphans: set[_Upstream] = set()  # replies finishing for a client gone after their last event
         self._server: asyncio.AbstractServer | None = None
         self._num_active = 0
         self._quiet: asyncio.Event | None = None  # set when no exchange is in flight (during the stop)
@@ -127,6 +128,8 @@ class Relay:
                 await asyncio.wait_for(self._quiet.wait(), timeout=drain_s)
         for client in list(self._clients):
             client.cut()
+        for up in list(self._orphans):
+            up.cut()
         while self._idle:
             self._idle.popleft()[1].transport.close()
         if self._server is not None:
@@ -228,7 +231,8 @@ class _Upstream(asyncio.Protocol):
             self.transport.close()
             return
         self.num_received += len(data)
-        client.transport.write(data)
+        if not client.gone:
+            client.transport.write(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -262,9 +266,20 @@ class _Upstream(asyncio.Protocol):
         if self.ex is not None:
             self._complete(reuse=self.parser.should_keep_alive())
 
+    def cut(self) -> None:
+        """The stop: the reply under way ends unanswered (exchange.cut); the connection closes."""
+        ex = self.ex
+        self.ex = self.client = None
+        self.relay._orphans.discard(self)
+        self.transport.close()
+        if ex is not None:
+            ex.cut = True
+            self.relay._ended(ex)
+
     def _complete(self, reuse: bool) -> None:
         ex, client = self.ex, self.client
         self.ex = self.client = None
+        self.relay._orphans.discard(self)
         if client is not None:
             client.upstream = None
         if reuse and not self.transport.is_closing():
@@ -278,6 +293,7 @@ class _Upstream(asyncio.Protocol):
         """The reply went wrong: the client's connection is closed (it sees the cut), EX ends with REASON."""
         ex, client = self.ex, self.client
         self.ex = self.client = None
+        self.relay._orphans.discard(self)
         self.transport.close()
         if client is not None and ex is not None:
             client.upstream = None
@@ -311,6 +327,11 @@ class _Upstream(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.client is not None:
             self.client.transport.resume_reading()
+
+
+def _stream_ended(ex: Exchange) -> bool:
+    """Whether EX's reply is a stream whose last event (`data: [DONE]`) has come."""
+    return ex.streaming and bool(ex.reply_parts) and ex.reply_parts[-1].rstrip().endswith(b"data: [DONE]")
 
 
 class _Client(asyncio.Protocol):
@@ -438,6 +459,12 @@ class _Client(asyncio.Protocol):
         self.relay._clients.discard(self)
         pending = [*([self.current] if self.current is not None else []), *self.queue]
         self.current, self.queue = None, deque()
+        if pending and self.upstream is not None and _stream_ended(pending[0]):
+            # the client left after the stream's last event (an SSE client may close on `data: [DONE]`): only
+            # the upstream's chunk terminator is still to come, and with it the exchange ends as answered
+            pending.pop(0)
+            self.relay._orphans.add(self.upstream)
+            self.upstream = None
         if self.upstream is not None:
             self.upstream.ex = self.upstream.client = None
             self.upstream.transport.close()
