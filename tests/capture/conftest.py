@@ -20,8 +20,9 @@ from aiohttp import web
 
 KVTRACE = [sys.executable, "-m", "tongyi_trace.cli"]
 # The upstream's fake tokenizer: a text's token ids are its characters' code points (shared with the tests).
-MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize", "slow")
+MODES = ("ok", "500", "garbage", "cut", "nousage", "notokenize", "slow", "slowtokenize", "lateend")
 SLOW_S = 1.5  # how long the "slow" upstream thinks before it answers
+SLOW_TOKENIZE_S = 0.4  # how long the "slowtokenize" upstream's /tokenize takes (its completions answer at once)
 
 
 def fake_token_ids(text: str) -> list[int]:
@@ -52,6 +53,8 @@ def _app(state: FakeUpstream) -> web.Application:
     async def tokenize(request: web.Request) -> web.Response:
         if request.match_info["mode"] == "notokenize":
             return web.json_response({"detail": "Not Found"}, status=404)
+        if request.match_info["mode"] == "slowtokenize":
+            await asyncio.sleep(SLOW_TOKENIZE_S)
         body = await request.json()
         ids = _prompt_ids(body)
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": 4096})
@@ -102,6 +105,8 @@ def _app(state: FakeUpstream) -> web.Application:
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(b"data: " + json.dumps({"id": "c", "choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if mode == "lateend":  # the stream's chunked end comes late (a client may have left by then)
+            await asyncio.sleep(0.3)
         await resp.write_eof()
         return resp
 

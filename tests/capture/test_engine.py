@@ -53,7 +53,11 @@ def test_completions_streamed_and_not_through_the_proxy(cpu_engine: dict[str, An
     s = cap.stop()
     assert (s["num_recorded"], s["num_errors"], s["num_skipped"], s["num_passthrough"]) == (3, 0, 0, 1)
     lines = read_lines(out)
-    assert [(r["input_length"], r["output_length"]) for r in lines] == [(88, 5), (104, 3), (88, 4)]
+    # a stream without usage: one token per chunk the client saw; 4, unless the engine merged tokens whose chunk
+    # its server had not yet sent (vLLM does when its server lags: a loaded machine)
+    num_chunks = sum(1 for x in r3.text.split("\n") if x.startswith("data: {") and json.loads(x[6:])["choices"])
+    assert 1 <= num_chunks <= 4
+    assert [(r["input_length"], r["output_length"]) for r in lines] == [(88, 5), (104, 3), (88, num_chunks)]
     # A: 6 blocks (5 full + 8 tokens); B shares A's 4 full blocks of the 64-token head; A again: A's ids
     assert lines[0]["hash_ids"] == [0, 1, 2, 3, 4, 5]
     assert lines[1]["hash_ids"] == [0, 1, 2, 3, 6, 7, 8]
@@ -94,7 +98,7 @@ def test_replay_through_the_proxy_round_trips(cpu_engine: dict[str, Any], slice_
     assert summary["status"] == "complete" and summary["counts"]["num_error"] == 0
     assert summary["engine"]["block_size"] == ENGINE_BLOCK  # read from /metrics, through the proxy
     recs = read_records(slice_run / "replay" / "rt" / "records.jsonl").sort("sent_s")
-    assert recs.height == 40 and s["num_recorded"] == 40 and s["num_errors"] == s["num_skipped"] == 0
+    assert recs.height == 40 and s["num_recorded"] == 40 and s["num_errors"] == s["num_skipped"] == 0, s
 
     kvtrace_cli("ingest", str(tmp_path / "captured.jsonl"), "-o", str(tmp_path / "cap_run"), "--quiet")
     cap_run = open_run(tmp_path / "cap_run")

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.capture.conftest import SLOW_S, FakeUpstream, fake_token_ids, read_lines
+from tests.capture.conftest import SLOW_S, SLOW_TOKENIZE_S, FakeUpstream, fake_token_ids, read_lines
 
 FIELDS = {"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn", "linked_by",
           "hash_ids"}
@@ -273,6 +273,121 @@ def test_a_request_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: 
     t.join(30)
     assert s["skipped"] == {"stopped before it finished": 1} and s["num_recorded"] == 0
     assert len(failed) == 1  # the client sees its connection closed without an answer
+
+
+def test_pipelined_chunked_and_abandoned_requests(fake_upstream: FakeUpstream, start_capture: Any,
+                                                  tmp_path: Path) -> None:
+    """HTTP/1.1 as clients send it: two requests pipelined on one connection are answered in order; a body sent
+    chunked reaches the upstream whole (with its Content-Length); a client that gives up on a slow reply is
+    counted ("client disconnected") and the proxy goes on."""
+    cap = start_capture(fake_upstream.url("ok"), tmp_path / "t.jsonl")
+    host, port = cap.url.removeprefix("http://").split(":")
+    bodies = [json.dumps({"model": "fake", "prompt": _ids(20 + k), "max_tokens": 1 + k}).encode() for k in range(2)]
+    raw = b"".join(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(raw)  # both at once
+        got = b""
+        while got.count(b'"finish_reason"') < 2:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    first, second = got.index(b'"text": "x"'), got.index(b'"text": "xx"')
+    assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1 200") == 2 and first < second
+
+    n = len(fake_upstream.received)
+    body = json.dumps({"model": "fake", "prompt": _ids(30), "max_tokens": 2}).encode()
+    r = httpx.post(cap.url + "/v1/completions", content=iter([body[:10], body[10:]]), timeout=30,
+                   headers={"Content-Type": "application/json"})  # an iterator: sent chunked
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 30
+    assert fake_upstream.received[n][2] == body and fake_upstream.received[n][1]["Content-Length"] == str(len(body))
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"]) == (3, 0)
+
+    cap = start_capture(fake_upstream.url("slow"), tmp_path / "t2.jsonl")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(cap.url + "/v1/completions", timeout=SLOW_S / 5,
+                   content=json.dumps({"model": "fake", "prompt": _ids(20), "max_tokens": 1}))
+    assert _post(cap.url, "/v1/completions", {"model": "fake", "prompt": _ids(20), "max_tokens": 1}).status_code == 200
+    s = cap.stop()
+    assert (s["num_recorded"], s["errors"]) == (1, {"client disconnected": 1})
+
+
+def test_a_client_that_leaves_after_the_last_event_is_recorded(fake_upstream: FakeUpstream, start_capture: Any,
+                                                                tmp_path: Path) -> None:
+    """An SSE client may close its connection on `data: [DONE]`, before the chunked body's end: the request was
+    answered and is recorded (a client that leaves earlier is counted: test_pipelined_chunked_and_abandoned)."""
+    cap = start_capture(fake_upstream.url("lateend"), tmp_path / "t.jsonl")
+    body = {"model": "fake", "prompt": _ids(20), "max_tokens": 3, "stream": True}
+    with httpx.Client(timeout=30) as client, client.stream("POST", cap.url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # leaving the block closes the connection, the body's end not read
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"], s["num_skipped"]) == (1, 0, 0), s
+    assert [(x["input_length"], x["output_length"]) for x in read_lines(tmp_path / "t.jsonl")] == [(20, 3)]
+
+
+def _text_body(k: int) -> dict[str, Any]:
+    """A completion whose prompt is text (the recorder asks the upstream's /tokenize) of 20 + K characters."""
+    return {"model": "fake", "prompt": "q" * (20 + k), "max_tokens": 2}
+
+
+def test_a_request_answered_just_before_a_stop_has_its_line(fake_upstream: FakeUpstream, start_capture: Any,
+                                                            tmp_path: Path) -> None:
+    """The recorder process drains what it was handed: the replies are out at once, each line needs a /tokenize
+    that takes SLOW_TOKENIZE_S, and SIGTERM follows the last reply at once; every line is in the file."""
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    t0 = time.perf_counter()
+    for k in range(8):
+        assert _post(cap.url, "/v1/completions", _text_body(k)).status_code == 200
+    assert time.perf_counter() - t0 < SLOW_TOKENIZE_S * 8  # answered before their lines could all be written
+    s = cap.stop()
+    assert (s["num_recorded"], s["num_errors"], s["num_skipped"]) == (8, 0, 0)
+    assert sorted(r["input_length"] for r in read_lines(out)) == [20 + k for k in range(8)]
+
+
+def test_lines_keep_the_order_the_replies_ended_in(fake_upstream: FakeUpstream, start_capture: Any,
+                                                   tmp_path: Path) -> None:
+    """A text prompt waits SLOW_TOKENIZE_S for its token ids, the next request (token ids, no wait) finished after
+    it: its line still follows, so the linker sees the first turn before its continuation."""
+    out = tmp_path / "t.jsonl"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": "q" * 40, "max_tokens": 8})
+    _post(cap.url, "/v1/completions", {"model": "fake", "prompt": fake_token_ids("q" * 40) + _ids(30), "max_tokens": 2})
+    cap.stop()
+    lines = read_lines(out)
+    assert [(r["input_length"], r["chat_id"], r["parent_chat_id"], r["turn"]) for r in lines] == [
+        (40, 0, -1, 1), (70, 1, 0, 2)]
+
+
+def test_a_recording_that_outlives_the_drain_is_counted_as_skipped(fake_upstream: FakeUpstream, start_capture: Any,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out, "--drain-s", "0.05")
+    for k in range(3):
+        _post(cap.url, "/v1/completions", _text_body(k))
+    s = cap.stop()
+    assert (s["num_recorded"], s["skipped"]) == (0, {"stopped before it finished": 3})
+    assert read_lines(out) == []  # the .zst is complete (an empty frame)
+
+
+def test_the_recorder_closes_the_file_complete_when_the_proxy_is_killed(fake_upstream: FakeUpstream,
+                                                                        start_capture: Any, tmp_path: Path) -> None:
+    """SIGKILL to the forwarder: its recorder (its own session, deaf to signals) sees its input end, writes
+    the lines it was handed and closes the .zst complete."""
+    import psutil
+
+    out = tmp_path / "t.jsonl.zst"
+    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    (recorder,) = psutil.Process(cap.proc.pid).children()
+    for k in range(3):
+        _post(cap.url, "/v1/completions", _text_body(k))
+    cap.proc.kill()
+    cap.proc.communicate(timeout=30)
+    recorder.wait(timeout=30)  # its exit code is not ours to read: the file says it ended well
+    assert sorted(r["input_length"] for r in read_lines(out)) == [20, 21, 22]
 
 
 def test_ingest_reads_what_capture_writes(fake_upstream: FakeUpstream, start_capture: Any, tmp_path: Path) -> None:
