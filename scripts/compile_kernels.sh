@@ -24,7 +24,7 @@ $K ingest "$D/t.jsonl" -o "$D/fleet" -q  # a run folder has one writer at a time
 # first, lfu, gdsf and the oracle, then the fleet's kernels over them, in the second; each later step finds
 # the other's loops in the cache (a loop both compiled at once would cost its seconds twice)
 ( $K analyze "$D/run" -q
-  $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q
+  $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q -j 1
   $K simulate "$D/run" -p all,fitted,oracle-dead --policy-file "$D/policy.json" -c 0.5L --ablation -q --name warm -j 1
   $K simulate "$D/run" -p lru,wa -c 0.5L --engine-block-size 32 -q --name warm-engine -j 1 ) &
 a=$!

@@ -46,6 +46,18 @@ def notify_first_compile(handler: Callable[[str], None]) -> None:
     _state["handler"] = None if os.environ.get(QUIET_ENV) else handler
     if _state["handler"] is None and not os.environ.get(LOG_ENV):
         return
+    _watch()
+
+
+def log_compiles() -> None:
+    """With KVTRACE_COMPILE_LOG set, log this process's kernel compiles (an executor's worker process: it
+    compiles what its tasks need, and says no notice itself)."""
+    if os.environ.get(LOG_ENV):
+        _watch()
+
+
+def _watch() -> None:
+    """Listen to numba's compile events now, or from numba's import on."""
     if "numba" in sys.modules:
         _listen()
     elif not any(isinstance(f, _NumbaWatch) for f in sys.meta_path):

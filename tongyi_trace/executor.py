@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tongyi_trace.compile_notice import log_compiles
 from tongyi_trace.errors import ClusterError, KvtraceError, UsageError
 
 EXECUTORS = ("local", "ray")
@@ -214,6 +215,7 @@ def _save_shared(folder: Path, shared: Mapping[str, Any]) -> None:
 
 
 def _load_shared(folder: str) -> None:
+    log_compiles()  # bench/bench_compile.py counts a worker's compiles too
     path = Path(folder)
     shared: dict[str, Any] = pickle.loads((path / "objects.pkl").read_bytes())
     for f in path.glob("*.npy"):

@@ -255,24 +255,29 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
     leaves = ip[IP_LEAVES]
     tree = QHEAD + 2 * nq
     nodep = LOGP + 2 * nq
-    if gf[NOW] != now or g[EPOCH] != g[G_EPOCH]:  # every priority changed, or something behind the hooks:
-        gf[NOW] = now  # build the tree
+    build = gf[NOW] != now or g[EPOCH] != g[G_EPOCH]  # every priority changed, or something behind the hooks
+    if build:  # every leaf is stale: the tree is built again
+        gf[NOW] = now
         if g[EPOCH] != g[G_EPOCH]:
             _terms(gf, nq, ip, fp, ft)
             g[EPOCH] = g[G_EPOCH]
-        g[NDIRTY] = 0
         for w in range(nq):
-            _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            g[QHEAD + nq + w] = w
+        g[NDIRTY] = nq
+    # the stale leaves keyed first (one call site of _leaf, so its priority functions compile once: each
+    # node is the first of its subtree whatever order the leaves are keyed in)
+    for k in range(g[NDIRTY]):
+        _leaf(bk, g, gf, qs, ip, fp, ft, g[QHEAD + nq + k], now)
+    if build:
         for i in range(leaves - 1, 0, -1):
             a, b = tree + 2 * i, nodep + 2 * i
             right = _first(bk, g, g[a + 1], gf[b + 1], g[a], gf[b], use_offset)
             g[tree + i] = g[a + 1] if right else g[a]
             gf[nodep + i] = gf[b + 1] if right else gf[b]
-    else:  # recompute the stale leaves and their paths (the winner carried up, each sibling's key read)
+    else:  # the stale leaves' paths (the winner carried up, each sibling's key read)
         for k in range(g[NDIRTY]):
-            w = g[QHEAD + nq + k]
-            i = leaves + w
-            win, wp = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            i = leaves + g[QHEAD + nq + k]
+            win, wp = g[tree + i], gf[nodep + i]
             while i > 1:
                 s = g[tree + (i ^ 1)]
                 sp = gf[nodep + (i ^ 1)]
@@ -281,7 +286,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
                 i >>= 1
                 g[tree + i] = win
                 gf[nodep + i] = wp
-        g[NDIRTY] = 0
+    g[NDIRTY] = 0
     w = g[tree + 1]
     if w < 0:
         return -1
