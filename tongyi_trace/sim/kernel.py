@@ -377,8 +377,10 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
     simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
     structs.py would keep running the stale cached machine code. For the same reason every function of a
-    policy file is inlined (inline="always"): its columns and slots come from policy_base and structs,
-    which a separately cached function would not see change. The stream's arrays reach it read-only
+    policy file is inlined (inline="always") or compiled uncached with the loop (cache=False, wa.py): its
+    columns and slots come from policy_base and structs, which a separately cached function would not see
+    change. Each hook is called from one place in the loop (numba inlines a callee's IR at every call site:
+    bench/bench_compile.py). The stream's arrays reach it read-only
     (sim/stream.py), in this process and in an executor's workers alike, so it compiles once."""
     if name not in _KERNELS:
         env = dict(globals())

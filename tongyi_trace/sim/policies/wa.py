@@ -56,8 +56,13 @@ if TYPE_CHECKING:
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 exp_terms = njit(cache=True, inline="always")(wa_priority.exp_terms)
 exp_log_reuse_prob = njit(cache=True, inline="always")(wa_priority.exp_log_reuse_prob)
-# log_reuse_prob calls those: compile it with the compiled ones bound in its globals
-log_reuse_prob = njit(cache=True, inline="always")(FunctionType(
+# log_reuse_prob calls those: compile it with the compiled ones bound in its globals. It and _terms (once per
+# epoch) are called, not inlined: numba's inlining copies a function's IR with its whole scope once per
+# block, so a large inlined callee costs its caller's compile quadratically (WA's loop: 11.5 -> 8.4 CPU s
+# cold, bench/bench_compile.py); a call with scalars and a row costs little beside the priority's logs. Not
+# cached on their own (cache=False): compiled afresh with the loop, whose cache entry holds their code, so
+# they never run stale against an edited structs.py or policy_base.py (kernel.policy_kernel)
+log_reuse_prob = njit(cache=False)(FunctionType(
     wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf, "exp_terms": exp_terms,
                                           "exp_log_reuse_prob": exp_log_reuse_prob}, "log_reuse_prob"))
 evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
@@ -215,7 +220,7 @@ def _life(fp: np.ndarray, ft: np.ndarray, w: int) -> float:
     return fp[FP_LIFE] if fp[FP_LIFE] > 0.0 else ft[CW_LIFE, w]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=False)  # called, not inlined (log_reuse_prob above)
 def _terms(gf: np.ndarray, nq: int, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray) -> None:
     """Each category's exp terms (LOGP, LOGW) for the current parameters."""
     for w in range(nq):
