@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-# every kernel compiled once on a cold cache, CPU seconds (bench/bench_compile.py: 313 s summed over its
-# processes, of which 98 s WA's loop and 6 s LRU's compiled twice at once; WA 98, GDSF 53, S3-FIFO 21)
-COLD_COMPILE_S = 210
+# every kernel compiled once on a cold cache, CPU seconds (bench/bench_compile.py: 44.5 s summed over its
+# processes, a policy's loop 2.5-8.3 s: GDSF 8.3, WA 8.0 + 1.8 for its priority, S3-FIFO 4.1; was 157 s with
+# WA's loop 109 s, compiled twice side by side, before each hook had one call site in the loop)
+COLD_COMPILE_S = 45
 NOTICE = f"compiling the simulator (first run only, about {COLD_COMPILE_S} s)"
 PACKAGE = "tongyi_trace"
 LOG_ENV = "KVTRACE_COMPILE_LOG"
