@@ -207,7 +207,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     else:
                         while True:  # one call site: each hook is inlined once (bench/bench_compile.py)
                             v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-                            if v < 0 or not leaf_only or nchild(bk, v) == 0:
+                            if v < 0 or not leaf_only or nchild(bk, v) <= 0:
                                 break
                             bk[v, PARK] = 1
                             _append(rnext, rprev, d + 1, v)
