@@ -6,7 +6,10 @@ kernel in this process call HANDLER(NOTICE), once; a kernel loaded from numba's 
 fires its "numba:compile" event only after the cache missed). Standard library only: numba is not imported
 here; when nothing has imported it yet, it is watched from the moment something does (a finder on
 sys.meta_path that installs the listener right after numba's own import), so a command that never
-compiles pays nothing. COLD_COMPILE_S is bench/bench_compile.py's total, each kernel counted once.
+compiles pays nothing. A local pool's worker that compiles (executor.py: `log_compiles` in each worker)
+marks its pool's folder, and the caller, which looks every second while it waits, says the notice
+(`worker_compiled`): the same line, once, above its progress bar. COLD_COMPILE_S is
+bench/bench_compile.py's total, each kernel counted once.
 
 With KVTRACE_COMPILE_LOG=FILE set, every compile of a kvtrace kernel also appends one JSON line to FILE:
 {"kernel": module.name, "cpu_s": its own CPU seconds (this thread's: a shared machine's load does not
@@ -25,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -36,6 +40,7 @@ NOTICE = f"compiling the simulator (first run only, about {COLD_COMPILE_S} s)"
 PACKAGE = "tongyi_trace"
 LOG_ENV = "KVTRACE_COMPILE_LOG"
 QUIET_ENV = "KVTRACE_NO_COMPILE_NOTICE"  # set (scripts/compile_kernels.sh): no notice, the caller says it once
+MARK = "compiling"  # the file a pool's worker creates in the pool's folder when it first compiles a kernel
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"handler": None, "said": False, "listening": False}
@@ -50,11 +55,19 @@ def notify_first_compile(handler: Callable[[str], None]) -> None:
     _watch()
 
 
-def log_compiles() -> None:
-    """With KVTRACE_COMPILE_LOG set, log this process's kernel compiles (an executor's worker process: it
-    compiles what its tasks need, and says no notice itself)."""
-    if os.environ.get(LOG_ENV):
-        _watch()
+def log_compiles(folder: str) -> None:
+    """In an executor's worker process (its pool's shared FOLDER): at its first kernel compile, create
+    FOLDER/compiling, so that the calling process says the notice (`worker_compiled`; a worker's own line
+    would be drawn over by the caller's progress bar); with KVTRACE_COMPILE_LOG set, log its compiles."""
+    _state["handler"] = lambda notice: Path(folder, MARK).touch()
+    _watch()
+
+
+def worker_compiled(folder: str) -> None:
+    """In the calling process: say the notice (once, as notify_first_compile's HANDLER) when a worker of the
+    pool sharing FOLDER has begun compiling."""
+    if not _state["said"] and _state["handler"] is not None and Path(folder, MARK).exists():
+        _on_compile(PACKAGE)
 
 
 def _watch() -> None:
