@@ -29,16 +29,17 @@ step_cpu() {
 }
 step_cpu setup
 # two processes, one per core, each compiling its own share of the policies' loops (one loop per policy
-# serves one cache and both tiers, sim/kernel.py): the fit's candidates (lru, fifo, s3fifo, wa) in the
-# first, lfu, gdsf and the oracle, then the fleet's kernels over them, in the second; each later step finds
-# the other's loops in the cache (a loop both compiled at once would cost its seconds twice)
+# serves one cache and both tiers, sim/kernel.py): the fit's candidates (lru, fifo, s3fifo, wa), then the
+# oracle, in the first, lfu and gdsf, then the fleet's kernels over them, in the second (bench/bench_compile.py:
+# about 40 CPU s each); each later step finds the other's loops in the cache (a loop both compiled at once
+# would cost its seconds twice)
 ( $K analyze "$D/run" -q
   $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q -j 1
   $K simulate "$D/run" -p all,fitted,oracle-dead --policy-file "$D/policy.json" -c 0.5L --ablation -q --name warm -j 1
   $K simulate "$D/run" -p lru,wa -c 0.5L --engine-block-size 32 -q --name warm-engine -j 1
   step_cpu first ) &
 a=$!
-( $K simulate "$D/fleet" -p lfu,gdsf,oracle -c 0.5L -q --name warm-own -j 1
+( $K simulate "$D/fleet" -p lfu,gdsf -c 0.5L -q --name warm-own -j 1
   $K fit "$D/fleet" --capacity none -o "$D/fleet-policy.json" -q
   $K simulate "$D/fleet" -p lfu,gdsf -c 5% --policy-file "$D/fleet-policy.json" --hbm-capacity 1% --hbm-policy lfu \
       --remote-capacity 20% --instances 2 --router all -q --name warm-fleet -j 1
