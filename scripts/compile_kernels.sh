@@ -19,19 +19,31 @@ export KVTRACE_NO_COMPILE_NOTICE=1  # said once here, not once per command
 $K synth --profile to-c --seed 1 --requests 3000 --duration 1800 -o "$D/t.jsonl" -q
 $K ingest "$D/t.jsonl" -o "$D/run" -q
 $K ingest "$D/t.jsonl" -o "$D/fleet" -q  # a run folder has one writer at a time
+# with KVTRACE_COMPILE_LOG (bench/bench_compile.py): a step's CPU seconds (user, sys of its commands: bash's
+# `times`) and when it ended (s since the start), one JSON line in the log
+step_cpu() {
+  [ -n "${KVTRACE_COMPILE_LOG:-}" ] || return 0
+  times > "$D/times-$1"  # not in $(...): a subshell's `times` counts none of this shell's commands
+  echo "{\"branch\": \"$1\", \"times\": \"$(tail -1 "$D/times-$1")\", \"end_s\": $(( $(date +%s) - start ))}" \
+    >> "$KVTRACE_COMPILE_LOG"
+}
+step_cpu setup
 # two processes, one per core, each compiling its own share of the policies' loops (one loop per policy
-# serves one cache and both tiers, sim/kernel.py): the fit's candidates (lru, fifo, s3fifo, wa) in the
-# first, lfu, gdsf and the oracle, then the fleet's kernels over them, in the second; each later step finds
-# the other's loops in the cache (a loop both compiled at once would cost its seconds twice)
+# serves one cache and both tiers, sim/kernel.py): the fit's candidates (lru, fifo, s3fifo, wa), then the
+# oracle, in the first, lfu and gdsf, then the fleet's kernels over them, in the second (bench/bench_compile.py:
+# about 40 CPU s each); each later step finds the other's loops in the cache (a loop both compiled at once
+# would cost its seconds twice)
 ( $K analyze "$D/run" -q
-  $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q
+  $K fit "$D/run" --capacity 0.5L -o "$D/policy.json" -q -j 1
   $K simulate "$D/run" -p all,fitted,oracle-dead --policy-file "$D/policy.json" -c 0.5L --ablation -q --name warm -j 1
-  $K simulate "$D/run" -p lru,wa -c 0.5L --engine-block-size 32 -q --name warm-engine -j 1 ) &
+  $K simulate "$D/run" -p lru,wa -c 0.5L --engine-block-size 32 -q --name warm-engine -j 1
+  step_cpu first ) &
 a=$!
-( $K simulate "$D/fleet" -p lfu,gdsf,oracle -c 0.5L -q --name warm-own -j 1
+( $K simulate "$D/fleet" -p lfu,gdsf -c 0.5L -q --name warm-own -j 1
   $K fit "$D/fleet" --capacity none -o "$D/fleet-policy.json" -q
   $K simulate "$D/fleet" -p lfu,gdsf -c 5% --policy-file "$D/fleet-policy.json" --hbm-capacity 1% --hbm-policy lfu \
-      --remote-capacity 20% --instances 2 --router all -q --name warm-fleet -j 1 ) &
+      --remote-capacity 20% --instances 2 --router all -q --name warm-fleet -j 1
+  step_cpu second ) &
 b=$!
 wait $a
 wait $b

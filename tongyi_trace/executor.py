@@ -26,11 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tongyi_trace.compile_notice import log_compiles, worker_compiled
 from tongyi_trace.errors import ClusterError, KvtraceError, UsageError
 
 EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 2  # a failed task is retried once, unless it failed on its input (a KvtraceError cannot change)
 CONNECT_TIMEOUT_S = 10.0
+NOTICE_POLL_S = 1.0  # how often the local pool's caller looks whether a worker began compiling a kernel
 INLINE_BELOW_REFS = 1_000_000  # by default, work over fewer block references than this runs in this process
 DEFAULT_PARTITIONS = 16  # partitions of the per-block work of analyze and fit with --executor ray
 MAX_PARTITIONS = 4096
@@ -188,7 +190,8 @@ class LocalExecutor:
                                  initializer=_load_shared, initargs=(tmp,)) as pool:
             futs: dict[Future[Any], int] = {pool.submit(_call_shared, fn, tasks[i]): i for i in todo}
             while futs:
-                done, _ = wait(futs, return_when=FIRST_COMPLETED)
+                done, _ = wait(futs, timeout=NOTICE_POLL_S, return_when=FIRST_COMPLETED)
+                worker_compiled(tmp)
                 for fut in done:
                     i = futs.pop(fut)
                     attempts[i] += 1
@@ -232,6 +235,7 @@ def _save_shared(folder: Path, shared: Mapping[str, Any]) -> None:
 
 
 def _load_shared(folder: str) -> None:
+    log_compiles(folder)  # the caller says the compile notice; bench/bench_compile.py counts these compiles
     path = Path(folder)
     shared: dict[str, Any] = pickle.loads((path / "objects.pkl").read_bytes())
     for f in path.glob("*.npy"):

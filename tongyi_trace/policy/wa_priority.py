@@ -122,7 +122,7 @@ def log_reuse_prob(model: int, p: float, rate_per_s: float, table: object, t_s: 
         return exp_log_reuse_prob(log_p, log_w, p, rate_per_s, t_s, use_life, conditional)
     t = max(t_s, 0.0)
     f_t = km_cdf(table, t)
-    f_end = km_cdf(table, t + life_s) if use_life else km_cdf(table, math.inf)
+    f_end = km_cdf(table, t + life_s if use_life else math.inf)  # one call: compiled once by the simulator
     mass = f_end - f_t
     if mass <= 0.0:
         return -math.inf

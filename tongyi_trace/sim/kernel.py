@@ -205,12 +205,13 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     if v < d:
                         _unpark(bk, rnext, rprev, v)
                     else:
-                        v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
-                        while v >= 0 and leaf_only and nchild(bk, v) > 0:
+                        while True:  # one call site: each hook is inlined once (bench/bench_compile.py)
+                            v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
+                            if v < 0 or not leaf_only or nchild(bk, v) <= 0:
+                                break
                             bk[v, PARK] = 1
                             _append(rnext, rprev, d + 1, v)
                             stats[S_PARKED] += 1
-                            v = evict(bk, hp, g, gf, qs, ip, fp, ft, it, now)
                         if v < 0 and rnext[d + 1] != d + 1:  # only held blocks are left: the longest-held goes
                             v = rnext[d + 1]
                             _unpark(bk, rnext, rprev, v)
@@ -263,17 +264,17 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if pinned[x] == 1:
                 pinned[x] = 0
                 if demote:
-                    ref = lrel[L_REF, x]
+                    ref, pos, cat = lrel[L_REF, x], lrel[L_POS, x], lrel[L_CAT, x]
                     bk[x, LAST] = lrel[L_LAST_US, x]
-                    release(bk, hp, g, gf, qs, ip, fp, ft, it, x, ref, lrel[L_POS, x], ntok[ref], lrel[L_CAT, x], now)
-                    continue
-                bk[x, LAST] = now_us
-                if tiered:
-                    lrel[L_REF, x] = s + k
-                    lrel[L_POS, x] = k
-                    lrel[L_CAT, x] = c
-                    lrel[L_LAST_US, x] = now_us
-                release(bk, hp, g, gf, qs, ip, fp, ft, it, x, s + k, k, ntok[s + k], c, now)
+                else:
+                    ref, pos, cat = s + k, k, c
+                    bk[x, LAST] = now_us
+                    if tiered:
+                        lrel[L_REF, x] = ref
+                        lrel[L_POS, x] = pos
+                        lrel[L_CAT, x] = cat
+                        lrel[L_LAST_US, x] = now_us
+                release(bk, hp, g, gf, qs, ip, fp, ft, it, x, ref, pos, ntok[ref], cat, now)
         tok = 0
         for k in range(nstat):
             tok += ntok[s + k]
@@ -376,8 +377,10 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     name (so numba's on-disk cache keeps one entry per policy). The name carries a digest of the
     simulator's sources: numba checks only this file's timestamp, so without it an edited policy or
     structs.py would keep running the stale cached machine code. For the same reason every function of a
-    policy file is inlined (inline="always"): its columns and slots come from policy_base and structs,
-    which a separately cached function would not see change. The stream's arrays reach it read-only
+    policy file is inlined (inline="always") or compiled uncached with the loop (cache=False, wa.py): its
+    columns and slots come from policy_base and structs, which a separately cached function would not see
+    change. Each hook is called from one place in the loop (numba inlines a callee's IR at every call site:
+    bench/bench_compile.py). The stream's arrays reach it read-only
     (sim/stream.py), in this process and in an executor's workers alike, so it compiles once."""
     if name not in _KERNELS:
         env = dict(globals())

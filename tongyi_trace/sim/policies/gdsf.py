@@ -260,9 +260,10 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
         if e + 1 == end:  # the run is used up: the last run takes its slot
             g[NRUNS] -= 1
             o = SLOT * (g[NRUNS] + 1)
-            _sift_down(it, g[NRUNS], 0, it[o + R_KEY], it[o + R_TIE], it[o + R_CUR], it[o + R_END])
+            key, tie, cur, last = it[o + R_KEY], it[o + R_TIE], it[o + R_CUR], it[o + R_END]
         else:
-            _sift_down(it, g[NRUNS], 0, hp[e + 1, HKEY], hp[e + 1, HTIE], e + 1, end)
+            key, tie, cur, last = hp[e + 1, HKEY], hp[e + 1, HTIE], e + 1, end
+        _sift_down(it, g[NRUNS], 0, key, tie, cur, last)  # one call site: inlined once
         if g[NRUNS] > 0:  # the next victim, most likely: start loading its row and its run's next entry
             prefetch_row(bk, it[SLOT + R_TIE] & ID_MASK)  # type: ignore[call-arg]
             prefetch_row(hp, it[SLOT + R_CUR] + 1)

@@ -153,14 +153,12 @@ def _evict_main(bk: np.ndarray, qs: np.ndarray, ip: np.ndarray) -> int:
 @njit(cache=True, inline="always")
 def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, now: float) -> int:
-    if qs[_S] >= ip[IP_SMALL_BLOCKS] or qs[_M] == 0:
-        x = _evict_small(bk, g, qs, ip)
-        if x < 0:
-            x = _evict_main(bk, qs, ip)
-    else:
-        x = _evict_main(bk, qs, ip)
-        if x < 0:
-            x = _evict_small(bk, g, qs, ip)
+    small_first = qs[_S] >= ip[IP_SMALL_BLOCKS] or qs[_M] == 0
+    x = -1
+    for i in range(2):  # the other queue when the first has no victim; each helper inlined once
+        x = _evict_small(bk, g, qs, ip) if small_first == (i == 0) else _evict_main(bk, qs, ip)
+        if x >= 0:
+            break
     return x
 
 

@@ -56,8 +56,13 @@ if TYPE_CHECKING:
 km_cdf = njit(cache=True, inline="always")(wa_priority.km_cdf)
 exp_terms = njit(cache=True, inline="always")(wa_priority.exp_terms)
 exp_log_reuse_prob = njit(cache=True, inline="always")(wa_priority.exp_log_reuse_prob)
-# log_reuse_prob calls those: compile it with the compiled ones bound in its globals
-log_reuse_prob = njit(cache=True, inline="always")(FunctionType(
+# log_reuse_prob calls those: compile it with the compiled ones bound in its globals. It and _terms (once per
+# epoch) are called, not inlined: numba's inlining copies a function's IR with its whole scope once per
+# block, so a large inlined callee costs its caller's compile quadratically (WA's loop: 11.5 -> 8.4 CPU s
+# cold, bench/bench_compile.py); a call with scalars and a row costs little beside the priority's logs. Not
+# cached on their own (cache=False): compiled afresh with the loop, whose cache entry holds their code, so
+# they never run stale against an edited structs.py or policy_base.py (kernel.policy_kernel)
+log_reuse_prob = njit(cache=False)(FunctionType(
     wa_priority.log_reuse_prob.__code__, {**vars(wa_priority), "km_cdf": km_cdf, "exp_terms": exp_terms,
                                           "exp_log_reuse_prob": exp_log_reuse_prob}, "log_reuse_prob"))
 evicts_before = njit(cache=True, inline="always")(wa_priority.evicts_before)
@@ -215,7 +220,7 @@ def _life(fp: np.ndarray, ft: np.ndarray, w: int) -> float:
     return fp[FP_LIFE] if fp[FP_LIFE] > 0.0 else ft[CW_LIFE, w]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=False)  # called, not inlined (log_reuse_prob above)
 def _terms(gf: np.ndarray, nq: int, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray) -> None:
     """Each category's exp terms (LOGP, LOGW) for the current parameters."""
     for w in range(nq):
@@ -255,24 +260,29 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
     leaves = ip[IP_LEAVES]
     tree = QHEAD + 2 * nq
     nodep = LOGP + 2 * nq
-    if gf[NOW] != now or g[EPOCH] != g[G_EPOCH]:  # every priority changed, or something behind the hooks:
-        gf[NOW] = now  # build the tree
+    build = gf[NOW] != now or g[EPOCH] != g[G_EPOCH]  # every priority changed, or something behind the hooks
+    if build:  # every leaf is stale: the tree is built again
+        gf[NOW] = now
         if g[EPOCH] != g[G_EPOCH]:
             _terms(gf, nq, ip, fp, ft)
             g[EPOCH] = g[G_EPOCH]
-        g[NDIRTY] = 0
         for w in range(nq):
-            _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            g[QHEAD + nq + w] = w
+        g[NDIRTY] = nq
+    # the stale leaves keyed first (one call site of _leaf, so its priority functions compile once: each
+    # node is the first of its subtree whatever order the leaves are keyed in)
+    for k in range(g[NDIRTY]):
+        _leaf(bk, g, gf, qs, ip, fp, ft, g[QHEAD + nq + k], now)
+    if build:
         for i in range(leaves - 1, 0, -1):
             a, b = tree + 2 * i, nodep + 2 * i
             right = _first(bk, g, g[a + 1], gf[b + 1], g[a], gf[b], use_offset)
             g[tree + i] = g[a + 1] if right else g[a]
             gf[nodep + i] = gf[b + 1] if right else gf[b]
-    else:  # recompute the stale leaves and their paths (the winner carried up, each sibling's key read)
+    else:  # the stale leaves' paths (the winner carried up, each sibling's key read)
         for k in range(g[NDIRTY]):
-            w = g[QHEAD + nq + k]
-            i = leaves + w
-            win, wp = _leaf(bk, g, gf, qs, ip, fp, ft, w, now)
+            i = leaves + g[QHEAD + nq + k]
+            win, wp = g[tree + i], gf[nodep + i]
             while i > 1:
                 s = g[tree + (i ^ 1)]
                 sp = gf[nodep + (i ^ 1)]
@@ -281,7 +291,7 @@ def evict(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
                 i >>= 1
                 g[tree + i] = win
                 gf[nodep + i] = wp
-        g[NDIRTY] = 0
+    g[NDIRTY] = 0
     w = g[tree + 1]
     if w < 0:
         return -1
