@@ -59,6 +59,7 @@ GAP_EPS_S = 0.01  # s: the donor scan compares gaps on a log scale, this much ad
 # (|log gap ratio|, back and forward alternately)
 SCAN_BACK, SCAN_BACK_FORWARD, SCAN_NEAREST = 0, 1, 2
 WHOLE_TOL = 0.2  # SCAN_NEAREST takes a free donor's whole prompt when its length is within this share of k
+NUM_LRU_VARIANTS = 6  # variants (closest in ideal hit and reuse times) whose LRU curve is computed
 NUM_REUSE_BINS = BIN_MAX - BIN_ZERO + 1  # the reuse-time CDF's log bins (BIN_ZERO, then BIN_MIN..BIN_MAX)
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
@@ -263,14 +264,15 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         # the first long enough and free, the first long enough and not too long, the first long enough
         jb, jf = lo - 1, lo
         g0 = gap_s[i] + GAP_EPS_S
-        # how far (log distance) past a free donor a better-fitting one may lie: SLACK x the gap (+1 s)
-        limit = np.log((gap_s[i] * (1.0 + slack) + 1.0 + GAP_EPS_S) / g0)
+        # how far (gap ratio) past a free donor a better-fitting one may lie: SLACK x the gap (+1 s)
+        limit = (gap_s[i] * (1.0 + slack) + 1.0 + GAP_EPS_S) / g0  # as a ratio of gaps (>= 1)
         best, free, fit, longest = -1, -1, -1, -1
         whole = False
         steps = 0
         while (jb >= 0 or jf < i) and steps < max_scan:
-            db = abs(np.log((arrival_s[i] - arrival_s[jb] + GAP_EPS_S) / g0)) if jb >= 0 else np.inf
-            df = abs(np.log((arrival_s[i] - arrival_s[jf] + GAP_EPS_S) / g0)) if jf < i else np.inf
+            # the ratio of the larger gap to the smaller: exp(|log gap ratio|)
+            db = (arrival_s[i] - arrival_s[jb] + GAP_EPS_S) / g0 if jb >= 0 else np.inf
+            df = g0 / (arrival_s[i] - arrival_s[jf] + GAP_EPS_S) if jf < i else np.inf
             if scan != SCAN_NEAREST and jb >= 0:
                 df = np.inf
             if db <= df:
@@ -413,28 +415,37 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
     loss = float((k.sum() - kk.sum()) / max(n.sum(), 1))
     k_whole = _shared_blocks(f, n, u_round, min(model.ideal_hit + loss, 1.0))
     max_n_whole = np.ceil(k_whole / np.maximum(g, 1e-9)).astype(np.int64)
-    best: tuple[float, TwinDraw] | None = None
-    for scan in (SCAN_BACK, SCAN_BACK_FORWARD, SCAN_NEAREST):
+
+    def link(scan: int, slack: float) -> TwinDraw:
         kd, md, tol = (k_whole, max_n_whole, WHOLE_TOL) if scan == SCAN_NEAREST else (k, max_n, 0.0)
-        for slack in DONOR_SLACKS:
-            kk, nodes, offsets = _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
-            drawn = TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
-            miss = _distance(model, drawn, n, block_size)
-            if best is None or miss < best[0]:
-                best = (miss, drawn)
+        kk, nodes, offsets = _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
+        return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+
+    # every variant by its ideal hit and reuse-time CDF (cheap); the LRU curve of the closest few only
+    variants = sorted((_distance(model, link(scan, slack), n, block_size, with_lru=False), scan, slack)
+                      for scan in (SCAN_BACK, SCAN_BACK_FORWARD, SCAN_NEAREST) for slack in DONOR_SLACKS)
+    if model.reuse_cdf.size:
+        variants = variants[:NUM_LRU_VARIANTS]
+    best: tuple[float, TwinDraw] | None = None
+    for _, scan, slack in variants:
+        drawn = link(scan, slack)
+        miss = _distance(model, drawn, n, block_size)
+        if best is None or miss < best[0]:
+            best = (miss, drawn)
     assert best is not None
     return best[1]
 
 
-def _distance(model: TwinModel, drawn: TwinDraw, n: I64, block_size: int) -> float:
-    """How far DRAWN is from the run's figures in MODEL, in units of their tolerances (the largest of the
-    ideal hit, the LRU points and, when the run's is known, the reuse-time CDF's KS distance)."""
-    miss = max(float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) / LRU_TOL,
-               abs(float(drawn.shared_blocks.sum() / max(n.sum(), 1)) - model.ideal_hit) / IDEAL_TOL)
+def _distance(model: TwinModel, drawn: TwinDraw, n: I64, block_size: int, with_lru: bool = True) -> float:
+    """How far DRAWN is from the run's figures in MODEL, in units of their tolerances: the largest of the
+    ideal hit, when the run's is known the reuse-time CDF's KS distance, and WITH_LRU the LRU points."""
+    miss = abs(float(drawn.shared_blocks.sum() / max(n.sum(), 1)) - model.ideal_hit) / IDEAL_TOL
     if model.reuse_cdf.size:
         num_ids = int(drawn.hash_ids.max()) + 1 if drawn.hash_ids.size else 0
         cdf = reuse_time_cdf(drawn.offsets, drawn.hash_ids, drawn.arrival_ms / 1000.0, num_ids)
         miss = max(miss, float(np.max(np.abs(cdf - model.reuse_cdf))) / REUSE_KS_MAX)
+    if with_lru:
+        miss = max(miss, float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) / LRU_TOL)
     return miss
 
 
