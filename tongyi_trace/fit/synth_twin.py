@@ -55,10 +55,11 @@ MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighb
 MAX_DONOR_SCAN = 4096  # requests looked at (nearest to the drawn gap first) for a donor long enough
 GAP_EPS_S = 0.01  # s: the donor scan compares gaps on a log scale, this much added to each
 # the donor scan's orders (each drawn, the closest to the run kept): back from the target, then forward to
-# the first request long enough; back, then forward as far as back; nearest to the drawn gap first
-# (|log gap ratio|, back and forward alternately)
-SCAN_BACK, SCAN_BACK_FORWARD, SCAN_NEAREST = 0, 1, 2
-WHOLE_TOL = 0.2  # SCAN_NEAREST takes a free donor's whole prompt when its length is within this share of k
+# the first request long enough; the best length fit within the gap ratio 1 + slack of the drawn gap, then
+# as the next; nearest to the drawn gap first (|log gap ratio|, back and forward alternately)
+SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST = 0, 1, 2
+WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its length is this near k
+PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
 NUM_LRU_VARIANTS = 6  # variants (closest in ideal hit and reuse times) whose LRU curve is computed
 NUM_REUSE_BINS = BIN_MAX - BIN_ZERO + 1  # the reuse-time CDF's log bins (BIN_ZERO, then BIN_MIN..BIN_MAX)
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
@@ -266,14 +267,40 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         g0 = gap_s[i] + GAP_EPS_S
         # how far (gap ratio) past a free donor a better-fitting one may lie: SLACK x the gap (+1 s)
         limit = (gap_s[i] * (1.0 + slack) + 1.0 + GAP_EPS_S) / g0  # as a ratio of gaps (>= 1)
-        best, free, fit, longest = -1, -1, -1, -1
+        best, free, fit, longest, short = -1, -1, -1, -1, -1
         whole = False
         steps = 0
-        while (jb >= 0 or jf < i) and steps < max_scan:
+        if scan == SCAN_WINDOW:
+            # the best length fit among the free requests within the gap ratio 1 + SLACK of the drawn gap:
+            # one of [k, k / share] blocks (k shared), else the nearest in length within WHOLE_TOL of k
+            # (its whole prompt shared); failing that, nearest first below
+            r = min(1.0 + slack, 1e9)
+            score = np.inf
+            for side in range(2):
+                j = lo - 1 if side == 0 else lo
+                while 0 <= j < i and steps < max_scan:
+                    gj = arrival_s[i] - arrival_s[j] + GAP_EPS_S
+                    if (gj / g0 if side == 0 else g0 / gj) > r:
+                        break
+                    steps += 1
+                    if used[j] < cap[j]:
+                        if want <= n[j] <= max_n[i]:
+                            sc = 0.0
+                        elif n[j] <= n[i] and want * (1 - whole_tol) <= n[j] <= want * (1 + whole_tol):
+                            sc = abs(n[j] - want) / want
+                        else:
+                            sc = np.inf
+                        sc += abs(np.log(gj / g0)) * 1e-3  # ties: the nearest gap
+                        if sc < score:
+                            score, best = sc, j
+                            whole = not want <= n[j] <= max_n[i]
+                    j = j - 1 if side == 0 else j + 1
+            steps = 0
+        while best < 0 and (jb >= 0 or jf < i) and steps < max_scan:
             # the ratio of the larger gap to the smaller: exp(|log gap ratio|)
             db = (arrival_s[i] - arrival_s[jb] + GAP_EPS_S) / g0 if jb >= 0 else np.inf
             df = g0 / (arrival_s[i] - arrival_s[jf] + GAP_EPS_S) if jf < i else np.inf
-            if scan != SCAN_NEAREST and jb >= 0:
+            if scan == SCAN_BACK and jb >= 0:
                 df = np.inf
             if db <= df:
                 j, dist = jb, db
@@ -288,6 +315,8 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
                     <= want * (1 + whole_tol) and not want <= n[j] <= max_n[i]):
                 best, whole = j, True  # within WHOLE_TOL of the drawn k: share the donor's whole prompt
                 break
+            if whole_tol > 0 and short < 0 and used[j] < cap[j] and want // 2 <= n[j] < want:
+                short = j
             if n[j] >= want:
                 if longest < 0:
                     longest = j
@@ -301,6 +330,8 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
                     fit = j
             if scan == SCAN_BACK and jb < 0 and longest >= 0:
                 break  # forward just to the first request long enough
+        if best < 0 and free < 0 and short >= 0:
+            best, whole = short, True  # a free donor's whole prompt, shorter, before one already used
         if best < 0:
             best = free if free >= 0 else fit if fit >= 0 else longest
         if best < 0:
@@ -411,24 +442,27 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
     # taking a donor's whole prompt when it is within WHOLE_TOL of k (SCAN_NEAREST) shares fewer blocks on
     # the whole (to-C at a quarter size: ideal .540 against .559): its k is drawn for the ideal hit ratio
     # plus that loss, measured on one pilot link
-    kk, _, _ = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, DONOR_SLACKS[0], SCAN_NEAREST, WHOLE_TOL)
+    kk, _, _ = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, PILOT_SLACK, SCAN_NEAREST, WHOLE_TOL)
     loss = float((k.sum() - kk.sum()) / max(n.sum(), 1))
     k_whole = _shared_blocks(f, n, u_round, min(model.ideal_hit + loss, 1.0))
     max_n_whole = np.ceil(k_whole / np.maximum(g, 1e-9)).astype(np.int64)
 
     def link(scan: int, slack: float) -> TwinDraw:
-        kd, md, tol = (k_whole, max_n_whole, WHOLE_TOL) if scan == SCAN_NEAREST else (k, max_n, 0.0)
+        kd, md, tol = (k, max_n, 0.0) if scan == SCAN_BACK else (k_whole, max_n_whole, WHOLE_TOL)
         kk, nodes, offsets = _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
         return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
 
     # every variant by its ideal hit and reuse-time CDF (cheap); the LRU curve of the closest few only
-    variants = sorted((_distance(model, link(scan, slack), n, block_size, with_lru=False), scan, slack)
-                      for scan in (SCAN_BACK, SCAN_BACK_FORWARD, SCAN_NEAREST) for slack in DONOR_SLACKS)
-    if model.reuse_cdf.size:
-        variants = variants[:NUM_LRU_VARIANTS]
-    best: tuple[float, TwinDraw] | None = None
-    for _, scan, slack in variants:
+    closest: list[tuple[float, int, TwinDraw]] = []
+    for num, (scan, slack) in enumerate((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
+                                        for slack in DONOR_SLACKS):
         drawn = link(scan, slack)
+        closest = sorted([*closest, (_distance(model, drawn, n, block_size, with_lru=False), num, drawn)],
+                         key=lambda c: (c[0], c[1]))
+        if model.reuse_cdf.size:
+            closest = closest[:NUM_LRU_VARIANTS]
+    best: tuple[float, TwinDraw] | None = None
+    for _, _, drawn in closest:
         miss = _distance(model, drawn, n, block_size)
         if best is None or miss < best[0]:
             best = (miss, drawn)
@@ -468,30 +502,28 @@ def _lru_points(stream: Stream) -> F64:
 
 
 @njit(cache=True)
-def _reuse_gaps(offsets: np.ndarray, nodes: np.ndarray, arrival_s: np.ndarray, num_ids: int) -> np.ndarray:
-    """Reuse times (s): for every block access after the block's first, the time since its previous access."""
+def _reuse_hist(offsets: np.ndarray, nodes: np.ndarray, arrival_s: np.ndarray, num_ids: int) -> np.ndarray:
+    """Reuses per log bin of the reuse_time analysis (index 0: BIN_ZERO, then BIN_MIN..BIN_MAX): for
+    every block access after the block's first, the time since its previous access."""
     last = np.full(num_ids, -1.0)
-    out = np.empty(nodes.shape[0], np.float64)
-    m = 0
+    hist = np.zeros(NUM_REUSE_BINS, np.int64)
     for i in range(offsets.shape[0] - 1):
         t = arrival_s[i]
         for p in range(offsets[i], offsets[i + 1]):
             b = nodes[p]
             if last[b] >= 0.0:
-                out[m] = t - last[b]
-                m += 1
+                gap = t - last[b]
+                k = BIN_ZERO if gap <= 0.0 else min(max(int(np.ceil(BINS_PER_DECADE * np.log10(gap))), BIN_MIN),
+                                                    BIN_MAX)
+                hist[k - BIN_ZERO] += 1
             last[b] = t
-    return out[:m]
+    return hist
 
 
 def reuse_time_cdf(offsets: I64, nodes: I64, arrival_s: F64, num_ids: int) -> F64:
     """Share of reuses within each log bin of the reuse_time analysis (BIN_ZERO, then BIN_MIN..BIN_MAX):
     the reuse-time CDF the check compares, of the requests' block lists in arrival order."""
-    gaps = _reuse_gaps(offsets, nodes, arrival_s, num_ids)
-    pos = gaps > 0
-    b = np.full(gaps.size, BIN_ZERO, dtype=np.int64)
-    b[pos] = np.clip(np.ceil(BINS_PER_DECADE * np.log10(gaps[pos])), BIN_MIN, BIN_MAX).astype(np.int64)
-    hist = np.bincount(b - BIN_ZERO, minlength=NUM_REUSE_BINS).astype(np.float64)
+    hist = _reuse_hist(offsets, nodes, arrival_s, num_ids).astype(np.float64)
     return np.cumsum(hist) / max(float(hist.sum()), 1.0)
 
 
