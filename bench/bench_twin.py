@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,9 +83,10 @@ def main() -> None:
         print(f"{name:9s} {'run':>4s} {figures.ideal_hit:9.3f} "
               + " ".join(f"{figures.lru[p]:9.3f}" for p in ("1%", "5%", "10%", "25%")), flush=True)
         for seed in seeds:
-            t0 = time.perf_counter()
-            synth_like_to_file(run, seed, WORK / "twin.jsonl")
-            draw_s = time.perf_counter() - t0
+            with tempfile.TemporaryDirectory(dir=WORK) as tmp:
+                t0 = time.perf_counter()
+                synth_like_to_file(run, seed, Path(tmp) / "twin.jsonl")
+                draw_s = time.perf_counter() - t0
             rows = {r.key: r for r in check_twin(run, seed, work_dir=WORK, run_figures=figures)}
             cells = [f"{rows[k].twin:8.3f}{' ' if rows[k].ok else '*'}" for k, _ in COLUMNS]
             ok = all(r.ok for r in rows.values())
@@ -92,7 +94,6 @@ def main() -> None:
             total += 1
             print(f"{name:9s} {seed:4d} " + " ".join(cells) + f" {draw_s:7.1f}  {'pass' if ok else 'FAIL'}",
                   flush=True)
-    (WORK / "twin.jsonl").unlink(missing_ok=True)
     print(f"\n{held} of {total} runs x seeds hold every figure (* = outside the tolerance: ideal +-0.02, "
           "LRU +-0.03, reuse-time KS <= 0.10, rate/length KS <= 0.05)")
 
