@@ -56,7 +56,8 @@ MAX_DONOR_SCAN = 4096  # requests looked at (nearest to the drawn gap first) for
 GAP_EPS_S = 0.01  # s: the donor scan compares gaps on a log scale, this much added to each
 # the donor scan's orders (each drawn, the closest to the run kept): back from the target, then forward to
 # the first request long enough; the best length fit within the gap ratio 1 + slack of the drawn gap, then
-# as the next; nearest to the drawn gap first (|log gap ratio|, back and forward alternately)
+# back, no further than that once a request long enough is seen; nearest to the drawn gap first (|log gap
+# ratio|, back and forward alternately)
 SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST = 0, 1, 2
 WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its length is this near k
 PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
@@ -300,7 +301,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
             # the ratio of the larger gap to the smaller: exp(|log gap ratio|)
             db = (arrival_s[i] - arrival_s[jb] + GAP_EPS_S) / g0 if jb >= 0 else np.inf
             df = g0 / (arrival_s[i] - arrival_s[jf] + GAP_EPS_S) if jf < i else np.inf
-            if scan == SCAN_BACK and jb >= 0:
+            if scan != SCAN_NEAREST and jb >= 0:
                 df = np.inf
             if db <= df:
                 j, dist = jb, db
@@ -308,7 +309,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
             else:
                 j, dist = jf, df
                 jf += 1
-            if free >= 0 and dist > limit:
+            if (free >= 0 or (scan == SCAN_WINDOW and longest >= 0)) and dist > limit:
                 break
             steps += 1
             if (whole_tol > 0 and used[j] < cap[j] and n[j] <= n[i] and want * (1 - whole_tol) <= n[j]
