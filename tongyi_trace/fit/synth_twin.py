@@ -275,7 +275,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
             # the best length fit among the free requests within the gap ratio 1 + SLACK of the drawn gap:
             # one of [k, k / share] blocks (k shared), else the nearest in length within WHOLE_TOL of k
             # (its whole prompt shared); failing that, nearest first below
-            r = min(1.0 + slack, 1e9)
+            r = 1.0 + slack
             score = np.inf
             for side in range(2):
                 j = lo - 1 if side == 0 else lo
@@ -455,8 +455,9 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
 
     # every variant by its ideal hit and reuse-time CDF (cheap); the LRU curve of the closest few only
     closest: list[tuple[float, int, TwinDraw]] = []
+    # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
     for num, (scan, slack) in enumerate((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
-                                        for slack in DONOR_SLACKS):
+                                        for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
         drawn = link(scan, slack)
         closest = sorted([*closest, (_distance(model, drawn, n, block_size, with_lru=False), num, drawn)],
                          key=lambda c: (c[0], c[1]))
