@@ -11,7 +11,8 @@ kvtrace.workload/2), as quantile functions at TWIN_LEVELS, shares or counts, nev
   f = shared blocks / own blocks, and the number of later requests a request is the donor of;
 - per shared-length class (shared blocks): the gap from the request back to the last earlier access
   of its deepest shared block (the donor; s) and the share of the donor's blocks that are shared;
-- the run's ideal hit ratio and its prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
+- the run's ideal hit ratio, its prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks and
+  its reuse-time CDF on the reuse_time analysis's log bins.
 The shared blocks of a request are its ideal-cache hits (prefix-chained blocks hit as a prefix).
 
 Drawn (`draw_twin`), for a seed: instants from the rate curve (uniform inside a bin) each holding a
@@ -19,14 +20,16 @@ drawn number of requests, lengths from the quantile functions (linear between le
 arrival order: whether the request shares (the share of its time bin and length class), f (k = f x
 blocks, stochastically rounded, at least 1; every f scaled so that the drawn ideal hit ratio is the
 run's); these draws are stratified (one uniform in each 1/n slice, shuffled);
-the gap, the donor's share and out-degree, and the donor = the first request back from arrival - gap
-long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
-long enough and free, long enough and not too long, long enough; forward when nothing before the
-target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
-by first use as the public traces are. How far back past the first free donor the scan may go for
-one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
-twin is drawn with each slack (same random numbers) and the one closest to the run's LRU and ideal
-hit ratios is kept.
+the gap, the donor's share and out-degree, and the donor, by one of three scans (SCAN_BACK: the first
+request back from arrival - gap long enough, not much longer than k / share and not yet donor to its
+drawn number, failing that long enough and free, long enough and not too long, long enough, forward
+when nothing before the target is; SCAN_WINDOW: the best length fit among free requests whose gap is
+within 1 + slack of the drawn one; SCAN_NEAREST: nearest to the drawn gap first; the last two take a
+donor's whole prompt when its length is within WHOLE_TOL of k). The request's blocks are the donor's
+first k tree nodes, then new ones; ids are numbered by first use as the public traces are. How far past
+the first free donor a scan may go for one of the right length (DONOR_SLACKS x the gap) trades long
+reuse times against hot prefixes: the twin is drawn with each scan and slack (same random numbers) and
+the one closest to the run's ideal hit ratio, reuse-time CDF and LRU hit ratios is kept.
 """
 
 from __future__ import annotations
