@@ -126,6 +126,8 @@ def test_old_workload_file_is_refused_with_what_to_do(tiny_workload: dict[str, A
     ({"twin.hit_share_by_time": [[2.0]]}, "'twin.hit_share_by_time[0][0]' must be a finite number in [0, 1]"),
     ({"twin.hit_share_by_time": "x"}, "'twin.hit_share_by_time' must be a list of time bins"),
     ({"twin.ideal_hit": "0.5"}, "'twin.ideal_hit' must be a number"),
+    ({"twin.reuse_time_cdf": [0.5, 0.2]}, "'twin.reuse_time_cdf' must be 92 ascending shares"),
+    ({"twin.reuse_time_cdf": [2.0]}, "'twin.reuse_time_cdf[0]' must be a finite number in [0, 1]"),
     ({"schema": "kvtrace.other/1"}, "'schema'"),
 ])
 def test_bad_workload_files_are_one_line_errors(tiny_workload: dict[str, Any], tmp_path: Path,

@@ -23,6 +23,7 @@ from scipy.stats import ks_2samp
 from tongyi_trace.analysis.runner import run_analyses
 from tongyi_trace.errors import UsageError
 from tongyi_trace.fit.synth_like import synth_like_to_file
+from tongyi_trace.fit.synth_twin import IDEAL_TOL, LRU_POINTS, LRU_TOL, REUSE_KS_MAX
 from tongyi_trace.run import RunDir, open_run
 from tongyi_trace.schemas import ALL_CATEGORIES
 from tongyi_trace.sim.capacity import parse_capacities
@@ -30,10 +31,6 @@ from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.stream import load_stream
 from tongyi_trace.trace.ingest import ingest_trace
 
-LRU_POINTS = ("1%", "5%", "10%", "25%")
-IDEAL_TOL = 0.02
-LRU_TOL = 0.03
-REUSE_KS_MAX = 0.10
 SHAPE_KS_MAX = 0.05
 
 
@@ -112,8 +109,10 @@ def judge(run: Figures, twin: Figures) -> list[TwinRow]:
     return rows
 
 
-def check_twin(run_dir: str | Path, seed: int, work_dir: Path | None = None) -> list[TwinRow]:
-    """Draw the twin of the run RUN_DIR at SEED, ingest and measure both, and judge every figure."""
+def check_twin(run_dir: str | Path, seed: int, work_dir: Path | None = None,
+               run_figures: Figures | None = None) -> list[TwinRow]:
+    """Draw the twin of the run RUN_DIR at SEED, ingest and measure both (RUN_FIGURES: the run's, when
+    already measured), and judge every figure."""
     path = Path(run_dir)
     if not path.is_dir():
         raise UsageError(f"{path}: --check compares the twin with its run: give --like a run folder "
@@ -123,4 +122,4 @@ def check_twin(run_dir: str | Path, seed: int, work_dir: Path | None = None) -> 
         trace = Path(tmp) / "twin.jsonl"
         synth_like_to_file(path, seed, trace)
         ingest_trace(trace, Path(tmp) / "run", block_size=int(run.provenance()["block_size"]))
-        return judge(measure(run), measure(RunDir(Path(tmp) / "run")))
+        return judge(run_figures or measure(run), measure(RunDir(Path(tmp) / "run")))

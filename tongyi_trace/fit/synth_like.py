@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.errors import InputError, brief
-from tongyi_trace.fit.synth_twin import LRU_POINTS, TwinModel, draw_twin, learn_twin, twin_model
+from tongyi_trace.fit.synth_twin import LRU_POINTS, NUM_REUSE_BINS, TwinModel, draw_twin, learn_twin, twin_model
 from tongyi_trace.run import RunDir, RunTables, check_not_run_table
 from tongyi_trace.schemas import WORKLOAD_SCHEMA
 from tongyi_trace.trace.formats import DEFAULT_BLOCK_SIZE
@@ -208,6 +208,10 @@ def _parse_twin(doc: Any, path: Path) -> TwinModel:
     for b, row in enumerate(by_time):
         for c, x in enumerate(row):
             _number(path, f"twin.hit_share_by_time[{b}][{c}]", x, 0.0, 1.0)
+    if "reuse_time_cdf" in doc:  # absent in a summary of an earlier kvtrace: the draw then ignores it
+        cdf = _numbers(path, "twin.reuse_time_cdf", doc["reuse_time_cdf"], 0.0, 1.0)
+        if len(cdf) != NUM_REUSE_BINS or cdf != sorted(cdf):
+            raise _fail(path, "twin.reuse_time_cdf", f"must be {NUM_REUSE_BINS} ascending shares (one a log bin)")
     return twin_model(doc)
 
 

@@ -11,7 +11,8 @@ kvtrace.workload/2), as quantile functions at TWIN_LEVELS, shares or counts, nev
   f = shared blocks / own blocks, and the number of later requests a request is the donor of;
 - per shared-length class (shared blocks): the gap from the request back to the last earlier access
   of its deepest shared block (the donor; s) and the share of the donor's blocks that are shared;
-- the run's ideal hit ratio and its prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks.
+- the run's ideal hit ratio, its prefix-LRU hit ratios at 1, 5, 10 and 25% of its distinct blocks and
+  its reuse-time CDF on the reuse_time analysis's log bins.
 The shared blocks of a request are its ideal-cache hits (prefix-chained blocks hit as a prefix).
 
 Drawn (`draw_twin`), for a seed: instants from the rate curve (uniform inside a bin) each holding a
@@ -19,14 +20,16 @@ drawn number of requests, lengths from the quantile functions (linear between le
 arrival order: whether the request shares (the share of its time bin and length class), f (k = f x
 blocks, stochastically rounded, at least 1; every f scaled so that the drawn ideal hit ratio is the
 run's); these draws are stratified (one uniform in each 1/n slice, shuffled);
-the gap, the donor's share and out-degree, and the donor = the first request back from arrival - gap
-long enough, not much longer than k / share and not yet donor to its drawn number (failing that:
-long enough and free, long enough and not too long, long enough; forward when nothing before the
-target is). The request's blocks are the donor's first k tree nodes, then new ones; ids are numbered
-by first use as the public traces are. How far back past the first free donor the scan may go for
-one of the right length (DONOR_SLACKS x the gap) trades long reuse times against hot prefixes: the
-twin is drawn with each slack (same random numbers) and the one closest to the run's LRU and ideal
-hit ratios is kept.
+the gap, the donor's share and out-degree, and the donor, by one of three scans (SCAN_BACK: the first
+request back from arrival - gap long enough, not much longer than k / share and not yet donor to its
+drawn number, failing that long enough and free, long enough and not too long, long enough, forward
+when nothing before the target is; SCAN_WINDOW: the best length fit among free requests whose gap is
+within 1 + slack of the drawn one; SCAN_NEAREST: nearest to the drawn gap first; the last two take a
+donor's whole prompt when its length is within WHOLE_TOL of k). The request's blocks are the donor's
+first k tree nodes, then new ones; ids are numbered by first use as the public traces are. How far past
+the first free donor a scan may go for one of the right length (DONOR_SLACKS x the gap) trades long
+reuse times against hot prefixes: the twin is drawn with each scan and slack (same random numbers) and
+the one closest to the run's ideal hit ratio, reuse-time CDF and LRU hit ratios is kept.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
+from tongyi_trace.analysis.common import BIN_MAX, BIN_MIN, BIN_ZERO, BINS_PER_DECADE
 from tongyi_trace.run import RunTables
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.stream import Stream, load_stream
@@ -51,9 +55,23 @@ NUM_IDEAL_STEPS = 16
 NUM_LENGTH_CLASSES = 8
 NUM_SHARED_CLASSES = 8
 MIN_CLASS_REQUESTS = 30  # a class with fewer requests is merged with its neighbour
-MAX_DONOR_SCAN = 4096  # requests looked at (back, then forward) for a donor long enough
+MAX_DONOR_SCAN = 4096  # requests looked at (nearest to the drawn gap first) for a donor long enough
+GAP_EPS_S = 0.01  # s: the donor scan compares gaps on a log scale, this much added to each
+# the donor scan's orders (each drawn, the closest to the run kept): back from the target, then forward to
+# the first request long enough; the best length fit within the gap ratio 1 + slack of the drawn gap, then
+# back, no further than that once a request long enough is seen; nearest to the drawn gap first (|log gap
+# ratio|, back and forward alternately)
+SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST = 0, 1, 2
+WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its length is this near k
+PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
+NUM_LRU_VARIANTS = 6  # variants (closest in ideal hit and reuse times) whose LRU curve is computed
+NUM_REUSE_BINS = BIN_MAX - BIN_ZERO + 1  # the reuse-time CDF's log bins (BIN_ZERO, then BIN_MIN..BIN_MAX)
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
+# issue 38's tolerances for the twin (calibration/twin.py checks them; the draw picks its variant by them)
+IDEAL_TOL = 0.02
+LRU_TOL = 0.03
+REUSE_KS_MAX = 0.10
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -140,6 +158,7 @@ def learn_twin(tables: RunTables) -> dict[str, Any]:
                  for c in range(len(shared_edges) + 1)]
     share_bin = np.minimum(((arrival - t0) / max(t1 - t0, 1e-3) * NUM_SHARE_BINS).astype(np.int64),
                            NUM_SHARE_BINS - 1)
+    stream = load_stream(tables)
     class_share = [float(hit[lclass == c].mean()) if np.any(lclass == c) else 0.0
                    for c in range(len(length_edges) + 1)]
     return {
@@ -156,7 +175,9 @@ def learn_twin(tables: RunTables) -> dict[str, Any]:
         "shared_class_edges": shared_edges,
         "by_shared_class": by_shared,
         "lru_points": list(LRU_POINTS),
-        "lru_hit": [float(x) for x in _lru_points(load_stream(tables))],
+        "lru_hit": [float(x) for x in _lru_points(stream)],
+        "reuse_time_cdf": [float(x) for x in reuse_time_cdf(stream.req_off, stream.blk, stream.req_time_s,
+                                                            stream.num_ids)],
         "ideal_hit": float(k.sum() / max(n.sum(), 1)),
     }
 
@@ -180,6 +201,7 @@ class TwinModel:
     lru_hit: F64  # the run's LRU hit ratios at LRU_POINTS (picks the donor scan's slack)
     donor_share: list[F64]  # per shared class: quantiles of shared blocks / the donor's blocks
     donor_uses: list[F64]  # per length class: quantiles of the number of later requests a request is donor of
+    reuse_cdf: F64  # the run's reuse-time CDF on reuse_time_cdf's log bins (picks the slack; empty: unknown)
 
 
 def _draw_q(rng: np.random.Generator, levels: F64, q: F64, size: int) -> F64:
@@ -218,7 +240,8 @@ def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s
 
 @njit(cache=True)
 def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
-          max_n: np.ndarray, max_scan: int, slack: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          max_n: np.ndarray, max_scan: int, slack: float, scan: int,
+          whole_tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
 
     A request is donor to at most CAP of them while another candidate is in reach; the scan for a
@@ -239,18 +262,65 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
                 lo = mid + 1
             else:
                 hi = mid
-        j0 = lo - 1
-        # backward from the target: the first request long enough, not too long (the drawn share of
-        # the donor's blocks) and not yet donor to its drawn number of requests; failing that, the
-        # first long enough and free, the first long enough and not too long, the first long enough;
-        # then forward
-        best, free, fit, longest = -1, -1, -1, -1
-        j = j0
+        # candidates in order of |log((arrival_i - arrival_j + GAP_EPS_S) / (gap + GAP_EPS_S))|, back
+        # from the target and forward from it alternately (a first fit scanning back only drew every gap
+        # longer than its draw: median x1.1-2.3): the first request long enough, not too long (the drawn
+        # share of the donor's blocks) and not yet donor to its drawn number of requests; failing that,
+        # the first long enough and free, the first long enough and not too long, the first long enough
+        jb, jf = lo - 1, lo
+        g0 = gap_s[i] + GAP_EPS_S
+        # how far (gap ratio) past a free donor a better-fitting one may lie: SLACK x the gap (+1 s)
+        limit = (gap_s[i] * (1.0 + slack) + 1.0 + GAP_EPS_S) / g0  # as a ratio of gaps (>= 1)
+        best, free, fit, longest, short = -1, -1, -1, -1, -1
+        whole = False
         steps = 0
-        limit = target - slack * gap_s[i] - 1.0  # how far back past a free donor a better-fitting one may lie
-        while j >= 0 and steps < max_scan:
-            if free >= 0 and arrival_s[j] < limit:
+        if scan == SCAN_WINDOW:
+            # the best length fit among the free requests within the gap ratio 1 + SLACK of the drawn gap:
+            # one of [k, k / share] blocks (k shared), else the nearest in length within WHOLE_TOL of k
+            # (its whole prompt shared); failing that, nearest first below
+            r = 1.0 + slack
+            score = np.inf
+            for side in range(2):
+                j = lo - 1 if side == 0 else lo
+                while 0 <= j < i and steps < max_scan:
+                    gj = arrival_s[i] - arrival_s[j] + GAP_EPS_S
+                    if (gj / g0 if side == 0 else g0 / gj) > r:
+                        break
+                    steps += 1
+                    if used[j] < cap[j]:
+                        if want <= n[j] <= max_n[i]:
+                            sc = 0.0
+                        elif n[j] <= n[i] and want * (1 - whole_tol) <= n[j] <= want * (1 + whole_tol):
+                            sc = abs(n[j] - want) / want
+                        else:
+                            sc = np.inf
+                        sc += abs(np.log(gj / g0)) * 1e-3  # ties: the nearest gap
+                        if sc < score:
+                            score, best = sc, j
+                            whole = not want <= n[j] <= max_n[i]
+                    j = j - 1 if side == 0 else j + 1
+            steps = 0
+        while best < 0 and (jb >= 0 or jf < i) and steps < max_scan:
+            # the ratio of the larger gap to the smaller: exp(|log gap ratio|)
+            db = (arrival_s[i] - arrival_s[jb] + GAP_EPS_S) / g0 if jb >= 0 else np.inf
+            df = g0 / (arrival_s[i] - arrival_s[jf] + GAP_EPS_S) if jf < i else np.inf
+            if scan != SCAN_NEAREST and jb >= 0:
+                df = np.inf
+            if db <= df:
+                j, dist = jb, db
+                jb -= 1
+            else:
+                j, dist = jf, df
+                jf += 1
+            if (free >= 0 or (scan == SCAN_WINDOW and longest >= 0)) and dist > limit:
                 break
+            steps += 1
+            if (whole_tol > 0 and used[j] < cap[j] and n[j] <= n[i] and want * (1 - whole_tol) <= n[j]
+                    <= want * (1 + whole_tol) and not want <= n[j] <= max_n[i]):
+                best, whole = j, True  # within WHOLE_TOL of the drawn k: share the donor's whole prompt
+                break
+            if whole_tol > 0 and short < 0 and used[j] < cap[j] and want // 2 <= n[j] < want:
+                short = j
             if n[j] >= want:
                 if longest < 0:
                     longest = j
@@ -262,25 +332,18 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
                         free = j
                 elif fit < 0 and n[j] <= max_n[i]:
                     fit = j
-            j -= 1
-            steps += 1
+            if scan == SCAN_BACK and jb < 0 and longest >= 0:
+                break  # forward just to the first request long enough
+        if best < 0 and free < 0 and short >= 0:
+            best, whole = short, True  # a free donor's whole prompt, shorter, before one already used
         if best < 0:
             best = free if free >= 0 else fit if fit >= 0 else longest
-        if best < 0:
-            j = max(j0 + 1, 0)
-            steps = 0
-            while j < i and steps < max_scan:
-                if n[j] >= want:
-                    best = j
-                    break
-                j += 1
-                steps += 1
         if best < 0:
             continue
         best_n = n[best]
         donor[i] = best
         used[best] += 1
-        kk[i] = min(want, best_n, n[i])
+        kk[i] = min(best_n, n[i]) if whole else min(want, best_n, n[i])
     offsets = np.zeros(num + 1, np.int64)
     for i in range(num):
         offsets[i + 1] = offsets[i] + n[i]
@@ -380,16 +443,49 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
             # a gap reaching back before the trace's start is not seen in a trace: draw among those that fit
             reach = np.interp(arrival_s[sel] - arrival_s[0], q, lv, left=0.0, right=1.0)
             gap[sel] = np.interp(u_gap[sel] * reach, lv, q)
+    # taking a donor's whole prompt when it is within WHOLE_TOL of k (SCAN_NEAREST) shares fewer blocks on
+    # the whole (to-C at a quarter size: ideal .540 against .559): its k is drawn for the ideal hit ratio
+    # plus that loss, measured on one pilot link
+    kk, _, _ = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, PILOT_SLACK, SCAN_NEAREST, WHOLE_TOL)
+    loss = float((k.sum() - kk.sum()) / max(n.sum(), 1))
+    k_whole = _shared_blocks(f, n, u_round, min(model.ideal_hit + loss, 1.0))
+    max_n_whole = np.ceil(k_whole / np.maximum(g, 1e-9)).astype(np.int64)
+
+    def link(scan: int, slack: float) -> TwinDraw:
+        kd, md, tol = (k, max_n, 0.0) if scan == SCAN_BACK else (k_whole, max_n_whole, WHOLE_TOL)
+        kk, nodes, offsets = _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
+        return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+
+    # every variant by its ideal hit and reuse-time CDF (cheap); the LRU curve of the closest few only
+    closest: list[tuple[float, int, TwinDraw]] = []
+    # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
+    for num, (scan, slack) in enumerate((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
+                                        for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
+        drawn = link(scan, slack)
+        closest = sorted([*closest, (_distance(model, drawn, n, block_size, with_lru=False), num, drawn)],
+                         key=lambda c: (c[0], c[1]))
+        if model.reuse_cdf.size:
+            closest = closest[:NUM_LRU_VARIANTS]
     best: tuple[float, TwinDraw] | None = None
-    for slack in DONOR_SLACKS:
-        kk, nodes, offsets = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, slack)
-        drawn = TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
-        miss = max(float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))),
-                   abs(float(kk.sum() / max(n.sum(), 1)) - model.ideal_hit))
+    for _, _, drawn in closest:
+        miss = _distance(model, drawn, n, block_size)
         if best is None or miss < best[0]:
             best = (miss, drawn)
     assert best is not None
     return best[1]
+
+
+def _distance(model: TwinModel, drawn: TwinDraw, n: I64, block_size: int, with_lru: bool = True) -> float:
+    """How far DRAWN is from the run's figures in MODEL, in units of their tolerances: the largest of the
+    ideal hit, when the run's is known the reuse-time CDF's KS distance, and WITH_LRU the LRU points."""
+    miss = abs(float(drawn.shared_blocks.sum() / max(n.sum(), 1)) - model.ideal_hit) / IDEAL_TOL
+    if model.reuse_cdf.size:
+        num_ids = int(drawn.hash_ids.max()) + 1 if drawn.hash_ids.size else 0
+        cdf = reuse_time_cdf(drawn.offsets, drawn.hash_ids, drawn.arrival_ms / 1000.0, num_ids)
+        miss = max(miss, float(np.max(np.abs(cdf - model.reuse_cdf))) / REUSE_KS_MAX)
+    if with_lru:
+        miss = max(miss, float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) / LRU_TOL)
+    return miss
 
 
 def lru_at(draw: TwinDraw, block_size: int) -> F64:
@@ -408,6 +504,32 @@ def _lru_points(stream: Stream) -> F64:
     # as parse_capacities rounds N% of the distinct blocks, at least one block (a tiny run)
     return np.asarray([curve.hit_ratio(max(1, round(float(p[:-1]) / 100.0 * stream.num_ids)))
                        for p in LRU_POINTS], dtype=np.float64)
+
+
+@njit(cache=True)
+def _reuse_hist(offsets: np.ndarray, nodes: np.ndarray, arrival_s: np.ndarray, num_ids: int) -> np.ndarray:
+    """Reuses per log bin of the reuse_time analysis (index 0: BIN_ZERO, then BIN_MIN..BIN_MAX): for
+    every block access after the block's first, the time since its previous access."""
+    last = np.full(num_ids, -1.0)
+    hist = np.zeros(NUM_REUSE_BINS, np.int64)
+    for i in range(offsets.shape[0] - 1):
+        t = arrival_s[i]
+        for p in range(offsets[i], offsets[i + 1]):
+            b = nodes[p]
+            if last[b] >= 0.0:
+                gap = t - last[b]
+                k = BIN_ZERO if gap <= 0.0 else min(max(int(np.ceil(BINS_PER_DECADE * np.log10(gap))), BIN_MIN),
+                                                    BIN_MAX)
+                hist[k - BIN_ZERO] += 1
+            last[b] = t
+    return hist
+
+
+def reuse_time_cdf(offsets: I64, nodes: I64, arrival_s: F64, num_ids: int) -> F64:
+    """Share of reuses within each log bin of the reuse_time analysis (BIN_ZERO, then BIN_MIN..BIN_MAX):
+    the reuse-time CDF the check compares, of the requests' block lists in arrival order."""
+    hist = _reuse_hist(offsets, nodes, arrival_s, num_ids).astype(np.float64)
+    return np.cumsum(hist) / max(float(hist.sum()), 1.0)
 
 
 def twin_model(doc: dict[str, Any]) -> TwinModel:
@@ -429,4 +551,5 @@ def twin_model(doc: dict[str, Any]) -> TwinModel:
         hit_share_by_time=arr(doc["hit_share_by_time"], dtype=np.float64),
         donor_share=[arr(c["donor_share"], dtype=np.float64) for c in doc["by_shared_class"]],
         donor_uses=[arr(c["donor_uses"], dtype=np.float64) for c in doc["by_length_class"]],
+        reuse_cdf=arr(doc.get("reuse_time_cdf", []), dtype=np.float64),
     )
