@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,10 @@ from tongyi_trace.analysis.reuse_time import LONG_S, SHORT_S
 from tongyi_trace.budget import spill_dir
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import KvtraceError
-from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
+from tongyi_trace.executor import PartitionOptions, check_partitions
 from tongyi_trace.resources import read_query
 from tongyi_trace.run import RunTables
-from tongyi_trace.trace.partition import read_partition
+from tongyi_trace.trace.partition import map_partitions, read_partition
 
 
 @dataclass(frozen=True)
@@ -231,29 +231,13 @@ def partitioned_context(ctx: AnalysisContext, names: Sequence[str], opts: Partit
     """CTX with the per-chain queries of the analyses NAMES computed in OPTS.num_partitions partitions on
     OPTS.executor and merged; CTX itself when none of NAMES is per chain. ON_PARTITION(finished, total) as
     each partition ends (progress)."""
-    num = check_partitions(opts.num_partitions)
+    check_partitions(opts.num_partitions)  # a bad N is refused even when no analysis asked is per chain
     queries = partition_queries(ctx, names)
     if not queries:
         return ctx
     params = dict(queries)
     wanted = list(params)
-    tables = replace(ctx.tables, requests_path=ctx.tables.requests_path.resolve(),  # read on other nodes
-                     blocks_path=ctx.tables.blocks_path.resolve())
-    shared = {"tables": tables, "options": ctx.options, "num_partitions": num, "queries": queries}
-    results: dict[int, dict[str, pl.DataFrame]] = {}
-    errors: list[str] = []
-
-    def done(out: TaskOutcome) -> None:
-        if out.ok:
-            results[out.index] = out.value
-        else:
-            errors.append(f"partition {out.index}: {out.error}")
-        if on_partition is not None:
-            on_partition(len(results) + len(errors), num)
-
-    map_tasks(partition_task, list(range(num)), shared, done, opts.executor)
-    if errors:
-        raise KvtraceError(f"analyze --executor {opts.executor.kind}: {len(errors)} of {num} partitions failed "
-                           f"({errors[0]}); nothing was written, run again")
-    merged = {n: merge_rows(n, [results[p][n] for p in range(num)]) for n in wanted}
+    results = map_partitions(partition_task, ctx.tables, opts, {"options": ctx.options, "queries": queries},
+                             "analyze", on_partition)
+    merged = {n: merge_rows(n, [part[n] for part in results]) for n in wanted}
     return PartitionedContext(ctx, merged, params)

@@ -18,20 +18,20 @@ pairs with a count: the fit and the Kaplan-Meier estimator work on weighted samp
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from tongyi_trace.errors import KvtraceError, UsageError
-from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
+from tongyi_trace.errors import UsageError
+from tongyi_trace.executor import PartitionOptions
 from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.policy.reuse_model import Samples
 from tongyi_trace.run import RunTables
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
-from tongyi_trace.trace.partition import read_partition
+from tongyi_trace.trace.partition import map_partitions, read_partition
 
 T = TypeVar("T")
 Int64s = npt.NDArray[np.int64]
@@ -199,23 +199,8 @@ def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
 def _link_partitions(tables: RunTables, num_requests: int, opts: PartitionOptions) -> Linked:
     """link_accesses of the whole run from its partitions: pair counts added (keys ascending), the sorted
     accesses concatenated in partition order (each chain's run whole, in one partition)."""
-    num = check_partitions(opts.num_partitions)
-    tables = replace(tables, requests_path=tables.requests_path.resolve(), blocks_path=tables.blocks_path.resolve())
-    parts: dict[int, Linked] = {}
-    errors: list[str] = []
-
-    def done(out: TaskOutcome) -> None:
-        if out.ok:
-            parts[out.index] = out.value
-        else:
-            errors.append(f"partition {out.index}: {out.error}")
-
-    map_tasks(link_partition, list(range(num)), {"tables": tables, "num_partitions": num,
-                                                 "num_requests": num_requests}, done, opts.executor)
-    if errors:
-        raise KvtraceError(f"linking block accesses with --executor {opts.executor.kind}: {len(errors)} of {num} "
-                           f"partitions failed ({errors[0]}); run again")
-    ordered = [parts[p] for p in range(num)]
+    ordered = map_partitions(link_partition, tables, opts, {"num_requests": num_requests},
+                             "linking block accesses with")
     pairs = (pl.DataFrame({"key": np.concatenate([p[0] for p in ordered]),
                            "count": np.concatenate([p[1] for p in ordered])})
              .group_by("key").agg(pl.col("count").sum()).sort("key"))

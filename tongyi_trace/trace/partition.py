@@ -7,13 +7,17 @@ the same way. A partition is read by streaming blocks.parquet batch by batch and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tongyi_trace.errors import KvtraceError
+from tongyi_trace.executor import PartitionOptions, TaskOutcome, check_partitions, map_tasks
 from tongyi_trace.run import RunTables
 from tongyi_trace.splitmix import splitmix64
 
@@ -45,3 +49,29 @@ def read_partition(tables: RunTables, part: int, num_partitions: int, columns: S
     if not by_block_id:
         return chains, None
     return chains, pa.Table.from_batches(by_block, pa.schema([schema.field(c) for c in ("req_idx", "block_id")]))
+
+
+def map_partitions(fn: Callable[[int, Mapping[str, Any]], Any], tables: RunTables, opts: PartitionOptions,
+                   shared: Mapping[str, Any], what: str,
+                   on_partition: Callable[[int, int], None] | None = None) -> list[Any]:
+    """FN(part, shared) for each partition of OPTS on its executor, SHARED given `tables` (TABLES with absolute
+    paths: read on other nodes) and `num_partitions`; the values in partition order. ON_PARTITION(finished,
+    total) as each ends. One failed partition fails the whole: a KvtraceError naming WHAT and the first error."""
+    num = check_partitions(opts.num_partitions)
+    tables = replace(tables, requests_path=tables.requests_path.resolve(), blocks_path=tables.blocks_path.resolve())
+    values: dict[int, Any] = {}
+    errors: list[str] = []
+
+    def done(out: TaskOutcome) -> None:
+        if out.ok:
+            values[out.index] = out.value
+        else:
+            errors.append(f"partition {out.index}: {out.error}")
+        if on_partition is not None:
+            on_partition(len(values) + len(errors), num)
+
+    map_tasks(fn, list(range(num)), {**shared, "tables": tables, "num_partitions": num}, done, opts.executor)
+    if errors:
+        raise KvtraceError(f"{what} --executor {opts.executor.kind}: {len(errors)} of {num} partitions failed "
+                           f"({errors[0]}); nothing was written, run again")
+    return [values[p] for p in range(num)]
