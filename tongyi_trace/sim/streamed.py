@@ -83,10 +83,13 @@ def plan_sweep(num_refs: int, num_ids: int, num_requests: int, num_tasks: int, j
 
 def budget_jobs(run_dir: Path, jobs: int, budget: MemoryBudget) -> int:
     """JOBS (0: one per core) lowered to the whole-stream simulations of RUN_DIR's run that BUDGET holds at
-    once (what `kvtrace fit --capacity` runs)."""
+    once (what `kvtrace fit --capacity` runs); 0 when JOBS is 0 and the budget holds one per core."""
     prov = load_provenance(RunDir(Path(run_dir)))
-    return plan_sweep(int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0),
-                      int(prov.get("num_requests") or 0), os.cpu_count() or 1, jobs, budget, streamable=False).jobs
+    num_cores = os.cpu_count() or 1
+    planned = plan_sweep(int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0),
+                         int(prov.get("num_requests") or 0), num_cores, jobs, budget, streamable=False).jobs
+    # not lowered: 0 stays 0, so that a small fit runs in this process (executor.sized_for)
+    return 0 if jobs == 0 and planned >= num_cores else planned
 
 
 def streamable(cfg: SweepConfig) -> bool:
