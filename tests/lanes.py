@@ -7,8 +7,9 @@
   `--hypothesis-profile kvtrace-fast`) scales every count down by the same factor.
 - Per-marker timeouts (tests/conftest.py): a hang fails in minutes, not after the 15-minute global limit.
 - Two workers (pytest-xdist, `--dist loadgroup`): a module's tests stay together (its module fixtures are built
-  once), every real-engine test runs on one worker (one session engine per configuration, not one per worker)
-  and every Ray test on one worker (one test cluster).
+  once), the real-engine tests run on one worker per engine configuration (the tokenizer engine's tests on
+  one, every other engine test on the other: each session engine is started once, and the two chains of
+  engine tests, mostly waiting on the engines, overlap), and every Ray test on one worker (one test cluster).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ RAY_FIXTURES = {"ray_address", "make_ray_head", "ray_auth"}
 
 
 def worker_group(nodeid: str, markers: set[str], fixtures: set[str]) -> str:
-    """The parallel worker group of a test: `engine`, `ray`, or its module's path."""
+    """The parallel worker group of a test: `engine-tok` (the tokenizer engine's), `engine`, `ray`, or its
+    module's path."""
     if "engine" in markers:
-        return "engine"
+        return "engine-tok" if "tok_engine" in fixtures else "engine"
     if fixtures & RAY_FIXTURES:
         return "ray"
     return nodeid.split("::", 1)[0]
