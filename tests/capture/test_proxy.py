@@ -229,7 +229,7 @@ def test_ingest_says_a_capture_s_sessions_were_inferred_by_the_capture(fake_upst
     assert (prov["sessions"], prov["sessions_linked_by"]) == ("given", None)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.full)])
 def test_a_stop_lets_requests_in_flight_finish_and_leaves_a_valid_zst(fake_upstream: FakeUpstream,
                                                                       start_capture: Any, tmp_path: Path,
                                                                       sig: int) -> None:

@@ -48,7 +48,7 @@ def test_overwrite_keeps_the_old_replay_when_the_new_one_cannot_start(fresh_tiny
     assert json.loads((res.out_dir / "summary.json").read_text())["status"] == "complete"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.full)])
 def test_a_stop_signal_leaves_a_consistent_summary(sig: signal.Signals, fresh_tiny_run: Path,
                                                    standin: Standin) -> None:
     url, state = standin(token_delay_s=0.15)  # 0.3-1.5 s a request
@@ -164,7 +164,7 @@ def test_a_request_in_flight_at_ctrl_c_finishes_within_the_grace_and_is_recorded
                                  "num_not_finished": 5}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.full)])
 def test_requests_still_running_after_the_grace_are_recorded_as_cancelled(sig: signal.Signals, fresh_tiny_run: Path,
                                                                          standin: Standin) -> None:
     """Two requests in flight, each a token a second (10 and 5 tokens): at the stop they are cut off after the

@@ -146,6 +146,7 @@ def test_lost_cluster_stops_with_one_line(make_ray_head: Callable[..., Any]) -> 
     assert [o.value for o in seen[:2]] == [0, 1] and all(o.ok for o in seen[:2])
 
 
+@pytest.mark.full  # 20-37 s; the fast lane runs the capacity-aware fit locally and the partitioned fit on Ray
 def test_capacity_aware_fit_on_ray_matches_local(tiny_run: Path, ray_address: str, tmp_path: Path) -> None:
     """`kvtrace fit --capacity` fans its simulations out through the same executor: the choices and every
     tuning row are the same on Ray as in this process and on the local pool."""
