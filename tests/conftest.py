@@ -24,6 +24,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test without its own timeout the one of its markers, and its group for parallel workers
     (tests/lanes.py: `make test` runs two, `-n 2 --dist loadgroup`)."""
@@ -31,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         markers = {m.name for m in item.iter_markers()}
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(timeout_s(markers)))
-        if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs without the groups (and their marker)
+        if "PYTEST_XDIST_WORKER" in os.environ:  # groups matter to xdist workers only (`-p no:xdist` has none)
             item.add_marker(pytest.mark.xdist_group(worker_group(item.nodeid, markers, set(item.fixturenames))))
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,10 +6,11 @@
   under the full profile (`kvtrace`, 100 examples by default); the fast lane's profile (`kvtrace-fast`,
   `--hypothesis-profile kvtrace-fast`) scales every count down by the same factor.
 - Per-marker timeouts (tests/conftest.py): a hang fails in minutes, not after the 15-minute global limit.
-- Two workers (pytest-xdist, `--dist loadgroup`): a module's tests stay together (its module fixtures are built
-  once), the real-engine tests run on one worker per engine configuration (the tokenizer engine's tests on
-  one, every other engine test on the other: each session engine is started once, and the two chains of
-  engine tests, mostly waiting on the engines, overlap), and every Ray test on one worker (one test cluster).
+- Two workers (pytest-xdist, `--dist loadgroup`; pytest < 9.2, whose test ids no longer carry the groups: see
+  pyproject.toml): a module's tests stay together (its module fixtures are built once), the real-engine tests
+  run on one worker per engine configuration (the tokenizer engine's tests on one, every other engine test on
+  the other: each session engine is started once, and the two chains, mostly waiting on their engines,
+  overlap), and every Ray test on one worker (one test cluster).
 """
 
 from __future__ import annotations
