@@ -42,7 +42,7 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
-from tongyi_trace.analysis.common import BIN_MAX, BIN_MIN, BIN_ZERO, BINS_PER_DECADE
+from tongyi_trace.fit.twin_tree import NUM_REUSE_BINS, reuse_bin, tree_figures
 from tongyi_trace.run import RunTables
 from tongyi_trace.sim.lru_curve import lru_curve
 from tongyi_trace.sim.stream import Stream, load_stream
@@ -65,7 +65,6 @@ SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST = 0, 1, 2
 WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its length is this near k
 PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
 NUM_LRU_VARIANTS = 6  # variants (closest in ideal hit and reuse times) whose LRU curve is computed
-NUM_REUSE_BINS = BIN_MAX - BIN_ZERO + 1  # the reuse-time CDF's log bins (BIN_ZERO, then BIN_MIN..BIN_MAX)
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 # issue 38's tolerances for the twin (calibration/twin.py checks them; the draw picks its variant by them)
@@ -241,8 +240,8 @@ def draw_instants(rng: np.random.Generator, model: TwinModel, n: int, duration_s
 @njit(cache=True)
 def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray, cap: np.ndarray,
           max_n: np.ndarray, max_scan: int, slack: float, scan: int,
-          whole_tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Donor per request (-1: none) and the final k; then the requests' tree node ids (flat).
+          whole_tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Donor per request (-1: none) and the final k (shared blocks).
 
     A request is donor to at most CAP of them while another candidate is in reach; the scan for a
     donor of the right length stops SLACK x the gap (+1 s) past the first free one long enough."""
@@ -344,6 +343,14 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
         donor[i] = best
         used[best] += 1
         kk[i] = min(best_n, n[i]) if whole else min(want, best_n, n[i])
+    return donor, kk
+
+
+@njit(cache=True)
+def _tree_nodes(donor: np.ndarray, kk: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The requests' tree node ids (flat, numbered by first use) and their offsets: the donor's first
+    KK nodes, then new ones."""
+    num = n.shape[0]
     offsets = np.zeros(num + 1, np.int64)
     for i in range(num):
         offsets[i + 1] = offsets[i] + n[i]
@@ -358,7 +365,7 @@ def _link(arrival_s: np.ndarray, n: np.ndarray, k: np.ndarray, gap_s: np.ndarray
             else:
                 nodes[s + p] = next_id
                 next_id += 1
-    return kk, nodes, offsets
+    return nodes, offsets
 
 
 def _shared_blocks(f: F64, n: I64, u_round: F64, ideal_hit: float) -> I64:
@@ -446,64 +453,64 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
     # taking a donor's whole prompt when it is within WHOLE_TOL of k (SCAN_NEAREST) shares fewer blocks on
     # the whole (to-C at a quarter size: ideal .540 against .559): its k is drawn for the ideal hit ratio
     # plus that loss, measured on one pilot link
-    kk, _, _ = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, PILOT_SLACK, SCAN_NEAREST, WHOLE_TOL)
+    _, kk = _link(arrival_s, n, k, gap, cap, max_n, MAX_DONOR_SCAN, PILOT_SLACK, SCAN_NEAREST, WHOLE_TOL)
     loss = float((k.sum() - kk.sum()) / max(n.sum(), 1))
     k_whole = _shared_blocks(f, n, u_round, min(model.ideal_hit + loss, 1.0))
     max_n_whole = np.ceil(k_whole / np.maximum(g, 1e-9)).astype(np.int64)
 
-    def link(scan: int, slack: float) -> TwinDraw:
+    def link(scan: int, slack: float) -> tuple[I64, I64]:
         kd, md, tol = (k, max_n, 0.0) if scan == SCAN_BACK else (k_whole, max_n_whole, WHOLE_TOL)
-        kk, nodes, offsets = _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
-        return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
+        return _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
 
-    # every variant by its ideal hit and reuse-time CDF (cheap); the LRU curve of the closest few only
-    closest: list[tuple[float, int, TwinDraw]] = []
+    # every variant by its ideal hit and reuse-time CDF; the LRU curve of the closest few only
+    closest: list[tuple[float, int, tuple[I64, I64]]] = []
     # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
     for num, (scan, slack) in enumerate((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
                                         for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
-        drawn = link(scan, slack)
-        closest = sorted([*closest, (_distance(model, drawn, n, block_size, with_lru=False), num, drawn)],
+        links = link(scan, slack)
+        closest = sorted([*closest, (_distance(model, *links, n, arrival_s, with_lru=False), num, links)],
                          key=lambda c: (c[0], c[1]))
         if model.reuse_cdf.size:
             closest = closest[:NUM_LRU_VARIANTS]
-    best: tuple[float, TwinDraw] | None = None
-    for _, _, drawn in closest:
-        miss = _distance(model, drawn, n, block_size)
+    best: tuple[float, tuple[I64, I64]] | None = None
+    for _, _, links in closest:
+        miss = _distance(model, *links, n, arrival_s)
         if best is None or miss < best[0]:
-            best = (miss, drawn)
+            best = (miss, links)
     assert best is not None
-    return best[1]
+    donor, kk = best[1]
+    nodes, offsets = _tree_nodes(donor, kk, n)
+    return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
 
 
-def _distance(model: TwinModel, drawn: TwinDraw, n: I64, block_size: int, with_lru: bool = True) -> float:
-    """How far DRAWN is from the run's figures in MODEL, in units of their tolerances: the largest of the
-    ideal hit, when the run's is known the reuse-time CDF's KS distance, and WITH_LRU the LRU points."""
-    miss = abs(float(drawn.shared_blocks.sum() / max(n.sum(), 1)) - model.ideal_hit) / IDEAL_TOL
+def _distance(model: TwinModel, donor: I64, kk: I64, n: I64, arrival_s: F64, with_lru: bool = True) -> float:
+    """How far the tree (DONOR, KK, N) is from the run's figures in MODEL, in units of their tolerances:
+    the largest of the ideal hit, when the run's is known the reuse-time CDF's KS distance, and WITH_LRU
+    the LRU points (all computed over the tree's segments: twin_tree.tree_figures)."""
+    num_refs = max(int(n.sum()), 1)
+    miss = abs(float(kk.sum() / num_refs) - model.ideal_hit) / IDEAL_TOL
+    if not model.reuse_cdf.size and not with_lru:
+        return miss
+    hist, diff = tree_figures(donor, kk, n, arrival_s, with_lru)
     if model.reuse_cdf.size:
-        num_ids = int(drawn.hash_ids.max()) + 1 if drawn.hash_ids.size else 0
-        cdf = reuse_time_cdf(drawn.offsets, drawn.hash_ids, drawn.arrival_ms / 1000.0, num_ids)
+        cdf = np.cumsum(hist) / max(float(hist.sum()), 1.0)
         miss = max(miss, float(np.max(np.abs(cdf - model.reuse_cdf))) / REUSE_KS_MAX)
     if with_lru:
-        miss = max(miss, float(np.max(np.abs(lru_at(drawn, block_size) - model.lru_hit))) / LRU_TOL)
+        num_ids = int((n - kk).sum())
+        cum_hits = np.cumsum(np.cumsum(diff))[:num_ids + 1]
+        lru = np.asarray([cum_hits[min(c, num_ids)] / num_refs for c in _lru_capacities(num_ids)])
+        miss = max(miss, float(np.max(np.abs(lru - model.lru_hit))) / LRU_TOL)
     return miss
 
 
-def lru_at(draw: TwinDraw, block_size: int) -> F64:
-    """Prefix-LRU hit ratios of DRAW at LRU_POINTS of its distinct blocks (the simulator's exact curve)."""
-    num = draw.offsets.size - 1
-    num_ids = int(draw.hash_ids.max()) + 1 if draw.hash_ids.size else 0
-    stream = Stream(req_off=draw.offsets, blk=draw.hash_ids, ntok=np.ones(draw.hash_ids.size, dtype=np.int64),
-                    req_cat=np.zeros(num, dtype=np.int64), req_time_s=draw.arrival_ms / 1000.0,
-                    req_tokens=draw.input_tokens, categories=("all",), num_ids=num_ids, block_size=block_size,
-                    req_idx=np.arange(num, dtype=np.int64))
-    return _lru_points(stream)
+def _lru_capacities(num_ids: int) -> list[int]:
+    """LRU_POINTS in blocks of NUM_IDS distinct ones: as parse_capacities rounds them, at least one block."""
+    return [max(1, round(float(p[:-1]) / 100.0 * num_ids)) for p in LRU_POINTS]
 
 
 def _lru_points(stream: Stream) -> F64:
     curve = lru_curve(stream)
-    # as parse_capacities rounds N% of the distinct blocks, at least one block (a tiny run)
-    return np.asarray([curve.hit_ratio(max(1, round(float(p[:-1]) / 100.0 * stream.num_ids)))
-                       for p in LRU_POINTS], dtype=np.float64)
+    return np.asarray([curve.hit_ratio(c) for c in _lru_capacities(stream.num_ids)], dtype=np.float64)
 
 
 @njit(cache=True)
@@ -517,10 +524,7 @@ def _reuse_hist(offsets: np.ndarray, nodes: np.ndarray, arrival_s: np.ndarray, n
         for p in range(offsets[i], offsets[i + 1]):
             b = nodes[p]
             if last[b] >= 0.0:
-                gap = t - last[b]
-                k = BIN_ZERO if gap <= 0.0 else min(max(int(np.ceil(BINS_PER_DECADE * np.log10(gap))), BIN_MIN),
-                                                    BIN_MAX)
-                hist[k - BIN_ZERO] += 1
+                hist[reuse_bin(t - last[b])] += 1
             last[b] = t
     return hist
 
