@@ -64,7 +64,7 @@ GAP_EPS_S = 0.01  # s: the donor scan compares gaps on a log scale, this much ad
 SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST = 0, 1, 2
 WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its length is this near k
 PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
-NUM_LRU_VARIANTS = 6  # variants (closest in ideal hit and reuse times) whose LRU curve is computed
+GOOD_ENOUGH = 0.5  # the draw keeps the first variant whose every figure is within this share of its tolerance
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 # issue 38's tolerances for the twin (calibration/twin.py checks them; the draw picks its variant by them)
@@ -462,44 +462,38 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
         kd, md, tol = (k, max_n, 0.0) if scan == SCAN_BACK else (k_whole, max_n_whole, WHOLE_TOL)
         return _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
 
-    # every variant by its ideal hit and reuse-time CDF; the LRU curve of the closest few only
-    closest: list[tuple[float, int, tuple[I64, I64]]] = []
-    # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
-    for num, (scan, slack) in enumerate((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
-                                        for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
-        links = link(scan, slack)
-        closest = sorted([*closest, (_distance(model, *links, n, arrival_s, with_lru=False), num, links)],
-                         key=lambda c: (c[0], c[1]))
-        if model.reuse_cdf.size:
-            closest = closest[:NUM_LRU_VARIANTS]
+    # the variants in turn, each scored on every figure; the first within GOOD_ENOUGH of the tolerances
+    # is kept, else the closest of all
     best: tuple[float, tuple[I64, I64]] | None = None
-    for _, _, links in closest:
+    # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
+    for scan, slack in ((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
+                        for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
+        links = link(scan, slack)
         miss = _distance(model, *links, n, arrival_s)
         if best is None or miss < best[0]:
             best = (miss, links)
+        if miss <= GOOD_ENOUGH:
+            break
     assert best is not None
     donor, kk = best[1]
     nodes, offsets = _tree_nodes(donor, kk, n)
     return TwinDraw(arrival_ms, inp, out, kk, nodes, offsets)
 
 
-def _distance(model: TwinModel, donor: I64, kk: I64, n: I64, arrival_s: F64, with_lru: bool = True) -> float:
+def _distance(model: TwinModel, donor: I64, kk: I64, n: I64, arrival_s: F64) -> float:
     """How far the tree (DONOR, KK, N) is from the run's figures in MODEL, in units of their tolerances:
-    the largest of the ideal hit, when the run's is known the reuse-time CDF's KS distance, and WITH_LRU
-    the LRU points (all computed over the tree's segments: twin_tree.tree_figures)."""
+    the largest of the ideal hit, the LRU points and, when the run's is known, the reuse-time CDF's KS
+    distance (all computed over the tree's segments: twin_tree.tree_figures)."""
     num_refs = max(int(n.sum()), 1)
     miss = abs(float(kk.sum() / num_refs) - model.ideal_hit) / IDEAL_TOL
-    if not model.reuse_cdf.size and not with_lru:
-        return miss
-    hist, diff = tree_figures(donor, kk, n, arrival_s, with_lru)
+    hist, diff = tree_figures(donor, kk, n, arrival_s)
     if model.reuse_cdf.size:
         cdf = np.cumsum(hist) / max(float(hist.sum()), 1.0)
         miss = max(miss, float(np.max(np.abs(cdf - model.reuse_cdf))) / REUSE_KS_MAX)
-    if with_lru:
-        num_ids = int((n - kk).sum())
-        cum_hits = np.cumsum(np.cumsum(diff))[:num_ids + 1]
-        lru = np.asarray([cum_hits[min(c, num_ids)] / num_refs for c in _lru_capacities(num_ids)])
-        miss = max(miss, float(np.max(np.abs(lru - model.lru_hit))) / LRU_TOL)
+    num_ids = int((n - kk).sum())
+    cum_hits = np.cumsum(np.cumsum(diff))[:num_ids + 1]
+    lru = np.asarray([cum_hits[min(c, num_ids)] / num_refs for c in _lru_capacities(num_ids)])
+    miss = max(miss, float(np.max(np.abs(lru - model.lru_hit))) / LRU_TOL)
     return miss
 
 

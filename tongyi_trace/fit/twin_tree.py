@@ -72,12 +72,12 @@ def _prefix_count(b1: np.ndarray, b2: np.ndarray, i: int) -> int:
 
 
 @njit(cache=True)
-def tree_figures(donor: np.ndarray, kk: np.ndarray, n: np.ndarray, arrival_s: np.ndarray,
-                 with_lru: bool) -> tuple[np.ndarray, np.ndarray]:
+def tree_figures(donor: np.ndarray, kk: np.ndarray, n: np.ndarray,
+                 arrival_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The reuse-time histogram (reuses per log bin: BIN_ZERO, then BIN_MIN..BIN_MAX) of the tree
-    (DONOR, KK, N; requests in arrival order at ARRIVAL_S), and WITH_LRU its histogram of max-prefix
-    stack distances (index d: references that hit in an LRU cache of d blocks or more; the never-used
-    ones are left out), as the block-by-block computations give them."""
+    (DONOR, KK, N; requests in arrival order at ARRIVAL_S), and its max-prefix stack distances
+    differenced (the cumulative sum of the second at d: the references that hit in an LRU cache of d
+    blocks or more; the never-used ones left out), as the block-by-block computations give them."""
     num = n.shape[0]
     # the requests' paths as segments (creator, end depth), in depth order
     cap = 2 * num + 16
@@ -121,10 +121,10 @@ def tree_figures(donor: np.ndarray, kk: np.ndarray, n: np.ndarray, arrival_s: np
     for i in range(num):
         num_refs += n[i]
         num_ids += n[i] - kk[i]
-    b1 = np.zeros(num_refs + 2 if with_lru else 1, np.int64)  # live stamps (Fenwick, range updates)
-    b2 = np.zeros(num_refs + 2 if with_lru else 1, np.int64)
+    b1 = np.zeros(num_refs + 2, np.int64)  # live stamps (Fenwick, range updates)
+    b2 = np.zeros(num_refs + 2, np.int64)
     last_stamp = np.zeros(num, np.int64)  # the stamp of each request's depth 0 (depth p: that - p)
-    diff = np.zeros(num_ids + 3 if with_lru else 1, np.int64)  # max-prefix distances, differenced
+    diff = np.zeros(num_ids + 3, np.int64)  # max-prefix distances, differenced
     run_req = np.empty(m + 1, np.int64)  # this request's runs: who used them last, depths [a, b)
     run_a = np.empty(m + 1, np.int64)
     run_b = np.empty(m + 1, np.int64)
@@ -158,8 +158,6 @@ def tree_figures(donor: np.ndarray, kk: np.ndarray, n: np.ndarray, arrival_s: np
             st_below[num_st] = head[c]
             head[c] = num_st
             num_st += 1
-        if not with_lru:
-            continue
         dmax = 0
         for x in range(num_runs):
             r, a, b = run_req[x], run_a[x], run_b[x]
