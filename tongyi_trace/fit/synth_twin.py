@@ -28,8 +28,11 @@ within 1 + slack of the drawn one; SCAN_NEAREST: nearest to the drawn gap first;
 donor's whole prompt when its length is within WHOLE_TOL of k). The request's blocks are the donor's
 first k tree nodes, then new ones; ids are numbered by first use as the public traces are. How far past
 the first free donor a scan may go for one of the right length (DONOR_SLACKS x the gap) trades long
-reuse times against hot prefixes: the twin is drawn with each scan and slack (same random numbers) and
-the one closest to the run's ideal hit ratio, reuse-time CDF and LRU hit ratios is kept.
+reuse times against hot prefixes, and so does how many requests a donor may serve (its drawn out-degree,
+or HOT_CAP x that in HOT_VARIANTS): the twin is drawn with each scan, slack and cap (same random
+numbers), each scored on the run's ideal hit ratio, reuse-time CDF and LRU hit ratios (computed over the
+tree's segments, fit/twin_tree.py), and the first within GOOD_ENOUGH of every tolerance is kept, else
+the closest of all.
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ WHOLE_TOL = 0.2  # SCAN_WINDOW/NEAREST take a free donor's whole prompt when its
 PILOT_SLACK = 1.0  # the pilot link's slack (measures what taking whole prompts costs in shared blocks)
 GOOD_ENOUGH = 0.5  # the draw keeps the first variant whose every figure is within this share of its tolerance
 DONOR_SLACKS = (float("inf"), 4.0, 2.0, 1.5, 1.0, 0.5)  # tried in turn; the one closest to the run's hit ratios is kept
+# hot prefixes: a request's out-degree in the run counts the later requests whose deepest shared block is its
+# own, and the users of a hot prefix chain through its latest holder (coder: q99 2); with every donor free to
+# HOT_CAP x its drawn out-degree, a few prefixes stay hot (coder at a quarter size, LRU at 1% .524 -> .539)
+HOT_CAP = 3.0
+HOT_VARIANTS = ((SCAN_WINDOW, 2.0, True), (SCAN_WINDOW, 1.5, True), (SCAN_WINDOW, 1.0, True),
+                (SCAN_NEAREST, 4.0, True), (SCAN_NEAREST, 2.0, True))  # tried after the others
 LRU_POINTS = ("1%", "5%", "10%", "25%")  # of the distinct blocks
 # issue 38's tolerances for the twin (calibration/twin.py checks them; the draw picks its variant by them)
 IDEAL_TOL = 0.02
@@ -434,7 +443,9 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
         sel = lclass == c
         if q.size and sel.any():
             cap[sel] = np.interp(u_cap[sel], lv, q)
-    cap = np.floor(cap + rng.random(num_requests)).astype(np.int64)
+    u_floor = rng.random(num_requests)
+    cap_hot = np.floor(cap * HOT_CAP + u_floor).astype(np.int64)
+    cap = np.floor(cap + u_floor).astype(np.int64)
     g = np.ones(num_requests, dtype=np.float64)
     u_g = rng.random(num_requests)
     for c, q in enumerate(model.donor_share):
@@ -458,17 +469,18 @@ def draw_twin(model: TwinModel, rng: np.random.Generator, num_requests: int, dur
     k_whole = _shared_blocks(f, n, u_round, min(model.ideal_hit + loss, 1.0))
     max_n_whole = np.ceil(k_whole / np.maximum(g, 1e-9)).astype(np.int64)
 
-    def link(scan: int, slack: float) -> tuple[I64, I64]:
+    def link(scan: int, slack: float, hot: bool) -> tuple[I64, I64]:
         kd, md, tol = (k, max_n, 0.0) if scan == SCAN_BACK else (k_whole, max_n_whole, WHOLE_TOL)
-        return _link(arrival_s, n, kd, gap, cap, md, MAX_DONOR_SCAN, slack, scan, tol)
+        return _link(arrival_s, n, kd, gap, cap_hot if hot else cap, md, MAX_DONOR_SCAN, slack, scan, tol)
 
     # the variants in turn, each scored on every figure; the first within GOOD_ENOUGH of the tolerances
     # is kept, else the closest of all
     best: tuple[float, tuple[I64, I64]] | None = None
     # (a window without a limit is no window: the best length fit anywhere, and the slowest scan)
-    for scan, slack in ((scan, slack) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
-                        for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf):
-        links = link(scan, slack)
+    variants = [(scan, slack, False) for scan in (SCAN_BACK, SCAN_WINDOW, SCAN_NEAREST)
+                for slack in DONOR_SLACKS if scan != SCAN_WINDOW or slack < np.inf] + list(HOT_VARIANTS)
+    for scan, slack, hot in variants:
+        links = link(scan, slack, hot)
         miss = _distance(model, *links, n, arrival_s)
         if best is None or miss < best[0]:
             best = (miss, links)
