@@ -7,7 +7,7 @@ just under it.
 Issue 41's targets: s per M refs at each scale within 1.3x of the same at the smallest scale (the linear-cost
 ratio); peak <= 6 GB up to 30x, <= 12 GB above. Each row is printed (and appended to --out, JSON lines) as
 soon as its command finishes, so an interruption loses nothing done; the ratios close the table.
-Usage: python bench/bench_scale.py [--scales 1,30,100] [--ceiling-gib 6] [--only ingest,analyze,fit]
+Usage: python bench/bench_scale.py [--scales 1,30,100] [--ceiling-gb 6] [--only ingest,analyze,fit]
 [--dir DIR] [--out rows.jsonl] [--clean] (`make bench` runs the defaults; the 100x trace is 6.7 GB of JSONL).
 """
 
@@ -29,7 +29,7 @@ CAPACITIES = "0.25L,1L"
 MAX_RATIO = 1.3  # s per M refs at a scale / at the smallest scale
 
 
-def ceiling_gib_at(scale: float) -> float:
+def ceiling_gb_at(scale: float) -> float:
     """Issue 41's peak target at SCALE: 6 GB up to 30x, 12 GB above."""
     return 6.0 if scale <= 30 else 12.0
 
@@ -72,7 +72,7 @@ def main() -> None:
     """Print the table: per scale and command, wall s, s per M refs, peak GB, the linear-cost ratio."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scales", default="1,30,100")
-    ap.add_argument("--ceiling-gib", type=float, default=None,
+    ap.add_argument("--ceiling-gb", type=float, default=None,
                     help="Ceiling per command (default: 6 up to 30x, 12 above).")
     ap.add_argument("--only", default=None,
                     help="Comma-separated command names (ingest, analyze, fit, simulate, 'simulate lru'...).")
@@ -86,8 +86,8 @@ def main() -> None:
     print(f"{'scale':>6} {'command':<16} {'refs M':>8} {'wall s':>9} {'s/M refs':>9} {'peak GB':>12} "
           f"{'cost ratio':>11}  status", flush=True)
     for k in scales:
-        ceiling_gib = a.ceiling_gib or ceiling_gib_at(k)
-        limit_gib = round(ceiling_gib * 0.95, 2)
+        ceiling_gb = a.ceiling_gb or ceiling_gb_at(k)
+        limit_gib = round(ceiling_gb * GB / 2**30 * 0.95, 2)  # GiB, so the process stays under the GB ceiling
         a.dir.mkdir(parents=True, exist_ok=True)
         trace = a.dir / f"scale-to-c-s5-x{k:g}.jsonl"
         run = trace.with_suffix(".run")
@@ -102,7 +102,7 @@ def main() -> None:
         for name, args in commands(run, trace, limit_gib, trace.with_suffix(".policy.json")):
             if not wanted(name, a.only):
                 continue
-            m = run_capped([*KVTRACE, *args], int(ceiling_gib * GB))
+            m = run_capped([*KVTRACE, *args], int(ceiling_gb * GB))
             refs = num_refs_of(run)
             status = ("killed at the ceiling" if m.killed else "ok" if m.code == 0
                       else f"exit {m.code}: {m.stderr.splitlines()[-1] if m.stderr else ''}")
@@ -115,7 +115,7 @@ def main() -> None:
                     ratio = spm / base[name]
                     ratios.append((name, k, ratio))
             row = {"scale": k, "command": name, "refs_m": refs / 1e6, "wall_s": m.wall_s, "s_per_mref": spm,
-                   "peak_gb": m.peak_bytes / GB, "target_gb": ceiling_gib_at(k), "ratio": ratio, "status": status,
+                   "peak_gb": m.peak_bytes / GB, "target_gb": ceiling_gb_at(k), "ratio": ratio, "status": status,
                    "limit_gib": limit_gib}
             print(row_text(row), flush=True)
             if a.out:

@@ -40,12 +40,13 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.artifact_set import commit_sets, staged
-from tongyi_trace.budget import MemoryBudget, resolve_budget
+from tongyi_trace.budget import BASE_BYTES, MemoryBudget, resolve_budget
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import DEFAULT_PARTITIONS, ExecutorOptions, PartitionOptions, check_options, check_partitions
 from tongyi_trace.fit.events import (
     Window,
     block_lifespans,
+    budget_partitions,
     load_accesses,
     parse_window,
     seconds_text,
@@ -146,7 +147,11 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                    else Window(start_s, trace_end_s, True, start_s))
         test_w = parse_window(test, start_s, trace_end_s, "--test") if test else None
         ctx = fit_context(requests, train_w, context)
-        step("linking block accesses")
+        budget = budget or resolve_budget(None)
+        if split is None:  # a run too large to link at once: partitions of the chains, one at a time, here
+            num = budget_partitions(int(prov.get("num_block_refs") or 0), budget.limit_bytes - BASE_BYTES)
+            split = PartitionOptions(ExecutorOptions("local", None, 1), num) if num > 1 else None
+        step(f"linking block accesses{f' in {split.num_partitions} partitions' if split else ''}")
         acc = load_accesses(run.tables(), ctx, split)
 
         step("fitting the train window")
@@ -174,7 +179,6 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         tune_rows: list[dict[str, Any]] | None = None
         memory: dict[str, Any] | None = None
         if capacities:
-            budget = budget or resolve_budget(None)
             plan = plan_fit(run.path, jobs, budget, streamable=opts.kind == "local")
             memory = {"limit_gib": budget.limit_gib, "streamed": plan.streamed, "jobs": plan.jobs,
                       "notes": list(plan.notes)}
