@@ -4,13 +4,16 @@ capacity, its figures and every candidate's row equal the in-memory fit's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tongyi_trace.budget import MemoryBudget
+from tongyi_trace.errors import InputError
 from tongyi_trace.fit.events import Window
 from tongyi_trace.fit.policy_fit import fit_policy
+from tongyi_trace.fit.synth_like import load_workload
 from tongyi_trace.fit.tune import tune, window_requests
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.streamed import SweepPlan, plan_fit
@@ -67,5 +70,10 @@ def test_fit_under_a_small_budget_streams(tmp_path: Path) -> None:
     assert whole.memory == {"limit_gib": 6.0, "streamed": False, "jobs": 0, "notes": []}
     assert streamed.memory is not None and streamed.memory["streamed"]
     assert "does not fit --memory-limit-gib 0.5" in streamed.memory["notes"][0]
+    assert "no twin model" in streamed.memory["notes"][1]  # it would hold the whole stream: left out, said
+    workload = json.loads((run / "fit" / "workload.json").read_text())
+    assert workload["twin"] is None and workload["num_requests"] == 6000
+    with pytest.raises(InputError, match="no twin model"):
+        load_workload(run / "fit" / "workload.json")
     assert streamed.policy.choices == whole.policy.choices
     assert [(c.capacity_blocks, c.policy) for c in whole.policy.choices] == [(6260, "wa"), (25042, "lru")]  # golden

@@ -218,7 +218,13 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
                                      stage / "tuning.parquet")
             save_policy(policy, stage / "policy.json")
-            write_json(stage / "workload.json", workload_summary(run.tables()))
+            whole = not plan_fit(run.path, jobs, budget).streamed  # the twin model holds the whole stream
+            if not whole:
+                note = ("workload.json has no twin model (learning it holds the whole stream): `kvtrace synth "
+                        "--like` needs a fit with a larger --memory-limit-gib")
+                memory = {**(memory or {"limit_gib": budget.limit_gib, "streamed": True, "jobs": 1, "notes": []})}
+                memory["notes"] = [*memory["notes"], note]
+            write_json(stage / "workload.json", workload_summary(run.tables(), twin=whole))
             write_json(stage / "train_test.json", {
                 "schema": FIT_TABLE_SCHEMA,
                 "train": train_w.to_json(),
