@@ -34,6 +34,7 @@ a pass of up to PLAN.jobs candidates), with the same results, request for reques
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,11 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
     return _task_row(r)
 
 
+def _relabel(count: ProgressFn, label: str, _step: str, done: int, total: int) -> None:
+    """COUNT(LABEL, DONE, TOTAL): a chunked pass's progress under the round's name."""
+    count(label, done, total)
+
+
 def _task_row(r: PolicyResult) -> dict[str, Any]:
     """What tune keeps of one simulation."""
     return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
@@ -188,18 +194,23 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
         shared.update({f"fit.{w}": f for w, f in fits.items()})
         opts = sized_for(executor or ExecutorOptions(), windows["train"].num_refs)
 
-    def run_streamed(tasks: list[tuple[str, str, dict[str, Any], int]], done: Callable[[TaskOutcome], None]) -> None:
+    def run_streamed(tasks: list[tuple[str, str, dict[str, Any], int]], done: Callable[[TaskOutcome], None],
+                     what: str) -> None:
         """The tasks (window, policy, params, capacity blocks) in passes over each window's chunks, up to
-        PLAN.jobs a pass (WA without its guard and refit: simulate_policy runs neither)."""
+        PLAN.jobs a pass (WA without its guard and refit: simulate_policy runs neither); ON_PROGRESS counts
+        each pass's references."""
         width = max(1, plan.jobs if plan is not None else 1)
         for w, span in spans.items():
             mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
+            num_passes = -(-len(mine) // width)
             for at in range(0, len(mine), width):
                 batch = mine[at:at + width]
+                label = f"capacity-aware fit: {what}, pass {at // width + 1} of {num_passes} ({len(batch)} in chunks)"
                 results = simulate_chunked_many(
                     run, [ChunkedTask(pol, blocks, {**params, **({"guard": False, "refit_s": 0.0} if pol == "wa"
                                                                    else {})}) for _, (_, pol, params, blocks) in batch],
-                    chunk_refs=chunk_refs, fit=fits[w], timing=False, requests=span)
+                    chunk_refs=chunk_refs, fit=fits[w], timing=False, requests=span,
+                    on_progress=functools.partial(_relabel, count, label))
                 for (k, _), r in zip(batch, results, strict=True):
                     done(TaskOutcome(k, _task_row(r)))
 
@@ -221,7 +232,7 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
 
         tasks = [(w, c.policy, c.params, caps[i].num_blocks) for i, w, c in items]
         if streamed:
-            run_streamed(tasks, done)
+            run_streamed(tasks, done, what)
         else:
             map_tasks(_simulate_task, tasks, shared, done, opts)
         if errors:
