@@ -252,7 +252,11 @@ def block_lifespans(acc: Accesses, window: Window) -> dict[str, np.ndarray]:
     there (paper Fig 19-20: a block lives from its first access to its last reuse), attributed to the
     category of the block's first access there. Blocks accessed once in the window are left out."""
     inside = window.contains(acc.arrival_s[acc.sorted_req])
-    req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
+    if inside.all():  # the whole run (the default train window): no copy of every access
+        req, chain = acc.sorted_req, acc.sorted_chain
+    else:
+        req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
+    del inside
     if len(req) == 0:
         return {}
     starts = np.flatnonzero(np.concatenate([[True], chain[1:] != chain[:-1]]))

@@ -203,6 +203,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
                                                 life_quantile, life_s)
                 select = (replace(policy, categories=cats, default=dflt, window=part_w.to_json()), held_w)
+            del acc  # the linked accesses (8 bytes a reference) are not needed by the simulations
             choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
                                       on_progress=on_progress, select=select, confidence=confidence,
                                       executor=ExecutorOptions(executor, ray_address,
