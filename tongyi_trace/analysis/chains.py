@@ -38,7 +38,8 @@ def write_chains_table(tables: RunTables, num_chains: int, path: Path, slice_cha
     per-chain accumulators (~16 bytes per chain) and one slice are ever in memory, and DuckDB reads the
     table back out of core (what `kvtrace analyze` does, analysis/common.py)."""
     acc = _accumulate(tables, num_chains)
-    with pq.ParquetWriter(path, _rows(acc, 0, 0).schema) as writer:
+    schema = _rows(acc, 0, 0).schema
+    with pq.ParquetWriter(path, schema, use_dictionary=["first_category"]) as writer:  # ints plain: faster
         for lo in range(0, num_chains, max(1, slice_chains)):
             writer.write_table(_rows(acc, lo, min(num_chains, lo + slice_chains)))
     return path
