@@ -63,7 +63,9 @@ def num_refs_of(run: Path) -> int:
 def row_text(r: dict) -> str:
     """One line of the table."""
     ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f} {'pass' if r['ratio'] <= MAX_RATIO else 'FAIL'}"
-    peak = f"{r['peak_gb']:.2f} {'pass' if r['peak_gb'] <= r['target_gb'] else 'FAIL'}"
+    verdict = ("pass" if r["peak_gb"] <= r["target_gb"] else "FAIL") if r["status"] == "ok" else \
+        ("FAIL" if r["status"].startswith("killed") else "-")  # a command that stopped did not finish
+    peak = f"{r['peak_gb']:.2f} {verdict}"
     return (f"{r['scale']:>5g}x {r['command']:<16} {r['refs_m']:>8.1f} {r['wall_s']:>9.1f} {r['s_per_mref']:>9.3f} "
             f"{peak:>12} {ratio:>11}  {r['status']}")
 
