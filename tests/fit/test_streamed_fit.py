@@ -55,6 +55,7 @@ def test_streamed_tune_equals_in_memory(small_run: Path, tmp_path: Path) -> None
         assert choices == want_choices
         assert rows == want_rows  # every candidate, both windows, hit ratios and gains exactly
     assert not [p for p in small_run.iterdir() if p.name.startswith(".staging")]  # the spill folders are gone
+    assert not (small_run / "sim").exists()  # a fit's chunked passes leave no folder of simulate's
 
 
 @pytest.mark.full

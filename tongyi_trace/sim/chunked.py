@@ -27,6 +27,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,9 +270,12 @@ def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: 
             raise UsageError(f"policy {cache.spec.name} with its guard or refit is not simulated in chunks: "
                              "set guard=false and refit_s=0 (--set wa.guard=false)")
     what = caches[0].spec.name if len(caches) == 1 else f"{len(caches)} policies"
-    with spill_folder(Path(tempfile.mkdtemp(prefix="chunked-", dir=spill_dir or run.subdir("sim")))) as tmp:
-        nxt_path = next_uses or tmp / "next_uses.i64"
-        if oracle and next_uses is None:
+    with ExitStack() as stack:
+        nxt_path = next_uses
+        if oracle and next_uses is None:  # a spill folder only for the oracle's next uses
+            tmp = stack.enter_context(spill_folder(Path(tempfile.mkdtemp(prefix="chunked-",
+                                                                         dir=spill_dir or run.subdir("sim")))))
+            nxt_path = tmp / "next_uses.i64"
             write_next_uses(run, shape, chunk_refs, nxt_path, on_progress)
         parent = np.full(shape.num_ids, -2, np.int64)
         empty = readonly(np.zeros(0, np.int64))  # compile (or load) the kernel outside the timed calls, as Cache.warm
@@ -280,7 +284,8 @@ def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: 
         with step(f"simulate {what}: replay in chunks"):
             for c in iter_chunks(run, shape, chunk_refs):
                 extend_parents(parent, c.req_off, c.blk)
-                nxt = np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8) if oracle else None
+                nxt = (np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8)
+                       if oracle and nxt_path is not None else None)
                 for cache in caches:
                     if cache.spec.name == Policy.ORACLE.value:
                         cache.nxt = nxt
