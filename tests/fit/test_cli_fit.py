@@ -8,6 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from tongyi_trace.budget import default_limit_gib
 from tongyi_trace.cli import app
 from tongyi_trace.policy.file import load_policy
 
@@ -79,6 +80,8 @@ def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path:
     choices = load_policy(tmp_path / "p.json").choices
     assert [(c["capacity_blocks"], c["policy"]) for c in doc["choices"]] == [(4, "lru")]
     assert doc["choices"][0]["train"]["hit_ratio"] == choices[0].train["hit_ratio"] == 0.25
+    # the plan of the capacity-aware step (sim/streamed.py plan_fit): 6 references fit any budget
+    assert doc["memory"] == {"limit_gib": default_limit_gib(), "streamed": False, "jobs": 0, "notes": []}
 
 
 def test_unclear_messages_say_what_to_do(make_run: Callable[..., Path], tmp_path: Path) -> None:

@@ -131,3 +131,26 @@ def test_numpy_linking_matches_the_sql(make_run: Callable[..., Path], reqs: list
                      part["next_access_s"].fill_null(0.0) - part["access_s"]).tolist()
         assert sorted(np.repeat(s.time_s, s.count).tolist()) == sorted(t)
         assert s.num_observed == part["next_access_s"].is_not_null().sum()
+
+
+def test_linking_in_partitions_under_a_budget(known_run: Path) -> None:
+    """A run too large to link at once is linked in partitions of its chains, one at a time in this process
+    (what fit_policy does under its budget): the same pairs and, chain by chain, the same accesses; the
+    accesses are kept as int32 (8 bytes an access, not 16)."""
+    from tongyi_trace.executor import ExecutorOptions, PartitionOptions
+    from tongyi_trace.fit.events import KEPT_BYTES_PER_REF, LINK_BYTES_PER_REF, budget_partitions
+
+    whole = load_accesses(open_run(known_run).tables())
+    one_at_a_time = PartitionOptions(ExecutorOptions("local", None, 1), 3)
+    split = load_accesses(open_run(known_run).tables(), partitions=one_at_a_time)
+    assert whole.sorted_req.dtype == whole.sorted_chain.dtype == np.int32
+    assert np.array_equal(whole.pair_req, split.pair_req) and np.array_equal(whole.pair_count, split.pair_count)
+    assert np.array_equal(whole.pair_next, split.pair_next)
+    order = np.lexsort((split.sorted_req, split.sorted_chain))
+    assert np.array_equal(split.sorted_chain[order], whole.sorted_chain)
+    assert np.array_equal(split.sorted_req[order], whole.sorted_req)
+    # 186 M references (30x the to-C trace) in a 5.3 GiB budget: 4 partitions; a small run: none
+    assert budget_partitions(10**6, 5 << 30) == 1
+    refs, room = 186_000_000, int(5.3 * 2**30) - (400 << 20)
+    num = budget_partitions(refs, room)
+    assert num == 4 and refs * LINK_BYTES_PER_REF / num <= room - refs * KEPT_BYTES_PER_REF

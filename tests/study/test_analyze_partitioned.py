@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.lanes import examples
-from tongyi_trace.analysis.partitioned import PARTITIONED_ANALYSES, quantile_cont
+from tongyi_trace.analysis.lifespan import quantile_cont
+from tongyi_trace.analysis.partitioned import PARTITIONED_ANALYSES
 from tongyi_trace.analysis.runner import ANALYSES, AnalysisReport, run_analyses
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import ExecutorOptions, PartitionOptions

@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from tongyi_trace.analysis.chains import chains_table
+from tongyi_trace.analysis.chains import chains_table, write_chains_table
 from tongyi_trace.budget import spill_dir
 from tongyi_trace.duckdb_setup import duckdb_connect
 from tongyi_trace.errors import InputError, UsageError
@@ -108,8 +108,10 @@ class AnalysisOptions:
 class AnalysisContext:
     """One DuckDB session over a run's tables, shared by the analyses of one `analyze` call."""
 
-    def __init__(self, tables: RunTables, options: AnalysisOptions, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, tables: RunTables, options: AnalysisOptions, con: duckdb.DuckDBPyConnection,
+                 spill: Path | None = None) -> None:
         self.tables = tables
+        self.spill = spill  # where shared tables are written out of core (the session's spill folder)
         self.provenance = tables.provenance
         self.options = options
         self.con = con
@@ -154,7 +156,12 @@ class AnalysisContext:
         if table in _SHARED_VIEWS:
             self.con.sql(read_query(table)).create_view(table)
         elif table == "chains":  # numpy, held equal to chains_table.sql by tests/analysis/test_chains.py
-            self.con.register(table, chains_table(self.tables, int(self.provenance["num_distinct_blocks"])))
+            num_chains = int(self.provenance["num_distinct_blocks"])
+            if self.spill is None:
+                self.con.register(table, chains_table(self.tables, num_chains))
+            else:  # out of core: written in slices, read back by DuckDB within its memory limit
+                path = write_chains_table(self.tables, num_chains, self.spill / "chains.parquet")
+                self.con.read_parquet(str(path)).create_view(table)
         else:
             self.con.execute(read_query(f"{table}_table"))
         self._tables.add(table)
@@ -187,7 +194,7 @@ def open_context(tables: RunTables, options: AnalysisOptions,
             con.read_parquet(str(tables.blocks_path)).create_view("blocks")
             con.read_parquet(str(tables.blocks_path)).create_view("content_blocks")  # req_hit_parts.sql
             con.execute(read_query("refs_view"))
-            yield AnalysisContext(tables, options, con)
+            yield AnalysisContext(tables, options, con, spill)
         finally:
             con.close()
 

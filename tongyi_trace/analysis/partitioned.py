@@ -16,28 +16,23 @@ from the merge:
 - per-request sums (req_hit_parts.sql, live_deltas.sql) are concatenated and summed by the local run's
   own SQL (req_hits_table.sql, live_set.sql): the per-request figures are computed after the merge;
 - lifespan percentiles are interpolated from the merged histogram of exact lifespans (lifespan_values.sql)
-  as DuckDB's quantile_cont does over the values themselves (lifespan_quantiles.sql), their mean from the
-  exact sum in microseconds.
+  as the local run interpolates them from its own (analysis/lifespan.py: DuckDB's quantile_cont to the bit),
+  their mean from the exact sum in microseconds.
 So every artifact equals the local run's to the bit (tests/study/test_analyze_partitioned.py).
 The analyses that are not per chain (request_mix, next_turn, kv_size, spatial) run in the driver as today.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import polars as pl
 
 from tongyi_trace.analysis.common import BIN_MAX, BIN_MIN, BIN_ZERO, BINS_PER_DECADE, AnalysisContext, AnalysisOptions
-from tongyi_trace.analysis.lifespan import QUANTILES
 from tongyi_trace.analysis.reuse_time import LONG_S, SHORT_S
 from tongyi_trace.budget import spill_dir
 from tongyi_trace.duckdb_setup import duckdb_connect
@@ -147,47 +142,6 @@ def merge_rows(name: str, frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
     return df
 
 
-def quantile_cont(values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64], q: float) -> float:
-    """DuckDB's quantile_cont(x, Q) over the values VALUES (ascending, distinct) each repeated COUNTS times.
-
-    With x sorted, rn = (n - 1) Q and d = rn - floor(rn): x[floor(rn)] (1 - d) + x[ceil(rn)] d, computed as
-    DuckDB's build computes it, the first product and the sum in one rounding (a fused multiply-add), so
-    the result is DuckDB's to the bit (tests/analysis/test_partitioned.py holds the two equal)."""
-    cum = np.cumsum(counts)
-    rn = float(cum[-1] - 1) * q
-    lo, hi = math.floor(rn), math.ceil(rn)
-    v_lo = float(values[int(np.searchsorted(cum, lo, side="right"))])
-    if hi == lo:
-        return v_lo
-    v_hi = float(values[int(np.searchsorted(cum, hi, side="right"))])
-    d = rn - lo
-    return float(Fraction(v_lo) * Fraction(1.0 - d) + Fraction(v_hi * d))
-
-
-def lifespan_quantiles(values: pl.DataFrame, qs: Sequence[float]) -> pl.DataFrame:
-    """lifespan_quantiles.sql's rows from the histogram of exact lifespans VALUES (lifespan_values.sql)."""
-    rows: list[dict[str, Any]] = []
-    cats: list[str | None] = [None, *sorted(values["category"].unique().to_list())]
-    for cat in cats:
-        h = values if cat is None else values.filter(pl.col("category") == cat)
-        h = h.group_by("reused", "lifespan_s", "lifespan_us").agg(pl.col("num_blocks").sum()).sort("lifespan_s")
-        every = h.group_by("lifespan_s", "lifespan_us", maintain_order=True).agg(pl.col("num_blocks").sum())
-        reused = h.filter(pl.col("reused"))
-        v, c = every["lifespan_s"].to_numpy(), every["num_blocks"].to_numpy()
-        rv, rc = reused["lifespan_s"].to_numpy(), reused["num_blocks"].to_numpy()
-        n = int(c.sum())
-        sum_us = sum(int(u) * int(k) for u, k in zip(every["lifespan_us"].to_list(), c.tolist(), strict=True))
-        rows.append({
-            "category": cat, "num_blocks": n, "num_reused_blocks": int(rc.sum()),
-            "mean_lifespan_s": float(sum_us) / 1e6 / n if n else None,  # as lifespan_quantiles.sql
-            "lifespan_q_s": [quantile_cont(v, c, q) for q in qs] if n else None,
-            "reused_lifespan_q_s": [quantile_cont(rv, rc, q) for q in qs] if rc.size else None,
-        })
-    return pl.DataFrame(rows, schema={"category": pl.Utf8, "num_blocks": pl.Int64, "num_reused_blocks": pl.Int64,
-                                      "mean_lifespan_s": pl.Float64, "lifespan_q_s": pl.List(pl.Float64),
-                                      "reused_lifespan_q_s": pl.List(pl.Float64)})
-
-
 class PartitionedContext(AnalysisContext):
     """The driver's AnalysisContext: the per-chain queries are served from the partitions' merged rows;
     everything else runs in its DuckDB session as locally."""
@@ -197,10 +151,6 @@ class PartitionedContext(AnalysisContext):
         super().__init__(base.tables, base.options, base.con)
         self._merged = merged
         self._params = params
-        if "lifespan_values" in merged:
-            qs = list(QUANTILES)
-            merged["lifespan_quantiles"] = lifespan_quantiles(merged.pop("lifespan_values"), qs)
-            self._params["lifespan_quantiles"] = {"qs": qs}
 
     def query(self, name: str, **params: Any) -> pl.DataFrame:
         """See AnalysisContext.query; a per-chain query's merged rows (same parameters checked)."""

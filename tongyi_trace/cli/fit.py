@@ -60,7 +60,8 @@ def fit(
     memory_limit_gib: float | None = typer.Option(None, "--memory-limit-gib",
                                                   help="Memory budget of the whole process, GiB (default: a "
                                                        "quarter of this machine's, at most 6); --jobs is lowered "
-                                                       "to the simulations it holds at once."),
+                                                       "to the simulations it holds at once, and a run whose "
+                                                       "stream does not fit is simulated in chunks."),
     json_out: bool = typer.Option(False, "--json", help="Print the per-category table as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the per-category fit tables (train "
                                  "and held-out windows; always in RUN_DIR/fit/)."),
@@ -81,7 +82,6 @@ def fit(
 
         def go() -> FitOutcome:
             from tongyi_trace.fit.policy_fit import fit_policy
-            from tongyi_trace.sim.streamed import budget_jobs
 
             run = run_or_trace(run_dir).path
             sizing = run_sizing(run, model)
@@ -90,7 +90,7 @@ def fit(
                 run, output if output is not None else run / "fit" / "policy.json", train=train,
                 test=test, min_samples=min_samples, life_quantile=life_quantile, life_s=life_s,
                 capacities=None if capacity.strip().lower() == "none" else capacity, model=preset,
-                jobs=budget_jobs(run, jobs, budget), executor=executor, ray_address=ray_address, context=context,
+                jobs=jobs, budget=budget, executor=executor, ray_address=ray_address, context=context,
                 holdout=holdout, partitions=partitions,
                 confidence=confidence,
                 on_step=on_step,
@@ -105,7 +105,8 @@ def fit(
     if json_out:
         print_json({"policy": abs_path(outcome.policy_path), "artifacts": abs_path(outcome.artifact_dir),
                     "train": outcome.train.to_json(),
-                    "test": outcome.test.to_json() if outcome.test else None, "rows": outcome.rows,
+                    "test": outcome.test.to_json() if outcome.test else None, "memory": outcome.memory,
+                    "rows": outcome.rows,
                     "choices": outcome.policy.choices_json()},
                    "kvtrace.fit-output/1")
     elif not quiet:
@@ -123,6 +124,8 @@ def fit(
             say(f"{len(outcome.rows)} categories fitted (tables: --verbose, or {outcome.artifact_dir})")
         if outcome.policy.choices:
             console.print(_choice_table(outcome, holdout, verbose))
+        for note in (outcome.memory or {}).get("notes", []):
+            say(f"memory: {note}")
         say("policy written to ", (str(outcome.policy_path), "bold"),
             f"; table, CDFs and tuning in {outcome.artifact_dir}")
 

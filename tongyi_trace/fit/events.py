@@ -34,8 +34,11 @@ from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
 from tongyi_trace.trace.partition import map_partitions, read_partition
 
 T = TypeVar("T")
+LINK_BYTES_PER_REF = 64  # link_accesses' peak a reference (columns read, stable sort, pair keys, counting)
+KEPT_BYTES_PER_REF = 8  # the linked accesses kept (sorted req_idx and chain_idx, int32)
 Int64s = npt.NDArray[np.int64]
-Linked = tuple[Int64s, Int64s, Int64s, Int64s]  # pair keys, pair counts, sorted req_idx, sorted chain_idx
+Ints = npt.NDArray[np.signedinteger[Any]]  # int32 or int64
+Linked = tuple[Int64s, Int64s, Ints, Ints]  # pair keys, pair counts, sorted req_idx, sorted chain_idx
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,8 @@ class Accesses:
     pair_req: np.ndarray  # int64
     pair_next: np.ndarray  # int64, -1 = never accessed again
     pair_count: np.ndarray  # int64
-    sorted_req: np.ndarray  # int64 per access, sorted by (chain_idx, req_idx)
-    sorted_chain: np.ndarray  # int64 per access, same order
+    sorted_req: np.ndarray  # int32 (int64 past 2^31 requests) per access, sorted by (chain_idx, req_idx)
+    sorted_chain: np.ndarray  # int32 (int64 past 2^31 chains) per access, same order
 
     @property
     def trace_start_s(self) -> float:
@@ -168,21 +171,38 @@ def link_accesses(blocks: pl.DataFrame, num_requests: int) -> Linked:
     """Link every access (BLOCKS: req_idx, chain_idx of every reference of each chain present, in arrival
     order; pass it as a temporary: its columns are released here as soon as they are sorted) to its chain's
     next access: (pair keys req x (NUM_REQUESTS + 1) + next + 1 ascending, their counts, and the accesses'
-    req_idx and chain_idx sorted by (chain_idx, req_idx))."""
-    req_idx, chain = blocks["req_idx"].to_numpy(), blocks["chain_idx"].to_numpy()
-    del blocks
+    req_idx and chain_idx sorted by (chain_idx, req_idx), int32 when the run's sizes allow)."""
+    small = np.int32 if num_requests < np.iinfo(np.int32).max else np.int64  # the accesses kept: 8 bytes, not 16
+    req_idx: Ints = blocks["req_idx"].to_numpy().astype(small)
+    chain_all = blocks["chain_idx"].to_numpy()
+    narrow = not chain_all.size or int(chain_all.max()) < np.iinfo(np.int32).max
+    chain: Ints = chain_all.astype(np.int32) if narrow else chain_all
+    del blocks, chain_all
     # blocks.parquet is sorted by (req_idx, pos): a STABLE sort by chain keeps each chain's accesses in
     # arrival order, so an access's next access is the following row when it has the same chain.
     order = np.argsort(chain, kind="stable")
-    sorted_req = req_idx[order]
-    sorted_chain = chain[order]
+    sorted_req: Ints = req_idx[order]
+    sorted_chain: Ints = chain[order]
     del order, req_idx, chain
-    nxt = np.full(len(sorted_req), -1, dtype=np.int64)
+    key = sorted_req.astype(np.int64) * (num_requests + 1)  # + the next access's request + 1 (0: none)
     if len(sorted_req) > 1:
         same = sorted_chain[1:] == sorted_chain[:-1]
-        nxt[:-1] = np.where(same, sorted_req[1:], -1)
-    pairs = pl.Series("key", sorted_req * (num_requests + 1) + (nxt + 1)).value_counts(name="count").sort("key")
+        key[:-1] += np.where(same, sorted_req[1:].astype(np.int64) + 1, 0)
+        del same
+    pairs = pl.Series("key", key).value_counts(name="count").sort("key")
+    del key
     return (pairs["key"].to_numpy(), pairs["count"].to_numpy().astype(np.int64), sorted_req, sorted_chain)
+
+
+def budget_partitions(num_refs: int, budget_bytes: int) -> int:
+    """Partitions of the linking (load_accesses) that keep its peak within BUDGET_BYTES for NUM_REFS
+    references: 1 (no partitions) when the whole run links at once (LINK_BYTES_PER_REF a reference while it
+    is sorted; the linked accesses it keeps, KEPT_BYTES_PER_REF, are held whole either way)."""
+    room = budget_bytes - num_refs * KEPT_BYTES_PER_REF
+    need = num_refs * LINK_BYTES_PER_REF
+    if need <= budget_bytes:
+        return 1
+    return max(2, -(-need // max(room, budget_bytes // 8)))
 
 
 def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
@@ -199,13 +219,19 @@ def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
 def _link_partitions(tables: RunTables, num_requests: int, opts: PartitionOptions) -> Linked:
     """link_accesses of the whole run from its partitions: pair counts added (keys ascending), the sorted
     accesses concatenated in partition order (each chain's run whole, in one partition)."""
-    ordered = map_partitions(link_partition, tables, opts, {"num_requests": num_requests},
-                             "linking block accesses with")
-    pairs = (pl.DataFrame({"key": np.concatenate([p[0] for p in ordered]),
-                           "count": np.concatenate([p[1] for p in ordered])})
+    parts = [list(p) for p in map_partitions(link_partition, tables, opts, {"num_requests": num_requests},
+                                             "linking block accesses with")]
+
+    def joined(col: int) -> np.ndarray:
+        """Column COL of every partition, concatenated; the partitions' pieces released."""
+        out = np.concatenate([p[col] for p in parts])
+        for p in parts:
+            p[col] = None
+        return out
+
+    pairs = (pl.DataFrame({"key": joined(0), "count": joined(1)})
              .group_by("key").agg(pl.col("count").sum()).sort("key"))
-    return (pairs["key"].to_numpy(), pairs["count"].to_numpy().astype(np.int64),
-            np.concatenate([p[2] for p in ordered]), np.concatenate([p[3] for p in ordered]))
+    return (pairs["key"].to_numpy(), pairs["count"].to_numpy().astype(np.int64), joined(2), joined(3))
 
 
 def window_samples(acc: Accesses, window: Window) -> dict[str, Samples]:
@@ -226,7 +252,11 @@ def block_lifespans(acc: Accesses, window: Window) -> dict[str, np.ndarray]:
     there (paper Fig 19-20: a block lives from its first access to its last reuse), attributed to the
     category of the block's first access there. Blocks accessed once in the window are left out."""
     inside = window.contains(acc.arrival_s[acc.sorted_req])
-    req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
+    if inside.all():  # the whole run (the default train window): no copy of every access
+        req, chain = acc.sorted_req, acc.sorted_chain
+    else:
+        req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
+    del inside
     if len(req) == 0:
         return {}
     starts = np.flatnonzero(np.concatenate([[True], chain[1:] != chain[:-1]]))

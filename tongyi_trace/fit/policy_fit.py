@@ -40,11 +40,13 @@ import numpy as np
 import polars as pl
 
 from tongyi_trace.artifact_set import commit_sets, staged
+from tongyi_trace.budget import BASE_BYTES, MemoryBudget, resolve_budget
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import DEFAULT_PARTITIONS, ExecutorOptions, PartitionOptions, check_options, check_partitions
 from tongyi_trace.fit.events import (
     Window,
     block_lifespans,
+    budget_partitions,
     load_accesses,
     parse_window,
     seconds_text,
@@ -59,6 +61,7 @@ from tongyi_trace.policy.reuse_model import ReuseFit, Samples, fit_reuse, km_cur
 from tongyi_trace.run import check_not_run_table, open_run, write_json, write_parquet_atomic
 from tongyi_trace.schemas import FIT_TABLE_SCHEMA
 from tongyi_trace.sim.bootstrap import DEFAULT_CONFIDENCE, check_confidence
+from tongyi_trace.sim.streamed import plan_fit
 from tongyi_trace.trace.categories import follow_up_gaps_s
 
 DEFAULT_MIN_SAMPLES = 1000
@@ -83,6 +86,7 @@ class FitOutcome:
     artifact_dir: Path
     train: Window
     test: Window | None
+    memory: dict[str, Any] | None = None  # the capacity-aware step's plan: limit_gib, streamed, jobs, notes
 
 
 def _category_params(fit: ReuseFit, samples: Samples, life_s: float, num_samples: int, ks: float,
@@ -103,7 +107,7 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                executor: str = "local", ray_address: str | None = None, context: str = "auto",
                holdout: float = DEFAULT_HOLDOUT, confidence: float = DEFAULT_CONFIDENCE,
                partitions: int | None = None, on_step: Callable[[str], None] | None = None,
-               on_progress: ProgressFn | None = None) -> FitOutcome:
+               on_progress: ProgressFn | None = None, budget: MemoryBudget | None = None) -> FitOutcome:
     """Fit every category of the run at RUN_PATH, choose a setting per capacity in CAPACITIES (None: no
     choice, WA's defaults), write the kvtrace.policy/2 file OUT_PATH and the artifacts in RUN_DIR/fit/.
     TRAIN/TEST are "START:END" windows in seconds (train defaults to the whole trace). ON_STEP names each
@@ -113,7 +117,9 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
     the setting per capacity is chosen, with parameters fitted on the rest (0: chosen on the whole train
     window with its own parameters, in-sample); the file's parameters are fitted on the whole window.
     PARTITIONS: link the block accesses in that many partitions on the executor (default with executor "ray":
-    DEFAULT_PARTITIONS; locally none), the same accesses (fit/events.py)."""
+    DEFAULT_PARTITIONS; locally none), the same accesses (fit/events.py). BUDGET: the memory budget
+    (--memory-limit-gib; None: the default) that plans the capacity-aware step (sim/streamed.py's plan_fit:
+    the whole stream with JOBS lowered to what it holds, or streamed), recorded in train_test.json's `memory`."""
     opts = check_options(ExecutorOptions(executor, ray_address, jobs))  # --executor, --ray-address, --jobs
     split = (PartitionOptions(opts, check_partitions(partitions if partitions is not None else DEFAULT_PARTITIONS))
              if partitions is not None or opts.kind == "ray" else None)
@@ -141,7 +147,11 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                    else Window(start_s, trace_end_s, True, start_s))
         test_w = parse_window(test, start_s, trace_end_s, "--test") if test else None
         ctx = fit_context(requests, train_w, context)
-        step("linking block accesses")
+        budget = budget or resolve_budget(None)
+        if split is None:  # a run too large to link at once: partitions of the chains, one at a time, here
+            num = budget_partitions(int(prov.get("num_block_refs") or 0), budget.limit_bytes - BASE_BYTES)
+            split = PartitionOptions(ExecutorOptions("local", None, 1), num) if num > 1 else None
+        step(f"linking block accesses{f' in {split.num_partitions} partitions' if split else ''}")
         acc = load_accesses(run.tables(), ctx, split)
 
         step("fitting the train window")
@@ -167,7 +177,11 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
         )
         fit_dir = run.path / "fit"
         tune_rows: list[dict[str, Any]] | None = None
+        memory: dict[str, Any] | None = None
         if capacities:
+            plan = plan_fit(run.path, jobs, budget, streamable=opts.kind == "local")
+            memory = {"limit_gib": budget.limit_gib, "streamed": plan.streamed, "jobs": plan.jobs,
+                      "notes": list(plan.notes)}
             select = None
             if holdout > 0:
                 step("fitting the train window without its held-out end")
@@ -189,9 +203,12 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 cats, _, dflt = _fit_categories(part, acc.category_type, block_lifespans(acc, part_w), min_samples,
                                                 life_quantile, life_s)
                 select = (replace(policy, categories=cats, default=dflt, window=part_w.to_json()), held_w)
-            choices, tune_rows = tune(run.tables(), policy, train_w, test_w, capacities, model=model, on_step=step,
+            del acc  # the linked accesses (8 bytes a reference) are not needed by the simulations
+            choices, tune_rows = tune(run, policy, train_w, test_w, capacities, model=model, on_step=step,
                                       on_progress=on_progress, select=select, confidence=confidence,
-                                      executor=ExecutorOptions(executor, ray_address, jobs))
+                                      executor=ExecutorOptions(executor, ray_address,
+                                                               jobs if plan.streamed else plan.jobs),
+                                      plan=plan, budget=budget)
             policy = replace(policy, choices=choices)
         step("writing the policy and artifacts")
         out = Path(out_path)
@@ -202,7 +219,13 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 write_parquet_atomic(pl.DataFrame([{**r, "params": json.dumps(r["params"])} for r in tune_rows]),
                                      stage / "tuning.parquet")
             save_policy(policy, stage / "policy.json")
-            write_json(stage / "workload.json", workload_summary(run.tables()))
+            whole = not plan_fit(run.path, jobs, budget).streamed  # the twin model holds the whole stream
+            if not whole:
+                note = ("workload.json has no twin model (learning it holds the whole stream): `kvtrace synth "
+                        "--like` needs a fit with a larger --memory-limit-gib")
+                memory = {**(memory or {"limit_gib": budget.limit_gib, "streamed": True, "jobs": 1, "notes": []})}
+                memory["notes"] = [*memory["notes"], note]
+            write_json(stage / "workload.json", workload_summary(run.tables(), twin=whole))
             write_json(stage / "train_test.json", {
                 "schema": FIT_TABLE_SCHEMA,
                 "train": train_w.to_json(),
@@ -210,12 +233,13 @@ def fit_policy(run_path: str | Path, out_path: str | Path, train: str | None = N
                 "options": {"min_samples": min_samples, "life_quantile": life_quantile, "life_s": life_s,
                             "capacities": capacities, "context": context, "holdout": holdout,
                             "confidence": confidence},
+                "memory": memory,
                 "rows": rows,
             })
             write_parquet_atomic(_cdf_table(train_fits, test_fits, policy_cats, default, train_w, test_w),
                                  stage / "cdf.parquet")
             commit_sets(run.path, [(stage, fit_dir)], "fit", prov.get("run_id"))
-        return FitOutcome(policy, rows, out, fit_dir, train_w, test_w)
+        return FitOutcome(policy, rows, out, fit_dir, train_w, test_w, memory)
 
 
 def fit_context(requests: pl.DataFrame, train: Window, spec: str) -> RequestContext | None:

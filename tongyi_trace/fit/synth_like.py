@@ -49,7 +49,7 @@ def _quantiles(values: pl.Series) -> list[float]:
     return [float(x) for x in np.quantile(arr, QUANTILE_LEVELS)]
 
 
-def workload_summary(tables: RunTables) -> dict[str, Any]:
+def workload_summary(tables: RunTables, twin: bool = True) -> dict[str, Any]:
     """What `synth --like` needs besides the reuse parameters: request mix, turns, lengths, rate.
 
     Returns a JSON-ready dict of schema kvtrace.workload/2 (documented in docs/synth.md): counts and
@@ -57,7 +57,8 @@ def workload_summary(tables: RunTables) -> dict[str, Any]:
     type, the turn distribution, per-type quantiles (at QUANTILE_LEVELS) of the new input of first and
     of later turns (input minus the parent's input and output) and of the output, and the shared-prefix
     share of first turns (first turns with a prefix hit: shared system prompts); "twin" is the prefix-tree
-    model the twin is drawn from (synth_twin.learn_twin)."""
+    model the twin is drawn from (synth_twin.learn_twin), null without TWIN (learning it holds the whole
+    stream: `kvtrace fit` leaves it out when the stream does not fit its memory budget, and says so)."""
     prov = tables.provenance
     req = tables.requests().with_columns(pl.col("type").fill_null(UNKNOWN_TYPE), pl.col("turn").fill_null(1))
     n = req.height
@@ -102,7 +103,7 @@ def workload_summary(tables: RunTables) -> dict[str, Any]:
         "quantile_levels": list(QUANTILE_LEVELS),
         "lengths": lengths,
         "first_turn_prefix_hit_share": hits,
-        "twin": learn_twin(tables),
+        "twin": learn_twin(tables) if twin else None,
     }
 
 
@@ -110,7 +111,8 @@ def _root_prefix_hit_share(tables: RunTables, root_idx: pl.Series) -> float | No
     """Share of first turns whose first block was computed by an earlier request (a shared prefix)."""
     if root_idx.len() == 0:
         return None
-    first = tables.blocks(["req_idx", "pos", "chain_idx"]).filter(pl.col("pos") == 0)
+    first = (pl.scan_parquet(tables.blocks_path).filter(pl.col("pos") == 0)  # the first blocks only, read so
+             .select("req_idx", "pos", "chain_idx").collect())
     seen_before = first.with_columns(
         earlier=pl.col("req_idx") > pl.col("req_idx").min().over("chain_idx"))
     shared = seen_before.filter(pl.col("req_idx").is_in(root_idx.implode()))["earlier"]
@@ -225,6 +227,9 @@ def parse_workload(doc: Any, path: Path) -> Workload:
     for key in ("num_requests", "duration_s", "block_size", "type_share", "twin"):
         if key not in doc:
             raise _fail(path, key, "is missing")
+    if doc["twin"] is None:
+        raise InputError(f"{path}: has no twin model: the fit that wrote it could not hold the run's whole stream "
+                         "in its --memory-limit-gib; rerun 'kvtrace fit RUN' with a larger --memory-limit-gib")
     n = int(_number(path, "num_requests", doc["num_requests"], 1, MAX_REQUESTS, integer=True))
     dur = _number(path, "duration_s", doc["duration_s"], 1e-3, MAX_DURATION_S)
     block_size = int(_number(path, "block_size", doc["block_size"], 1, 1 << 16, integer=True))

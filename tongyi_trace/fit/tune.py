@@ -23,10 +23,18 @@ capacity; the full grid (19) measured no better on the default to-C trace (withi
 
 Capacities are resolved against the whole run (as `kvtrace simulate` does), so `-c 0.5L` means the same
 number of blocks in the policy file and in a simulation of the run.
+
+Memory (PLAN, sim/streamed.py's plan_fit under --memory-limit-gib): when the whole stream fits, the windows
+are loaded as streams and each round's simulations run on the executor, as many at once as the budget
+holds; when it does not, nothing holds the whole stream: the `L` capacities come from the out-of-core pass
+of sim/streamed.py, each window is a range of requests (the run is in arrival order) replayed from a cold
+cache in chunks of the run's tables (sim/chunked.py's simulate_chunked_many: one read of each chunk serves
+a pass of up to PLAN.jobs candidates), with the same results, request for request.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,13 +42,14 @@ from typing import Any
 
 import numpy as np
 
+from tongyi_trace.budget import MemoryBudget, resolve_budget
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks, sized_for
 from tongyi_trace.fit.events import Window
 from tongyi_trace.models import ModelPreset
 from tongyi_trace.policy.file import PolicyChoice, PolicyParams, RequestContext, setting_label
 from tongyi_trace.policy.names import PLUGIN_BASELINES as BASELINE_CANDIDATES
-from tongyi_trace.run import RunTables
+from tongyi_trace.run import RunDir, RunTables
 from tongyi_trace.sim.bootstrap import (
     DEFAULT_CONFIDENCE,
     Interval,
@@ -50,9 +59,11 @@ from tongyi_trace.sim.bootstrap import (
     stream_resampler,
 )
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
+from tongyi_trace.sim.chunked import ChunkedTask, simulate_chunked_many, stream_shape
 from tongyi_trace.sim.shared_stream import share_streams, worker_stream
-from tongyi_trace.sim.simulate import simulate_policy
+from tongyi_trace.sim.simulate import PolicyResult, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
+from tongyi_trace.sim.streamed import SweepPlan, peak_live_out_of_core
 
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
@@ -86,6 +97,17 @@ def second_round(best_wa: Candidate, eviction_age_s: float) -> list[Candidate]:
     return [Candidate("wa", {**best_wa.params, "life_s": life}) for life in lives]
 
 
+def window_requests(arrival_s: np.ndarray, w: Window) -> tuple[int, int]:
+    """The requests inside window W as the range (first, stop) of req_idx: the run is in arrival order
+    (ARRIVAL_S per req_idx, non-decreasing), so a window's requests are contiguous."""
+    if arrival_s.size > 1 and bool(np.any(np.diff(arrival_s) < 0)):
+        raise UsageError("requests.parquet: arrival_s is not in req_idx order; re-run 'kvtrace ingest'")
+    first = int(np.searchsorted(arrival_s, w.start_s, side="left"))
+    if w.include_end:
+        return first, int(np.searchsorted(arrival_s, w.end_s, side="right"))
+    return first, int(np.searchsorted(arrival_s, w.end_s, side="left"))
+
+
 def window_stream(tables: RunTables, w: Window, context: RequestContext | None = None) -> Stream:
     """The run's requests that arrive inside window W, as a stream (cold cache at W's start), categories
     as a policy fitted with CONTEXT sees them."""
@@ -100,41 +122,97 @@ def _simulate_task(task: tuple[str, str, dict[str, Any], int], shared: Mapping[s
     window, pol, params, blocks = task
     fit = shared[f"fit.{window}"]
     r = simulate_policy(worker_stream(shared, window), pol, blocks, params=dict(params), fit=fit, timing=False)
+    return _task_row(r)
+
+
+def _relabel(count: ProgressFn, label: str, _step: str, done: int, total: int) -> None:
+    """COUNT(LABEL, DONE, TOTAL): a chunked pass's progress under the round's name."""
+    count(label, done, total)
+
+
+def _task_row(r: PolicyResult) -> dict[str, Any]:
+    """What tune keeps of one simulation."""
     return {"hit_ratio": r.hit_ratio, "num_hits": r.num_hits, "num_refs": r.num_refs,
             "mean_eviction_age_s": r.mean_eviction_age_s, "orphaned_refs": r.orphaned_refs,
             "req_hit_blocks": r.req_hit_blocks}
 
 
-def tune(tables: RunTables, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
+def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, capacities: str, *,
          model: ModelPreset | None = None, executor: ExecutorOptions | None = None,
          on_step: Callable[[str], None] | None = None, on_progress: ProgressFn | None = None,
          select: tuple[PolicyParams, Window] | None = None, confidence: float = DEFAULT_CONFIDENCE,
+         plan: SweepPlan | None = None, budget: MemoryBudget | None = None,
          ) -> tuple[list[PolicyChoice], list[dict[str, Any]]]:
     """Choose a setting per capacity on TRAIN with POLICY, check it on TEST; returns (choices, every
     evaluated row). SELECT = (a policy fitted on part of TRAIN, the held-out rest of TRAIN): choose there
     instead, with that policy (rows of window "train" are then the held-out part's), so the choice is made
     on requests its parameters have not seen; a candidate replaces LRU only when its gain is significant at
     CONFIDENCE (see the module doc). The simulations of each round run on EXECUTOR
-    (tongyi_trace.executor: the local pool or Ray); ON_PROGRESS counts them, round by round."""
+    (tongyi_trace.executor: the local pool or Ray); ON_PROGRESS counts them, round by round. PLAN: the
+    memory plan (plan_fit; None: the whole stream, the executor's jobs) within BUDGET (None: the default);
+    a streamed plan replays the windows in chunks (see the module doc)."""
     check_confidence(confidence)
     step = on_step or (lambda _msg: None)
     count = on_progress or (lambda _what, _done, _total: None)
-    full = load_stream(tables)
-    if full.num_refs == 0:
-        raise UsageError(f"{tables.blocks_path}: no block references; nothing to tune")
-    nxt = next_request_of_refs(full.req_off, full.blk, full.num_ids)
-    caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
-                            model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
-    del full, nxt
+    tables = run.tables()
+    streamed = plan is not None and plan.streamed
+    chunk_refs = (budget or resolve_budget(None)).chunk_refs
     choose_with, choose_on = select if select is not None else (policy, train)
-    windows = {"train": window_stream(tables, choose_on, policy.context)}
-    if test is not None:
-        windows["test"] = window_stream(tables, test, policy.context)
-    sessions = tables.requests()["session_id"].to_numpy()
-    boot = {w: WindowBootstrap.of(st, sessions, confidence) for w, st in windows.items()}
-    shared: dict[str, Any] = share_streams(windows)
-    shared.update({"fit.train": choose_with, "fit.test": policy})
-    opts = sized_for(executor or ExecutorOptions(), windows["train"].num_refs)
+    fits = {"train": choose_with, "test": policy}
+    reqs = tables.requests()
+    sessions = reqs["session_id"].to_numpy()
+    if streamed:
+        num_refs, num_ids = int(reqs["num_blocks"].sum()), int(tables.provenance.get("num_distinct_blocks") or 0)
+        if num_refs == 0:
+            raise UsageError(f"{tables.blocks_path}: no block references; nothing to tune")
+        arrival_s = reqs["arrival_s"].to_numpy()
+        spans = {"train": window_requests(arrival_s, choose_on)} | (
+            {"test": window_requests(arrival_s, test)} if test is not None else {})
+        lens = reqs["num_blocks"].to_numpy().astype(np.int64)
+        shapes = {w: stream_shape(run, policy.context, span) for w, span in spans.items()}
+        boot = {w: WindowBootstrap.of(shapes[w], sessions, confidence, refs=lens[span[0]:span[1]])
+                for w, span in spans.items()}
+        step("capacity-aware fit: the oracle's peak live set, out of core")
+        caps = parse_capacities(capacities, num_distinct=num_ids, block_size_tokens=shapes["train"].block_size,
+                                model=model, peak_live=peak_live_out_of_core(run, chunk_refs, count))
+        del shapes
+        shared: dict[str, Any] = {}
+        opts = ExecutorOptions()
+    else:
+        full = load_stream(tables)
+        if full.num_refs == 0:
+            raise UsageError(f"{tables.blocks_path}: no block references; nothing to tune")
+        nxt = next_request_of_refs(full.req_off, full.blk, full.num_ids)
+        caps = parse_capacities(capacities, num_distinct=full.num_ids, block_size_tokens=full.block_size,
+                                model=model, peak_live=int(peak_live_blocks(full.req_off, nxt)))
+        del full, nxt
+        windows = {"train": window_stream(tables, choose_on, policy.context)}
+        if test is not None:
+            windows["test"] = window_stream(tables, test, policy.context)
+        boot = {w: WindowBootstrap.of(st, sessions, confidence) for w, st in windows.items()}
+        shared = share_streams(windows)
+        shared.update({f"fit.{w}": f for w, f in fits.items()})
+        opts = sized_for(executor or ExecutorOptions(), windows["train"].num_refs)
+
+    def run_streamed(tasks: list[tuple[str, str, dict[str, Any], int]], done: Callable[[TaskOutcome], None],
+                     what: str) -> None:
+        """The tasks (window, policy, params, capacity blocks) in passes over each window's chunks, up to
+        PLAN.jobs a pass (WA without its guard and refit: simulate_policy runs neither); ON_PROGRESS counts
+        each pass's references."""
+        width = max(1, plan.jobs if plan is not None else 1)
+        for w, span in spans.items():
+            mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
+            num_passes = -(-len(mine) // width)
+            for at in range(0, len(mine), width):
+                batch = mine[at:at + width]
+                label = f"capacity-aware fit: {what}, pass {at // width + 1} of {num_passes} ({len(batch)} in chunks)"
+                results = simulate_chunked_many(
+                    run, [ChunkedTask(pol, blocks, {**params, **({"guard": False, "refit_s": 0.0} if pol == "wa"
+                                                                   else {})}) for _, (_, pol, params, blocks) in batch],
+                    chunk_refs=chunk_refs, fit=fits[w], timing=False, requests=span,
+                    on_progress=functools.partial(_relabel, count, label))
+                for (k, _), r in zip(batch, results, strict=True):
+                    done(TaskOutcome(k, _task_row(r)))
 
     def run_round(items: list[tuple[int, str, Candidate]], what: str) -> list[dict[str, Any]]:
         """Simulate each (capacity index, window, candidate); rows in ITEMS order."""
@@ -152,8 +230,11 @@ def tune(tables: RunTables, policy: PolicyParams, train: Window, test: Window | 
             num_done[0] += 1
             count(f"capacity-aware fit: {what}", num_done[0], len(items))
 
-        map_tasks(_simulate_task, [(w, c.policy, c.params, caps[i].num_blocks) for i, w, c in items], shared,
-                  done, opts)
+        tasks = [(w, c.policy, c.params, caps[i].num_blocks) for i, w, c in items]
+        if streamed:
+            run_streamed(tasks, done, what)
+        else:
+            map_tasks(_simulate_task, tasks, shared, done, opts)
         if errors:
             raise KvtraceError(f"capacity-aware fit: {len(errors)} simulation(s) failed; first: {errors[0]}")
         return [{"capacity": caps[i].label, "capacity_blocks": caps[i].num_blocks, "window": w,
@@ -267,10 +348,12 @@ class WindowBootstrap:
     grouping: str  # "sessions" or "time slices"
 
     @classmethod
-    def of(cls, stream: Stream, sessions: np.ndarray, confidence: float) -> WindowBootstrap:
-        """STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else by time slices."""
+    def of(cls, stream: Stream, sessions: np.ndarray, confidence: float,
+           refs: np.ndarray | None = None) -> WindowBootstrap:
+        """STREAM's requests grouped by their run's SESSIONS (session_id per req_idx), else by time slices;
+        REFS: their block references (default: the stream's; a chunked stream's shape has none)."""
         res, grouping = stream_resampler(stream, sessions, confidence)
-        return cls(res, np.diff(stream.req_off), grouping)
+        return cls(res, np.diff(stream.req_off) if refs is None else refs, grouping)
 
     def gain(self, row: dict[str, Any], lru: dict[str, Any]) -> Interval:
         """ROW's hit-ratio gain over LRU's row, in points, with its interval."""

@@ -13,6 +13,10 @@ chunks (stream.next_request_update) writing int64 next-use times to a spill file
 (removed after), read back chunk by chunk. The results equal simulate_policy's on the whole stream,
 request for request (tests/sim/test_chunked.py).
 
+A window of the run (REQUESTS = (first, stop): requests first..stop-1, a cold cache at its first) is replayed
+the same way, over the row groups of blocks.parquet that hold it; simulate_chunked_many replays several
+policies in one pass over the chunks (the fit's capacity-aware step, fit/tune.py).
+
 Not streamed (UsageError): LFU (its queues are sized by the largest per-block count of the whole
 stream), WA's guard and refit (simulate_guarded slices the whole stream: run WA with guard=false), the
 engine's block size and shape, and tiers.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,7 @@ class StreamShape(Stream):
 
     num_refs_total: int = 0
     num_requests_total: int = 0
+    req0: int = 0  # the run's index of the first request (a window of the run starts past 0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,10 +91,11 @@ class Chunk:
         return self.first_req + self.req_off.shape[0] - 1
 
 
-def stream_shape(run: RunDir, context: RequestContext | None = None) -> StreamShape:
+def stream_shape(run: RunDir, context: RequestContext | None = None,
+                 requests: tuple[int, int] | None = None) -> StreamShape:
     """The run's StreamShape: its requests' categories (with CONTEXT's classes, as load_stream), arrival
     times and lengths, from requests.parquet and provenance.json (the prompt tokens are filled in by the
-    chunks, iter_chunks)."""
+    chunks, iter_chunks). REQUESTS = (first, stop): only requests first..stop-1 (the ids stay the run's)."""
     prov = run.provenance()
     block_size = int(prov.get("block_size") or 0)
     if block_size <= 0:
@@ -96,27 +103,43 @@ def stream_shape(run: RunDir, context: RequestContext | None = None) -> StreamSh
     reqs = run.requests()
     cats = reqs.with_columns(category=context_categories(reqs, context))["category"].fill_null("all").to_numpy()
     names, codes = np.unique(cats.astype(str), return_inverse=True)
-    n = reqs.height
-    lens = reqs["num_blocks"].to_numpy().astype(np.int64)
+    lo, hi = requests if requests is not None else (0, reqs.height)
+    if not 0 <= lo <= hi <= reqs.height:
+        raise UsageError(f"requests {lo}..{hi - 1} are not within the run's 0..{reqs.height - 1}")
+    n = hi - lo
+    lens = reqs["num_blocks"].to_numpy().astype(np.int64)[lo:hi]
     return StreamShape(
         req_off=np.array([0, int(lens.max()) if n else 0], np.int64), blk=np.zeros(0, np.int64),
-        ntok=np.zeros(0, np.int64), req_cat=codes.astype(np.int64),
-        req_time_s=reqs["arrival_s"].to_numpy().astype(np.float64),
+        ntok=np.zeros(0, np.int64), req_cat=codes[lo:hi].astype(np.int64),
+        req_time_s=reqs["arrival_s"].to_numpy().astype(np.float64)[lo:hi],
         req_tokens=np.zeros(n, np.int64), categories=tuple(str(x) for x in names),
-        num_ids=int(prov["num_distinct_blocks"]), block_size=block_size, req_idx=np.arange(n, dtype=np.int64),
-        num_refs_total=int(lens.sum()), num_requests_total=n)
+        num_ids=int(prov["num_distinct_blocks"]), block_size=block_size,
+        req_idx=np.arange(lo, hi, dtype=np.int64), num_refs_total=int(lens.sum()), num_requests_total=n,
+        req0=lo)
 
 
 def iter_chunks(run: RunDir, shape: StreamShape, chunk_refs: int) -> Iterator[Chunk]:
-    """The run's requests in order, in chunks of whole requests of about CHUNK_REFS references (a longer
-    request is a chunk of its own); each request's prompt tokens are written into SHAPE.req_tokens."""
+    """The run's requests in order (SHAPE's: the run's, or a window of them), in chunks of whole requests of
+    about CHUNK_REFS references (a longer request is a chunk of its own); each request's prompt tokens are
+    written into SHAPE.req_tokens. A chunk's first_req and ref0 count from SHAPE's first request."""
     n = shape.num_requests
+    lo, hi = shape.req0, shape.req0 + n
     carry: list[np.ndarray] = []
     first_req, ref0 = 0, 0
-    batches = pq.ParquetFile(run.blocks_path).iter_batches(batch_size=max(1, chunk_refs),
-                                                           columns=["req_idx", "chain_idx", "num_tokens"])
+    pf = pq.ParquetFile(run.blocks_path)
+    batches = pf.iter_batches(batch_size=max(1, chunk_refs), row_groups=_row_groups(pf, lo, hi),
+                              columns=["req_idx", "chain_idx", "num_tokens"])
     for batch in batches:
         cols = [batch.column(i).to_numpy() for i in range(3)]
+        if cols[0].shape[0] and (int(cols[0][0]) < lo or int(cols[0][-1]) >= hi):  # a window's edge: its rows only
+            if int(cols[0][0]) >= hi:
+                break
+            keep = (cols[0] >= lo) & (cols[0] < hi)
+            cols = [c[keep] for c in cols]
+            if not cols[0].shape[0]:
+                continue
+        if lo:
+            cols[0] = cols[0] - lo
         if carry:
             cols = [np.concatenate([a, b]) for a, b in zip(carry, cols, strict=True)]
         req = cols[0]
@@ -136,6 +159,18 @@ def iter_chunks(run: RunDir, shape: StreamShape, chunk_refs: int) -> Iterator[Ch
     if ref0 != shape.num_refs:
         raise InputError(f"{run.blocks_path}: {ref0:,} block references, but requests.parquet's num_blocks "
                          f"add up to {shape.num_refs:,}; re-run 'kvtrace ingest'")
+
+
+def _row_groups(pf: pq.ParquetFile, lo: int, hi: int) -> list[int]:
+    """The row groups of blocks.parquet PF that may hold requests LO..HI-1 (by their req_idx statistics;
+    every group that has none)."""
+    col = pf.schema_arrow.get_field_index("req_idx")
+    out = []
+    for g in range(pf.metadata.num_row_groups):
+        st = pf.metadata.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max or (int(st.max) >= lo and int(st.min) < hi):
+            out.append(g)
+    return out
 
 
 def _chunk(run: RunDir, shape: StreamShape, first_req: int, stop_req: int, ref0: int,
@@ -192,40 +227,72 @@ def write_next_uses(run: RunDir, shape: StreamShape, chunk_refs: int, path: Path
     return max(0, int(np.cumsum(live[:n]).max())) if n else 0
 
 
+@dataclass(frozen=True)
+class ChunkedTask:
+    """One simulation of a chunked pass: POLICY at CAPACITY_BLOCKS with PARAMS (simulate_chunked's)."""
+
+    policy: str | Policy
+    capacity_blocks: int
+    params: dict[str, Any] | None = None
+
+
 def simulate_chunked(run: RunDir, policy: str | Policy, capacity_blocks: int, *, chunk_refs: int,
                      params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                      spill_dir: Path | None = None, next_uses: Path | None = None, timing: bool = True,
-                     on_progress: ProgressFn | None = None) -> PolicyResult:
+                     on_progress: ProgressFn | None = None, requests: tuple[int, int] | None = None) -> PolicyResult:
     """POLICY at CAPACITY_BLOCKS over RUN's requests in arrival order (simulate_policy over load_stream(RUN)),
     reading about CHUNK_REFS references at a time (module doc). The oracle reads its next uses from the
     file NEXT_USES (write_next_uses), or spills them into a temporary folder inside SPILL_DIR (default
-    RUN/sim/), removed after. ON_PROGRESS(step, done, total) after each chunk."""
-    name = str(policy.value if isinstance(policy, Policy) else policy).lower()
-    if name in NOT_STREAMED:
-        raise UsageError(f"policy {name} is not simulated in chunks: its queues need the whole stream's counts")
-    shape = stream_shape(run, fit.context if fit else None)
-    oracle = name == Policy.ORACLE.value
-    cache = Cache(shape, policy, capacity_blocks, params=params, fit=fit,
-                  next_req=np.zeros(1, np.int64) if oracle else None, timing=timing)
-    if cache.params.get("guard") or cache.params.get("refit_s"):
-        raise UsageError(f"policy {cache.spec.name} with its guard or refit is not simulated in chunks: "
-                         "set guard=false and refit_s=0 (--set wa.guard=false)")
-    with spill_folder(Path(tempfile.mkdtemp(prefix="chunked-", dir=spill_dir or run.subdir("sim")))) as tmp:
-        nxt_path = next_uses or tmp / "next_uses.i64"
-        if oracle and next_uses is None:
+    RUN/sim/), removed after. ON_PROGRESS(step, done, total) after each chunk. REQUESTS = (first, stop):
+    only that window of the run, from a cold cache (simulate_policy over load_stream(RUN, first..stop-1))."""
+    return simulate_chunked_many(run, [ChunkedTask(policy, capacity_blocks, params)], chunk_refs=chunk_refs,
+                                 fit=fit, spill_dir=spill_dir, next_uses=next_uses, timing=timing,
+                                 on_progress=on_progress, requests=requests)[0]
+
+
+def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: int,
+                          fit: PolicyParams | None = None, spill_dir: Path | None = None,
+                          next_uses: Path | None = None, timing: bool = True, on_progress: ProgressFn | None = None,
+                          requests: tuple[int, int] | None = None) -> list[PolicyResult]:
+    """simulate_chunked of every one of TASKS in one pass over the chunks (each chunk read once, served to
+    every task's cache in turn; their states are all in memory at once): the results in TASKS order."""
+    names = [str(t.policy.value if isinstance(t.policy, Policy) else t.policy).lower() for t in tasks]
+    for name in names:
+        if name in NOT_STREAMED:
+            raise UsageError(f"policy {name} is not simulated in chunks: its queues need the whole stream's counts")
+    shape = stream_shape(run, fit.context if fit else None, requests)
+    oracle = Policy.ORACLE.value in names
+    caches = [Cache(shape, t.policy, t.capacity_blocks, params=t.params, fit=fit,
+                    next_req=np.zeros(1, np.int64) if name == Policy.ORACLE.value else None, timing=timing)
+              for t, name in zip(tasks, names, strict=True)]
+    for cache in caches:
+        if cache.params.get("guard") or cache.params.get("refit_s"):
+            raise UsageError(f"policy {cache.spec.name} with its guard or refit is not simulated in chunks: "
+                             "set guard=false and refit_s=0 (--set wa.guard=false)")
+    what = caches[0].spec.name if len(caches) == 1 else f"{len(caches)} policies"
+    with ExitStack() as stack:
+        nxt_path = next_uses
+        if oracle and next_uses is None:  # a spill folder only for the oracle's next uses
+            tmp = stack.enter_context(spill_folder(Path(tempfile.mkdtemp(prefix="chunked-",
+                                                                         dir=spill_dir or run.subdir("sim")))))
+            nxt_path = tmp / "next_uses.i64"
             write_next_uses(run, shape, chunk_refs, nxt_path, on_progress)
         parent = np.full(shape.num_ids, -2, np.int64)
         empty = readonly(np.zeros(0, np.int64))  # compile (or load) the kernel outside the timed calls, as Cache.warm
-        _serve_chunk(cache, shape, Chunk(0, 0, readonly(np.zeros(1, np.int64)), empty, empty), parent)
-        with step(f"simulate {cache.spec.name}: replay in chunks"):
+        for cache in caches:
+            _serve_chunk(cache, shape, Chunk(0, 0, readonly(np.zeros(1, np.int64)), empty, empty), parent)
+        with step(f"simulate {what}: replay in chunks"):
             for c in iter_chunks(run, shape, chunk_refs):
                 extend_parents(parent, c.req_off, c.blk)
-                if oracle:
-                    cache.nxt = np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8)
-                _serve_chunk(cache, shape, c, parent)
+                nxt = (np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8)
+                       if oracle and nxt_path is not None else None)
+                for cache in caches:
+                    if cache.spec.name == Policy.ORACLE.value:
+                        cache.nxt = nxt
+                    _serve_chunk(cache, shape, c, parent)
                 if on_progress:
-                    on_progress(f"simulate {cache.spec.name}", c.ref0 + c.blk.shape[0], shape.num_refs)
-    return cache.result()
+                    on_progress(f"simulate {what}", c.ref0 + c.blk.shape[0], shape.num_refs)
+    return [cache.result() for cache in caches]
 
 
 def _serve_chunk(cache: Cache, shape: StreamShape, c: Chunk, parent: np.ndarray) -> None:

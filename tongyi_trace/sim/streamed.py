@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tongyi_trace.artifact_set import STAGING_PREFIX, staging_dir
-from tongyi_trace.budget import BASE_BYTES, MemoryBudget, resolve_budget, spill_dir, step
+from tongyi_trace.budget import BASE_BYTES, CHUNK_BYTES_PER_REF, MemoryBudget, resolve_budget, spill_dir, step
 from tongyi_trace.errors import UsageError
 from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import RunDir, load_provenance, write_json
@@ -50,6 +50,13 @@ from tongyi_trace.sim.sweep import (
 WHOLE_BYTES_PER_REF = 100  # the whole-stream sweep's peak per reference (the issue measured ~93)
 STATE_BYTES_PER_ID = NUM_ROWS * 8 + 16  # a policy's widest state row, its parent and next-use slots
 BYTES_PER_REQUEST = 96  # per-request arrays of a sweep (hits, tokens, times, categories, costs)
+MAX_PER_PASS = 8  # simulations of one streamed pass of the fit (each chunk is read once for all of them)
+
+
+def task_bytes(num_ids: int, num_requests: int) -> int:
+    """What one running simulation holds beyond the stream: its state over NUM_IDS distinct blocks and its
+    per-request arrays over NUM_REQUESTS."""
+    return num_ids * STATE_BYTES_PER_ID + num_requests * BYTES_PER_REQUEST
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,7 @@ def plan_sweep(num_refs: int, num_ids: int, num_requests: int, num_tasks: int, j
     and NUM_REQUESTS requests, asked to run JOBS at once (0: one per core), under BUDGET. STREAMABLE: the
     options allow a streamed sweep (no engine block size, tiers, fleet or Ray)."""
     wanted = min(jobs or os.cpu_count() or 1, max(num_tasks, 1))
-    task = num_ids * STATE_BYTES_PER_ID + num_requests * BYTES_PER_REQUEST
+    task = task_bytes(num_ids, num_requests)
     whole = num_refs * WHOLE_BYTES_PER_REF
     gib = budget.limit_gib
     if BASE_BYTES + whole + task <= budget.limit_bytes or not streamable:
@@ -81,15 +88,34 @@ def plan_sweep(num_refs: int, num_ids: int, num_requests: int, num_tasks: int, j
         "simulation at a time in chunks, without the LRU curve and the intervals",))
 
 
-def budget_jobs(run_dir: Path, jobs: int, budget: MemoryBudget) -> int:
-    """JOBS (0: one per core) lowered to the whole-stream simulations of RUN_DIR's run that BUDGET holds at
-    once (what `kvtrace fit --capacity` runs); 0 when JOBS is 0 and the budget holds one per core."""
+def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool = True) -> SweepPlan:
+    """The plan of `kvtrace fit --capacity`'s simulations of RUN_DIR's run under BUDGET (plan_sweep): the
+    whole stream in memory with JOBS (0: one per core) lowered to the simulations the budget holds at once
+    (0 stays 0 when it holds one per core, so that a small fit runs in this process: executor.sized_for),
+    or, when the whole stream does not fit and STREAMABLE (the local executor), streamed: the candidates
+    simulated in passes over the run's chunks, JOBS of them a pass (what the budget holds besides a chunk)."""
     prov = load_provenance(RunDir(Path(run_dir)))
+    num_refs, num_ids = int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0)
+    num_requests = int(prov.get("num_requests") or 0)
     num_cores = os.cpu_count() or 1
-    planned = plan_sweep(int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0),
-                         int(prov.get("num_requests") or 0), num_cores, jobs, budget, streamable=False).jobs
-    # not lowered: 0 stays 0, so that a small fit runs in this process (executor.sized_for)
-    return 0 if jobs == 0 and planned >= num_cores else planned
+    plan = plan_sweep(num_refs, num_ids, num_requests, num_cores, jobs, budget, streamable=streamable)
+    if not plan.streamed:
+        # not lowered: 0 stays 0, so that a small fit runs in this process (executor.sized_for)
+        return replace(plan, jobs=0 if jobs == 0 and plan.jobs >= num_cores else plan.jobs)
+    chunk = budget.chunk_refs * CHUNK_BYTES_PER_REF + num_ids * 8 + num_requests * BYTES_PER_REQUEST
+    per_pass = budget.parallel_tasks(chunk, task_bytes(num_ids, num_requests), jobs or MAX_PER_PASS)
+    return SweepPlan(True, per_pass, (
+        f"streamed: the whole stream (~{num_refs * WHOLE_BYTES_PER_REF / 2**30:.1f} GiB) does not fit "
+        f"--memory-limit-gib {budget.limit_gib:g}; the candidates are simulated in passes over the run's chunks, "
+        f"{per_pass} a pass",))
+
+
+def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn | None = None) -> int:
+    """The oracle's peak live set of RUN's whole stream (what the `L` capacities multiply), counted out of
+    core by write_next_uses in chunks of CHUNK_REFS references (its spill folder inside RUN, removed after)."""
+    shape = stream_shape(run)
+    with spill_dir(Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}peak-", dir=run.path))) as tmp:
+        return write_next_uses(run, shape, chunk_refs, tmp / "next_uses.i64", on_progress)
 
 
 def streamable(cfg: SweepConfig) -> bool:
