@@ -100,8 +100,9 @@ class InitContext:
 class Setup:
     """What a policy's init hook gives one cache: IP, FP (NUM_PARAMS int64 and float64 parameters in the
     policy's layout), FT (a float64 2-D table) and IT (an int64 1-D table) its hooks read, NUM_QUEUES
-    queues, a heap of HEAP_SIZE entries (0 = none), and the initial values of its scalars in the order
-    of its StateDecl (G0 for g, GF0 for gf)."""
+    queues, a heap of HEAP_SIZE entries (0 = none), the initial values of its scalars in the order
+    of its StateDecl (G0 for g, GF0 for gf), and NUM_RETAINED: at most how many evicted blocks it keeps
+    in its queues (S3-FIFO's ghost), what a state per slot holds beyond the cache (structs.slots_for)."""
 
     ip: np.ndarray
     fp: np.ndarray
@@ -111,6 +112,7 @@ class Setup:
     heap_size: int = 0
     g0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     gf0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    num_retained: int = 0
 
 
 @dataclass(frozen=True)
