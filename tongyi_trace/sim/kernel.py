@@ -45,13 +45,14 @@ TIER (the last argument; TIER_NONE for one cache):
   by that reference, position, category and time).
 A state per slot (structs.py: the chunked simulator's, sim/chunked.py) has rows per cache slot, not per
 block id: the loop reads each block's row through the map IMAP (an id without a slot reads the row of a
-queue sentinel, never present nor pinned), gives an inserted block a free slot (its BID and HVER
-columns set: a reused slot's old heap entries carry stamps older than any push of its new block, and HVER
-starts at 0, which no stamp is, so they stay stale) and frees the slot when the evicted block is in none
+queue sentinel, never present nor pinned), gives an inserted block a free slot (its HVER set to 0,
+which no push stamp is: a reused slot's old heap entries stay stale, and its new block's pushes carry
+newer stamps than any of them) and frees the slot when the evicted block is in none
 of its policy's queues; a slot the policy keeps queued (S3-FIFO's ghost) is freed by a sweep of the slots
 (`_take_slot`) once the policy unlinked it, when the free stack runs out. Parents are block ids (PARENT),
-read through the map. The hooks see rows only: a policy that needs the id itself reads BID (WA's last
-tie-break). Results equal the state per block's, request for request (tests/sim/test_slots.py).
+read through the map. The hooks see rows only: a policy that needs the id itself reads BID, which the
+loop writes on every insertion into a state with that column (WA's last tie-break). Results equal the
+state per block's, request for request (tests/sim/test_slots.py).
 
 `promote` takes blocks out of a cache whatever its policy: a policy keeps its cached blocks only in the
 queues and the lazy heap of structs.py (a heap entry of a block that is not cached is stale), so
@@ -278,8 +279,9 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 imap[b] = x
                 sid[x] = b
                 if wide:
-                    bk[x, BID] = b
                     bk[x, HVER] = 0
+            if wide:
+                bk[x, BID] = b
             present[x] = 1
             pinned[x] = 1
             if forest:

@@ -18,8 +18,8 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                             blocks whose parent, the previous block of their request,
                                             is this one; 0 = a leaf), see kernel.py
                                  the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
-                                   BID      the block id the row holds: the row itself in a state per
-                                            block, the slot's occupant in a state per slot (below)
+                                   BID      the id of the block the row holds (a slot's occupant in a state
+                                            per slot, below): written by the kernel on each insertion
                                  and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
                                  documents in its own file (policy_base.StateDecl). A state that needs
                                  no column after FOREST (no heap, no policy column) has NARROW_ROWS
@@ -108,8 +108,6 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     nq = max(num_queues, 1)
     bk = aligned_zeros((d + nq, num_columns))
     bk[:, QID] = -1
-    if num_columns > BID:
-        bk[:d, BID] = np.arange(d)  # a state per block; a state per slot sets it on each insertion
     for q in range(nq):
         bk[d + q, QPREV] = d + q
         bk[d + q, QNEXT] = d + q
