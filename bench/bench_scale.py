@@ -5,7 +5,8 @@ to-C profile scaled up (`kvtrace synth --profile to-c --seed 5 --scale K`), gene
 
 Issue 41's targets: s per M refs at the largest scale within 1.3x of 1x; peak <= 6 GB at 30x, <= 12 GB
 at 100x. Usage: python bench/bench_scale.py [--scales 1,30,100] [--ceiling-gib 6] [--only ingest,analyze]
-(`make bench` runs the defaults; the 100x trace is 6.7 GB of JSONL).
+[--dir DIR] (`make bench` runs the defaults; the 100x trace is 6.7 GB of JSONL: --dir puts the traces and
+their runs elsewhere than .bench/). The row `simulate sweep` is the four policies in one command.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def commands(run: Path, trace: Path, limit_gib: float, policy_file: Path) -> lis
            ("fit", ["fit", str(run), "--capacity", CAPACITIES, "-o", str(policy_file), "-q", *lim])]
     out += [(f"simulate {p}", ["simulate", str(run), "-p", p, "-c", CAPACITIES, "--json", "-q", *lim,
                                *(["--policy-file", str(policy_file)] if p == "wa" else [])]) for p in SIM_POLICIES]
+    out.append(("simulate sweep", ["simulate", str(run), "-p", ",".join(SIM_POLICIES), "-c", CAPACITIES, "--json",
+                                   "-q", *lim, "--policy-file", str(policy_file)]))
     return out
 
 
@@ -41,7 +44,8 @@ def main() -> None:
     ap.add_argument("--ceiling-gib", type=float, default=None,
                     help="Ceiling per command (default: 6 up to 30x, 12 above).")
     ap.add_argument("--only", default=None,
-                    help="Comma-separated command names (ingest, analyze, fit, simulate lru...).")
+                    help="Comma-separated command names (ingest, analyze, fit, simulate lru..., simulate sweep).")
+    ap.add_argument("--dir", type=Path, default=BENCH_DIR, help="Folder of the scaled traces and runs.")
     a = ap.parse_args()
     scales = [float(s) for s in a.scales.split(",")]
     per_mref: dict[str, dict[float, float]] = {}
@@ -49,10 +53,10 @@ def main() -> None:
     for k in scales:
         ceiling_gib = a.ceiling_gib or (6.0 if k <= 30 else 12.0)
         limit_gib = round(ceiling_gib * 0.95, 2)
-        trace = BENCH_DIR / f"scale-to-c-s5-x{k:g}.jsonl"
+        trace = a.dir / f"scale-to-c-s5-x{k:g}.jsonl"
         run = trace.with_suffix(".run")
         if not trace.exists():
-            BENCH_DIR.mkdir(exist_ok=True)
+            a.dir.mkdir(exist_ok=True)
             subprocess.run([*KVTRACE, "synth", "--profile", "to-c", "--seed", "5", "--scale", f"{k:g}",
                             "-o", str(trace), "-q"], check=True)
         refs = 0

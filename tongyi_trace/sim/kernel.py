@@ -47,9 +47,10 @@ A state per slot (structs.py: the chunked simulator's, sim/chunked.py) has rows 
 block id: the loop reads each block's row through the map IMAP (an id without a slot reads the row of a
 queue sentinel, never present nor pinned), gives an inserted block a free slot (its HVER set to 0,
 which no push stamp is: a reused slot's old heap entries stay stale, and its new block's pushes carry
-newer stamps than any of them) and frees the slot when the evicted block is in none
-of its policy's queues; a slot the policy keeps queued (S3-FIFO's ghost) is freed by a sweep of the slots
-(`_take_slot`) once the policy unlinked it, when the free stack runs out. Parents are block ids (PARENT),
+newer stamps than any of them) and frees the slot when the evicted block leaves the policy
+too (`keeps`, policy_base.py: S3-FIFO keeps the blocks of its ghost); a slot the policy kept is freed by a
+sweep of the slots for those it no longer keeps when the free stack runs out (structs.slots_for leaves an
+eighth spare, so a sweep frees at least that many). Parents are block ids (PARENT),
 read through the map. The hooks see rows only: a policy that needs the id itself reads BID, which the
 loop writes on every insertion into a state with that column (WA's last tie-break). Results equal the
 state per block's, request for request (tests/sim/test_slots.py).
@@ -72,6 +73,7 @@ import numpy as np
 from numba import njit
 
 # The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
+from tongyi_trace.sim.hooks import keeps_none as keeps
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.policy_base import prefix_closed
 from tongyi_trace.sim.structs import (
@@ -86,7 +88,6 @@ from tongyi_trace.sim.structs import (
     PARK,
     PINNED,
     PRESENT,
-    QID,
     forest_leave,
     inserted_at,
     nchild,
@@ -257,7 +258,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                                 _unlink(rnext, rprev, p)
                                 bk[p, PARK] = 2
                                 _append(rnext, rprev, d, p)
-                    if slotted and bk[v, QID] < 0:  # in none of the policy's queues: its slot is free
+                    if slotted and not keeps(bk, hp, g, gf, qs, ip, fp, ft, it, v):  # its slot is free
                         imap[sid[v]] = d
                         sid[v] = -1
                         sl[1, g[G_FREE]] = v
@@ -275,7 +276,17 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
             if x < 0:
                 break
             if x >= d:  # a state per slot, the block has none: it takes a free one (module doc)
-                x = _take_slot(bk, g, sl, imap, d)
+                if g[G_FREE] == 0:  # none left: free the slots of the blocks the policy no longer keeps
+                    for y in range(d):
+                        if sid[y] >= 0 and present[y] == 0 and not keeps(bk, hp, g, gf, qs, ip, fp, ft, it, y):
+                            imap[sid[y]] = d
+                            sid[y] = -1
+                            sl[1, g[G_FREE]] = y
+                            g[G_FREE] += 1
+                    if g[G_FREE] == 0:
+                        raise RuntimeError("the state per slot is full (structs.slots_for sized it too small)")
+                g[G_FREE] -= 1
+                x = sl[1, g[G_FREE]]
                 imap[b] = x
                 sid[x] = b
                 if wide:
@@ -384,25 +395,6 @@ def _row(imap: np.ndarray, x: int) -> int:
     return imap[x] if imap.shape[0] != 0 else x
 
 
-@njit(cache=False)  # compiled with the loop, in its cache entry: never stale against an edited structs.py
-def _take_slot(bk: np.ndarray, g: np.ndarray, sl: np.ndarray, imap: np.ndarray, d: int) -> int:
-    """A free slot of the D slots, off the stack sl[1]; when it is empty, first sweep the slots for those
-    whose block is neither cached nor in a queue of its policy (structs.slots_for leaves an eighth spare,
-    so a sweep frees at least that many)."""
-    if g[G_FREE] == 0:
-        for y in range(d):
-            b = sl[0, y]
-            if b >= 0 and bk[y, PRESENT] == 0 and bk[y, QID] < 0:
-                imap[b] = d
-                sl[0, y] = -1
-                sl[1, g[G_FREE]] = y
-                g[G_FREE] += 1
-        if g[G_FREE] == 0:
-            raise RuntimeError("the simulator's state per slot is full (structs.slots_for sized it too small)")
-    g[G_FREE] -= 1
-    return sl[1, g[G_FREE]]
-
-
 @njit(cache=True, inline="always")
 def _append(rnext: np.ndarray, rprev: np.ndarray, sentinel: int, x: int) -> None:
     last = rprev[sentinel]
@@ -448,7 +440,7 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
-                   PREFIX_CLOSED=prefix_closed(hooks))
+                   keeps=getattr(hooks, "keeps", keeps), PREFIX_CLOSED=prefix_closed(hooks))
         fn_name = f"run_{name}_{_sources_digest()}"
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name
@@ -461,7 +453,7 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
 def _sources_digest() -> str:
     """8 hex digits over the sources compiled into the kernels."""
     here = Path(__file__).parent
-    files = [here / "kernel.py", here / "structs.py", here / "policy_base.py",
+    files = [here / "kernel.py", here / "structs.py", here / "policy_base.py", here / "hooks.py",
              *sorted((here / "policies").glob("*.py")), here.parent / "policy" / "wa_priority.py"]
     h = hashlib.sha256()
     for f in files:

@@ -34,15 +34,15 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                  links, sentinel D (became leaves) and D + 1 (still with children)
 
 A state per slot (make_slots; the chunked simulator's, sim/chunked.py): D is not the number of distinct
-blocks but of SLOTS, rows a block holds while it is cached or in one of its policy's queues (S3-FIFO's
-ghost), so the state is bounded by the capacity, not the trace. Beside it:
+blocks but of SLOTS, rows a block holds while it is cached or its policy keeps it (policy_base.py `keeps`:
+S3-FIFO's ghost), so the state is bounded by the capacity, not the trace. Beside it:
     imap  int32[distinct blocks]  the row (slot) of each block id; D (a queue sentinel's row, never
                                   present nor pinned) when it has none
     sl    int64[2, D]             sl[0] = the block id each slot holds (-1: free), sl[1, :g[G_FREE]] the
                                   free slots (a stack)
 The kernel gives a block a slot when it is inserted and frees the slot when the block leaves the cache
-and every queue (at the eviction, or later in a sweep of the slots when the free stack runs out: a slot
-its policy still queued is swept once the policy unlinks it), see kernel.py. A state per block passes
+and its policy (at the eviction, or later in a sweep of the slots when the free stack runs out: a slot
+the policy kept is swept once it no longer keeps it), see kernel.py. A state per block passes
 imap = int32[0] (no map: the row is the block id).
 
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue

@@ -11,10 +11,8 @@ re-insertion keeps the rest, a ghost FIFO G of recently evicted ids sends return
     evictM():   t = oldest of M
                 if freq[t] > 0: freq[t] -= 1, re-insert t at M's newest end, continue
                 else: remove t, return t
-    G holds the last ghost_ratio x capacity evicted-from-S ids (a counter: x is in G when fewer than |G|
-    ids were added after it). They are also queued, oldest first, in a third queue (unlinked when the
-    counter drops them, or their block is inserted or released again): not for the rule above but so that
-    a state per slot (structs.py) keeps the slot of a block in G, and only then.
+    G holds the last ghost_ratio x capacity evicted-from-S ids (a counter, no list: x is in G when
+    fewer than |G| ids were added after it); a state per slot (structs.py) keeps their slots (`keeps`).
 Pinned blocks (the running request's) met at a queue's oldest end are moved to its newest end.
 
 Source: Yang, Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache eviction", SOSP'23,
@@ -41,7 +39,6 @@ from tongyi_trace.sim.structs import PINNED, QID, q_append, q_head, q_unlink
 
 _S = 0
 _M = 1
-_G = 2  # the ghost's queue (module doc)
 
 
 @dataclass(frozen=True)
@@ -71,12 +68,12 @@ GHOSTS = STATE.slot("GHOSTS")
 
 
 def init(params: S3FifoParams, ctx: InitContext) -> Setup:
-    """Three queues (S, M and the ghost's); the small FIFO's target size and the ghost's size in blocks for
-    this capacity (the most evicted blocks it keeps queued)."""
+    """Two queues (S, M); the small FIFO's target size and the ghost's size in blocks for this capacity (at
+    most that many evicted blocks are in G: their slots are kept in a state per slot)."""
     ip, fp = params.to_arrays()
     ip[IP_SMALL_BLOCKS] = max(1, int(params.small_ratio * ctx.capacity_blocks))
     ip[IP_GHOST_BLOCKS] = max(1, int(params.ghost_ratio * ctx.capacity_blocks))
-    return Setup(ip, fp, num_queues=3, g0=np.zeros(1, np.int64), num_retained=int(ip[IP_GHOST_BLOCKS]))
+    return Setup(ip, fp, num_queues=2, g0=np.zeros(1, np.int64), num_retained=int(ip[IP_GHOST_BLOCKS]))
 
 
 @njit(cache=True, inline="always")
@@ -94,11 +91,16 @@ def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, x: int) -> bool:
 
 
 @njit(cache=True, inline="always")
+def keeps(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> bool:
+    """Whether the evicted block X is in G (its row is read when it is inserted again)."""
+    return _in_ghost(bk, g, ip, x)
+
+
+@njit(cache=True, inline="always")
 def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     bk[x, FREQ] = 0
-    if bk[x, QID] == _G:
-        q_unlink(bk, qs, x)
     if _in_ghost(bk, g, ip, x):
         bk[x, DEST] = _M
         bk[x, GHOST] = 0
@@ -110,10 +112,7 @@ def insert(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
 def release(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
             qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
             x: int, ref: int, pos: int, ntok: int, c: int, now: float) -> None:
-    q = bk[x, QID]
-    if q < 0 or q == _G:  # new, or held back (kernel.py) since it joined the ghost
-        if q == _G:
-            q_unlink(bk, qs, x)
+    if bk[x, QID] < 0:
         q_append(bk, qs, bk[x, DEST], x)
 
 
@@ -134,12 +133,6 @@ def _evict_small(bk: np.ndarray, g: np.ndarray, qs: np.ndarray, ip: np.ndarray) 
             continue
         g[GHOSTS] += 1
         bk[t, GHOST] = g[GHOSTS]
-        q_append(bk, qs, _G, t)
-        while True:  # the ghost's queue keeps the ids still in it (module doc)
-            o = q_head(bk, qs, _G)
-            if g[GHOSTS] - bk[o, GHOST] < ip[IP_GHOST_BLOCKS]:
-                break
-            q_unlink(bk, qs, o)
         return t
     return -1
 
