@@ -9,6 +9,7 @@ ratio); peak <= 6 GB up to 30x, <= 12 GB above. Each row is printed (and appende
 soon as its command finishes, so an interruption loses nothing done; the ratios close the table.
 Usage: python bench/bench_scale.py [--scales 1,30,100] [--ceiling-gb 6] [--only ingest,analyze,fit]
 [--dir DIR] [--out rows.jsonl] [--clean] (`make bench` runs the defaults; the 100x trace is 6.7 GB of JSONL).
+The row `simulate sweep` is the four policies in one command.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def commands(run: Path, trace: Path, limit_gib: float, policy_file: Path) -> lis
            ("fit", ["fit", str(run), "--capacity", CAPACITIES, "-o", str(policy_file), "-q", *lim])]
     out += [(f"simulate {p}", ["simulate", str(run), "-p", p, "-c", CAPACITIES, "--json", "-q", *lim,
                                *(["--policy-file", str(policy_file)] if p == "wa" else [])]) for p in SIM_POLICIES]
+    out.append(("simulate sweep", ["simulate", str(run), "-p", ",".join(SIM_POLICIES), "-c", CAPACITIES, "--json",
+                                   "-q", *lim, "--policy-file", str(policy_file)]))
     return out
 
 
@@ -77,7 +80,8 @@ def main() -> None:
     ap.add_argument("--ceiling-gb", type=float, default=None,
                     help="Ceiling per command (default: 6 up to 30x, 12 above).")
     ap.add_argument("--only", default=None,
-                    help="Comma-separated command names (ingest, analyze, fit, simulate, 'simulate lru'...).")
+                    help="Comma-separated command names (ingest, analyze, fit, simulate, 'simulate lru'..., "
+                         "'simulate sweep').")
     ap.add_argument("--dir", type=Path, default=BENCH_DIR, help="Where the traces and runs go (default .bench/).")
     ap.add_argument("--out", type=Path, default=None, help="Also append each row to this JSON-lines file.")
     ap.add_argument("--clean", action="store_true", help="Delete each scale's trace and run after its rows.")

@@ -1,6 +1,8 @@
 """The simulator over a run read in chunks: a trace larger than memory, replayed through one policy with
-the kernel's state (per distinct block, sim/structs.py) and one chunk of references in memory, never the
-whole stream (sim/stream.py's Stream holds ~93 bytes per reference).
+the kernel's state and one chunk of references in memory, never the whole stream (sim/stream.py's Stream
+holds ~93 bytes per reference). The state has rows per cache slot, not per distinct block
+(Cache(slotted=True), structs.py): bounded by the capacity (and S3-FIFO's ghost), beside a 4-byte slot
+and an 8-byte parent per block id.
 
 Chunks are whole requests read in order from the run's blocks.parquet (sorted by req_idx, pos), about
 CHUNK_REFS references each; their block ids are the run's chain_idx, which ingest numbered densely in
@@ -263,7 +265,8 @@ def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: 
     shape = stream_shape(run, fit.context if fit else None, requests)
     oracle = Policy.ORACLE.value in names
     caches = [Cache(shape, t.policy, t.capacity_blocks, params=t.params, fit=fit,
-                    next_req=np.zeros(1, np.int64) if name == Policy.ORACLE.value else None, timing=timing)
+                    next_req=np.zeros(1, np.int64) if name == Policy.ORACLE.value else None, timing=timing,
+                    slotted=True)
               for t, name in zip(tasks, names, strict=True)]
     for cache in caches:
         if cache.params.get("guard") or cache.params.get("refit_s"):
@@ -304,5 +307,6 @@ def _serve_chunk(cache: Cache, shape: StreamShape, c: Chunk, parent: np.ndarray)
     cache.account(lo, hi, t0, cache.kernel(
         c.req_off, c.blk, c.ntok, shape.req_cat[lo:hi], shape.req_time_s[lo:hi], lens, lens,
         np.zeros(hi - lo, np.int64), cache.capacity_blocks, bk, hp, g, gf, qs, cache.ip, cache.fp, cache.cw,
-        cache.nxt, parent, rl, cache.leaf_only, cache.timing, cache.low, cache.lrel, cache.out, TIER_NONE))
+        cache.nxt, parent, rl, cache.imap, cache.sl, cache.leaf_only, cache.timing, cache.low, cache.lrel,
+        cache.out, TIER_NONE))
 

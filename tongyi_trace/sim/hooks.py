@@ -20,3 +20,10 @@ def unlink(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
            qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> None:
     """access that takes X out of its queue while the request runs (release appends it again)."""
     q_unlink(bk, qs, x)
+
+
+@njit(cache=True, inline="always")
+def keeps_none(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> bool:
+    """keeps of a policy that reads nothing of a block once it left the cache (policy_base.py)."""
+    return False

@@ -43,6 +43,18 @@ TIER (the last argument; TIER_NONE for one cache):
   ..., BLK = the blocks, nothing hit, nothing counted): each is inserted as the loop inserts (DRAM's policy evicts, its
   victims leave the cache) and released at once as its recorded release in LREL (the policy orders it
   by that reference, position, category and time).
+A state per slot (structs.py: the chunked simulator's, sim/chunked.py) has rows per cache slot, not per
+block id: the loop reads each block's row through the map IMAP (an id without a slot reads the row of a
+queue sentinel, never present nor pinned), gives an inserted block a free slot (its HVER set to 0,
+which no push stamp is: a reused slot's old heap entries stay stale, and its new block's pushes carry
+newer stamps than any of them) and frees the slot when the evicted block leaves the policy
+too (`keeps`, policy_base.py: S3-FIFO keeps the blocks of its ghost); a slot the policy kept is freed by a
+sweep of the slots for those it no longer keeps when the free stack runs out (structs.slots_for leaves an
+eighth spare, so a sweep frees at least that many). Parents are block ids (PARENT),
+read through the map. The hooks see rows only: a policy that needs the id itself reads BID, which the
+loop writes on every insertion into a state with that column (WA's last tie-break). Results equal the
+state per block's, request for request (tests/sim/test_slots.py).
+
 `promote` takes blocks out of a cache whatever its policy: a policy keeps its cached blocks only in the
 queues and the lazy heap of structs.py (a heap entry of a block that is not cached is stale), so
 unlinking the block and clearing PRESENT takes it out of any policy's order; it bumps G_EPOCH, so a
@@ -61,13 +73,17 @@ import numpy as np
 from numba import njit
 
 # The hook names the loop calls; policy_kernel rebinds them per policy (these are LRU's).
+from tongyi_trace.sim.hooks import keeps_none as keeps
 from tongyi_trace.sim.policies.lru import access, evict, insert, release
 from tongyi_trace.sim.policy_base import prefix_closed
 from tongyi_trace.sim.structs import (
+    BID,
     FOREST,
     G_EPOCH,
+    G_FREE,
     G_INSERTIONS,
     G_SIZE,
+    HVER,
     LAST,
     PARK,
     PINNED,
@@ -98,12 +114,14 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
               req_time: np.ndarray, req_maxhit: np.ndarray, req_nstat: np.ndarray, req_extra: np.ndarray,
               capacity: int, bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
               qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray,
-              parent: np.ndarray, rl: np.ndarray, leaf_only: bool, timing: bool, low: np.ndarray,
-              lrel: np.ndarray, out: np.ndarray, tier: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              parent: np.ndarray, rl: np.ndarray, imap: np.ndarray, sl: np.ndarray, leaf_only: bool,
+              timing: bool, low: np.ndarray, lrel: np.ndarray, out: np.ndarray,
+              tier: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replay the request stream through the policy whose hooks this copy was compiled with, at CAPACITY
     blocks, on the state arrays made by structs.make_state (the policy's parameters ip, fp and tables ft,
     it, policy_base.Setup: the loop only hands them to the hooks), PARENT[x] = the parent block of x or
-    -1, RL the links of the held-back blocks (structs.make_state), LEAF_ONLY = prefix closure, see the
+    -1, RL the links of the held-back blocks (structs.make_state), IMAP and SL a state per slot's map and
+    slots (structs.make_slots; IMAP = int32[0]: a state per block), LEAF_ONLY = prefix closure, see the
     module doc). REQ_OFF may be a slice of the stream's offsets (absolute positions in BLK): the state
     arrays carry the cache from one call to the next. LOW, LREL, OUT: the two tiers' (module doc: int64
     per block id, int64[4, ids], at least the call's evictions), unread with TIER = TIER_NONE.
@@ -122,7 +140,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
     pinned = bk[:, PINNED]
     # blocks held back by leaf_only: two FIFOs as linked lists over the same links, the held blocks that
     # became leaves (sentinel d) and those that still have cached children (sentinel d + 1)
-    d = parent.shape[0]
+    d = rl.shape[1] - 2  # rows of blocks (or slots)
+    slotted = imap.shape[0] != 0  # a state per slot (module doc)
+    sid = sl[0]
+    wide = bk.shape[1] > BID
     rnext = rl[0]
     rprev = rl[1]
     num_out = 0
@@ -147,10 +168,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         h = 0
         lim = min(n, req_maxhit[r])
         while True:
-            while h < lim and present[blk[s + h]] == 1:
-                x = blk[s + h]
-                if pinned[x] == 1:  # the same id twice in one request: the prefix stops there
-                    break
+            while h < lim:
+                x = _row(imap, blk[s + h])
+                if present[x] != 1 or pinned[x] == 1:  # pinned: the same id twice in one request, the
+                    break  # prefix stops there
                 pinned[x] = 1
                 if held and bk[x, PARK] != 0:
                     _unpark(bk, rnext, rprev, x)
@@ -167,7 +188,7 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
         hit_tok = 0
         for k in range(hits):
             hit_tok += ntok[s + k]
-        missed = h < lim and present[blk[s + h]] == 0  # the prefix ended at a block that is not cached
+        missed = h < lim and present[_row(imap, blk[s + h])] == 0  # the prefix ended at a block not cached
         # 2. the rest: touch what is cached, insert what is not (tiered: from the first block); then room
         # for the request's extra slots, which vLLM takes after its other blocks (the prompt's partial block
         # ends its prefill, the decode's comes last), even when the request inserts nothing
@@ -178,9 +199,10 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                 if req_extra[r] == 0 or full:
                     break
                 cap = capacity - req_extra[r] + 1  # evict until size + extra <= capacity
-                x = -1
+                x = b = -1
             else:
-                x = blk[s + k]
+                b = blk[s + k]
+                x = _row(imap, b)
                 if present[x] == 1:
                     if pinned[x] == 0:
                         pinned[x] = 1
@@ -227,13 +249,20 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                         # uncount v where it was counted: structs.forest_leave written out (a call taking the
                         # parent array cost FIFO a fifth of its speed; the one-array nchild and inserted_at cost
                         # nothing)
-                        p = parent[v]
+                        p = parent[sid[v]] if slotted else parent[v]
+                        if p >= 0:
+                            p = _row(imap, p)
                         if p >= 0 and present[p] == 1 and inserted_at(bk, p) < inserted_at(bk, v):
                             bk[p, FOREST] -= 1
                             if nchild(bk, p) == 0 and bk[p, PARK] == 1:  # a held-back parent is now a leaf
                                 _unlink(rnext, rprev, p)
                                 bk[p, PARK] = 2
                                 _append(rnext, rprev, d, p)
+                    if slotted and not keeps(bk, hp, g, gf, qs, ip, fp, ft, it, v):  # its slot is free
+                        imap[sid[v]] = d
+                        sid[v] = -1
+                        sl[1, g[G_FREE]] = v
+                        g[G_FREE] += 1
                     if tiered:
                         out[num_out] = v
                         num_out += 1
@@ -246,19 +275,39 @@ def _run_loop(req_off: np.ndarray, blk: np.ndarray, ntok: np.ndarray, req_cat: n
                     continue
             if x < 0:
                 break
+            if x >= d:  # a state per slot, the block has none: it takes a free one (module doc)
+                if g[G_FREE] == 0:  # none left: free the slots of the blocks the policy no longer keeps
+                    for y in range(d):
+                        if sid[y] >= 0 and present[y] == 0 and not keeps(bk, hp, g, gf, qs, ip, fp, ft, it, y):
+                            imap[sid[y]] = d
+                            sid[y] = -1
+                            sl[1, g[G_FREE]] = y
+                            g[G_FREE] += 1
+                    if g[G_FREE] == 0:
+                        raise RuntimeError("the state per slot is full (structs.slots_for sized it too small)")
+                g[G_FREE] -= 1
+                x = sl[1, g[G_FREE]]
+                imap[b] = x
+                sid[x] = b
+                if wide:
+                    bk[x, HVER] = 0
+            if wide:
+                bk[x, BID] = b
             present[x] = 1
             pinned[x] = 1
             if forest:
                 insertions += 1
                 bk[x, FOREST] = insertions << 32  # no cached child yet
-                p = parent[x]
+                p = parent[b]
+                if p >= 0:
+                    p = _row(imap, p)
                 if p >= 0 and present[p] == 1:
                     bk[p, FOREST] += 1
             size += 1
             insert(bk, hp, g, gf, qs, ip, fp, ft, it, x)
         # 3. served: release deepest first (demote: as the block's last release in the upper tier)
         for k in range(n - 1, -1, -1):
-            x = blk[s + k]
+            x = _row(imap, blk[s + k])
             if tiered:
                 low[x] = 0
             if pinned[x] == 1:
@@ -318,7 +367,7 @@ def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.
     helper taking arrays cost the plain loop up to a third of its speed, numba's reference counting)."""
     rnext = rl[0]
     rprev = rl[1]
-    d = parent.shape[0]
+    d = rl.shape[1] - 2
     num = 0
     for k in range(req_off[r], req_off[r + 1]):
         v = blk[k]
@@ -338,6 +387,12 @@ def promote(req_off: np.ndarray, blk: np.ndarray, r: int, bk: np.ndarray, g: np.
     if num:
         g[G_EPOCH] += 1  # the policy's queues changed behind its hooks
     return num
+
+
+@njit(cache=True, inline="always")
+def _row(imap: np.ndarray, x: int) -> int:
+    """The state's row of block id X: X itself in a state per block (IMAP empty), else its slot."""
+    return imap[x] if imap.shape[0] != 0 else x
 
 
 @njit(cache=True, inline="always")
@@ -385,7 +440,7 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
     if name not in _KERNELS:
         env = dict(globals())
         env.update(access=hooks.access, insert=hooks.insert, release=hooks.release, evict=hooks.evict,
-                   PREFIX_CLOSED=prefix_closed(hooks))
+                   keeps=getattr(hooks, "keeps", keeps), PREFIX_CLOSED=prefix_closed(hooks))
         fn_name = f"run_{name}_{_sources_digest()}"
         fn = FunctionType(_run_loop.__code__, env, fn_name)
         fn.__qualname__ = fn_name
@@ -398,7 +453,7 @@ def policy_kernel(name: str, hooks: ModuleType) -> Any:
 def _sources_digest() -> str:
     """8 hex digits over the sources compiled into the kernels."""
     here = Path(__file__).parent
-    files = [here / "kernel.py", here / "structs.py", here / "policy_base.py",
+    files = [here / "kernel.py", here / "structs.py", here / "policy_base.py", here / "hooks.py",
              *sorted((here / "policies").glob("*.py")), here.parent / "policy" / "wa_priority.py"]
     h = hashlib.sha256()
     for f in files:

@@ -8,6 +8,9 @@ policy owns its params struct:
             its hooks, its queues, heap size, initial scalars and tables for this capacity and stream
     PREFIX_CLOSED  (optional, default False) True when the policy never evicts a block before its
             cached children, whatever the stream: the kernel then skips counting them (kernel.py)
+    keeps(..., x) -> bool  (optional, compiled; default hooks.keeps_none) whether the block X, evicted,
+            is still read by the policy when it comes back (S3-FIFO's ghost): a state per slot keeps
+            its slot while it is (structs.py); at most Setup.num_retained blocks at once
 
 and the compiled hooks (numba, inlined into the kernel's loop, kernel.policy_kernel), which share one
 argument list: the state arrays (bk, hp, g, gf, qs), the policy's ip, fp, its float table ft and its
@@ -100,8 +103,9 @@ class InitContext:
 class Setup:
     """What a policy's init hook gives one cache: IP, FP (NUM_PARAMS int64 and float64 parameters in the
     policy's layout), FT (a float64 2-D table) and IT (an int64 1-D table) its hooks read, NUM_QUEUES
-    queues, a heap of HEAP_SIZE entries (0 = none), and the initial values of its scalars in the order
-    of its StateDecl (G0 for g, GF0 for gf)."""
+    queues, a heap of HEAP_SIZE entries (0 = none), the initial values of its scalars in the order
+    of its StateDecl (G0 for g, GF0 for gf), and NUM_RETAINED: at most how many evicted blocks it keeps
+    (`keeps`: S3-FIFO's ghost), what a state per slot holds beyond the cache (structs.slots_for)."""
 
     ip: np.ndarray
     fp: np.ndarray
@@ -111,6 +115,7 @@ class Setup:
     heap_size: int = 0
     g0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     gf0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    num_retained: int = 0
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,22 @@ from tongyi_trace.sim.kernel import (
 from tongyi_trace.sim.policy_base import InitContext
 from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.stream import Stream, readonly
-from tongyi_trace.sim.structs import G_EPOCH, G_SIZE, MAX_INSERTIONS, NARROW_ROWS, NUM_ROWS, cycles_now, make_state
+from tongyi_trace.sim.structs import (
+    G_EPOCH,
+    G_SIZE,
+    MAX_INSERTIONS,
+    NARROW_ROWS,
+    NUM_ROWS,
+    cycles_now,
+    make_slots,
+    make_state,
+    slots_for,
+)
 
 _NO_TIER = np.zeros(1, np.int64)  # the plain kernel's (unread) two-tier arrays: low, out
 _NO_LREL = np.zeros((4, 1), np.int64)  # and lrel
+_NO_MAP = np.zeros(0, np.int32)  # a state per block's (unread) slot map and slots (structs.make_slots)
+_NO_SLOTS = np.zeros((2, 0), np.int64)
 
 
 @dataclass(frozen=True)
@@ -167,12 +179,14 @@ class Cache:
     made (policy_base.Setup); a driver may change them between slices (WA's switches, wa.IP_*) and then
     calls `changed`. TIERED: the cache is the HBM tier of a TieredCache (the kernel's TIER_UPPER switch, with
     the arrays `low`, `lrel` and `out` the TieredCache gives it). A policy without a heap or columns of
-    its own keeps one cache line per block (structs.NARROW_ROWS)."""
+    its own keeps one cache line per block (structs.NARROW_ROWS). SLOTTED: the state has rows per cache
+    slot instead of per block id (structs.py; the chunked simulator's), so it is bounded by the capacity;
+    the results are the same, but `cached_prefix` and the tiers need a state per block."""
 
     def __init__(self, stream: Stream, policy: str | Policy, capacity_blocks: int, *,
                  params: dict[str, Any] | None = None, fit: PolicyParams | None = None,
                  engine: EngineShape | None = None, next_req: np.ndarray | None = None,
-                 timing: bool = True, tiered: bool = False) -> None:
+                 timing: bool = True, tiered: bool = False, slotted: bool = False) -> None:
         policy, params = _resolved(policy, params, fit, capacity_blocks, stream.block_size)
         spec = get_policy(policy)
         typed, self.leaf_only = spec.make_params(params)
@@ -194,8 +208,16 @@ class Cache:
             raise UsageError(f"the simulator takes at most {MAX_INSERTIONS:,} references; this stream has "
                              f"{stream.num_refs:,}: simulate a shorter window of the trace")
         narrow = not setup.heap_size and not spec.hooks.STATE.columns
-        self.state = make_state(stream.num_ids, setup.num_queues, setup.heap_size, setup.g0, setup.gf0,
+        if slotted and tiered:
+            raise ValueError("a tiered cache keeps a state per block")
+        self.num_rows = slots_for(self.capacity_blocks, setup.num_retained, stream.num_ids) if slotted \
+            else stream.num_ids  # the state's rows of blocks (or slots)
+        self.state = make_state(self.num_rows, setup.num_queues, setup.heap_size, setup.g0, setup.gf0,
                                 NARROW_ROWS if narrow else NUM_ROWS)
+        self.imap: np.ndarray
+        self.sl: np.ndarray
+        self.imap, self.sl = make_slots(stream.num_ids, self.num_rows, self.state[2]) if slotted \
+            else (_NO_MAP, _NO_SLOTS)
         self.kernel = policy_kernel(spec.name, spec.hooks)
         self.tiered = tiered
         self.low, self.lrel, self.out = _NO_TIER, _NO_LREL, _NO_TIER  # the two-tier kernel's (TieredCache)
@@ -214,8 +236,8 @@ class Cache:
         return self.kernel(
             st.req_off[start:stop + 1], st.blk, st.ntok, st.req_cat[start:stop], st.req_time_s[start:stop],
             e.req_maxhit[start:stop], e.req_nstat[start:stop], e.req_extra[start:stop], self.capacity_blocks,
-            bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.leaf_only, self.timing,
-            self.low, self.lrel, self.out, TIER_UPPER if self.tiered else TIER_NONE)
+            bk, hp, g, gf, qs, self.ip, self.fp, self.cw, self.nxt, st.parent, rl, self.imap, self.sl,
+            self.leaf_only, self.timing, self.low, self.lrel, self.out, TIER_UPPER if self.tiered else TIER_NONE)
 
     def warm(self) -> None:
         """Compile the kernel, or load it from numba's on-disk cache, by serving no request: the speed
@@ -252,6 +274,8 @@ class Cache:
 
     def cached_prefix(self, r: int) -> int:
         """How many leading blocks of request R are cached now (what a prefix-aware router asks)."""
+        if self.imap.shape[0]:
+            raise ValueError("cached_prefix reads a state per block, not per slot")
         return int(cached_prefix_len(self.stream.req_off, self.stream.blk, self.state[0], self.state[0], r))
 
     @property
@@ -389,7 +413,7 @@ class TieredCache:
         return self.demote(
             self.steps[:m + 1], self.demoted, st.ntok, self.zeros_ro[:m], self.times_ro[:m], none, none,
             none, dram.capacity_blocks, bk, hp, g, gf, qs, dram.ip, dram.fp, dram.cw, dram.nxt, st.parent, rl,
-            dram.leaf_only, False, _NO_TIER, hbm.lrel, _NO_TIER, TIER_LOWER)[0]
+            dram.imap, dram.sl, dram.leaf_only, False, _NO_TIER, hbm.lrel, _NO_TIER, TIER_LOWER)[0]
 
     def warm(self) -> None:
         """Compile both tiers' kernels and promote (or load them from numba's cache) outside the timed

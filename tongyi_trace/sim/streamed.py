@@ -4,10 +4,11 @@ with as many policies at once as the budget allows, or streamed) and the streame
 The whole-stream sweep (sim/sweep.py) holds the stream (WHOLE_BYTES_PER_REF a reference while it is
 built, the issue's measured ~93 bytes) and each running policy its state (per distinct block). When the
 stream does not fit the budget, the sweep is streamed: every policy x capacity, one at a time, through
-sim/chunked.py (the kernel's state and one chunk in memory); the next uses and the oracle's peak live set
-(the `L` capacities) come from one out-of-core pass whose spill file, inside RUN/sim/, every oracle row
-reads and which is removed after. A streamed sweep has no LRU curve and no intervals (both need the
-whole stream), runs WA without its guard and refit, and says so in its summary's `memory` notes.
+sim/chunked.py (the kernel's state, per cache slot, and one chunk in memory); the next uses and the
+oracle's peak live set (the `L` capacities) come from one out-of-core pass whose spill file, inside
+RUN/sim/, every oracle row reads and which is removed after. A streamed sweep has no LRU curve and no
+intervals (both need the whole stream), runs WA without its guard and refit, and says so in its
+summary's `memory` notes.
 """
 
 from __future__ import annotations

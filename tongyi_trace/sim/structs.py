@@ -18,18 +18,32 @@ plain arrays (a tuple of arrays would cost a reference-count update per field ac
                                             blocks whose parent, the previous block of their request,
                                             is this one; 0 = a leaf), see kernel.py
                                  the queues' links QPREV, QNEXT, QID and the heap's HVER (below);
+                                   BID      the id of the block the row holds (a slot's occupant in a state
+                                            per slot, below): written by the kernel on each insertion
                                  and POLICY_COLUMNS columns from POLICY_COL0 that a policy names and
                                  documents in its own file (policy_base.StateDecl). A state that needs
                                  no column after FOREST (no heap, no policy column) has NARROW_ROWS
                                  columns: one cache line per block (simulate.Cache decides)
     hp  int64[Hn, 2]             heap entries (HKEY, HTIE), 16 bytes each: a node's 4 children fill one
                                  cache line
-    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE, G_INSERTIONS, G_EPOCH;
+    g   int64[G_POLICY + ...]    the kernel's and the heap's scalars (G_SIZE, G_INSERTIONS, G_EPOCH, G_FREE;
                                  G_HSIZE, G_HSTAMP), then the policy's
     gf  float64[...]             the policy's float scalars (policy_base.StateDecl)
     qs  int64[NQ]                queue sizes
     rl  int64[2, D + 2]          the kernel's two FIFOs of held-back blocks (kernel.py): next and previous
                                  links, sentinel D (became leaves) and D + 1 (still with children)
+
+A state per slot (make_slots; the chunked simulator's, sim/chunked.py): D is not the number of distinct
+blocks but of SLOTS, rows a block holds while it is cached or its policy keeps it (policy_base.py `keeps`:
+S3-FIFO's ghost), so the state is bounded by the capacity, not the trace. Beside it:
+    imap  int32[distinct blocks]  the row (slot) of each block id; D (a queue sentinel's row, never
+                                  present nor pinned) when it has none
+    sl    int64[2, D]             sl[0] = the block id each slot holds (-1: free), sl[1, :g[G_FREE]] the
+                                  free slots (a stack)
+The kernel gives a block a slot when it is inserted and frees the slot when the block leaves the cache
+and its policy (at the eviction, or later in a sweep of the slots when the free stack runs out: a slot
+the policy kept is swept once it no longer keeps it), see kernel.py. A state per block passes
+imap = int32[0] (no map: the row is the block id).
 
 Queues: node ids 0..D-1 are blocks, node D+q is the sentinel of queue q. The head of a queue
 (`q_head`) is its OLDEST member, the end evicted from; `q_append` adds at the newest end.
@@ -48,9 +62,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # columns of bk: the kernel's, the queues', the heap's, then the policy's
-PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, FOREST, HVER = range(9)
-POLICY_COL0 = 9  # the first column a policy may declare (policy_base.StateDecl)
-POLICY_COLUMNS = 7
+PRESENT, PINNED, PARK, QPREV, QNEXT, QID, LAST, FOREST, HVER, BID = range(10)
+POLICY_COL0 = 10  # the first column a policy may declare (policy_base.StateDecl)
+POLICY_COLUMNS = 6
 NUM_ROWS = POLICY_COL0 + POLICY_COLUMNS
 NARROW_ROWS = FOREST + 1  # the columns of a narrow state (module doc)
 MAX_INSERTIONS = (1 << 31) - 1  # insertion stamps (FOREST's high half) of one cache
@@ -68,7 +82,8 @@ G_HSTAMP = 2  # heap pushes so far
 G_INSERTIONS = 3  # insertions so far, the last stamp in FOREST (the kernel's, kept while it counts children)
 G_EPOCH = 4  # bumped when anything but the policy's hooks changes its queues or parameters (kernel.promote,
 #              simulate.Cache.changed): a policy that keeps what it derived from them (WA's tree) rebuilds it
-G_POLICY = 5
+G_FREE = 5  # free slots on the stack sl[1] (a state per slot, module doc)
+G_POLICY = 6
 LINE_BYTES = 128  # two cache lines: a row of bk is one aligned pair (the adjacent-line prefetcher)
 
 
@@ -102,6 +117,27 @@ def make_state(num_ids: int, num_queues: int, heap_size: int, g0: np.ndarray, gf
     rl[:, d + 1] = d + 1
     hp = aligned_zeros((max(heap_size, 1) + HOFF, 2))
     return bk, hp, g, gf, np.zeros(nq, np.int64), rl
+
+
+def slots_for(capacity_blocks: int, num_retained: int, num_ids: int) -> int:
+    """Slots of a state per slot (module doc) for a cache of CAPACITY_BLOCKS whose policy keeps up to
+    NUM_RETAINED evicted blocks in its queues: every cached block's and retained block's, an eighth more
+    (so a sweep of the slots frees at least that many, kernel.py) and never more than NUM_IDS."""
+    held = capacity_blocks + num_retained + 1
+    return min(num_ids, held + max(64, held // 8))
+
+
+def make_slots(num_ids: int, num_slots: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(imap, sl) of a state per slot (module doc) for NUM_IDS block ids and NUM_SLOTS slots, all free
+    (G_FREE of the state's scalars G set to NUM_SLOTS)."""
+    if num_slots >= (1 << 31) - 1:
+        raise ValueError(f"a state per slot holds fewer than 2^31 - 1 slots, not {num_slots:,}")
+    imap = np.full(max(num_ids, 1), num_slots, np.int32)
+    sl = np.empty((2, num_slots), np.int64)
+    sl[0] = -1
+    sl[1] = np.arange(num_slots - 1, -1, -1)  # popped from the end: slot 0 first
+    g[G_FREE] = num_slots
+    return imap, sl
 
 
 # ---------------------------------------------------------------- the cached forest (FOREST)

@@ -12,7 +12,7 @@ re-insertion keeps the rest, a ghost FIFO G of recently evicted ids sends return
                 if freq[t] > 0: freq[t] -= 1, re-insert t at M's newest end, continue
                 else: remove t, return t
     G holds the last ghost_ratio x capacity evicted-from-S ids (a counter, no list: x is in G when
-    fewer than |G| ids were added after it).
+    fewer than |G| ids were added after it); a state per slot (structs.py) keeps their slots (`keeps`).
 Pinned blocks (the running request's) met at a queue's oldest end are moved to its newest end.
 
 Source: Yang, Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache eviction", SOSP'23,
@@ -68,11 +68,12 @@ GHOSTS = STATE.slot("GHOSTS")
 
 
 def init(params: S3FifoParams, ctx: InitContext) -> Setup:
-    """Two queues (S, M); the small FIFO's target size and the ghost's size in blocks for this capacity."""
+    """Two queues (S, M); the small FIFO's target size and the ghost's size in blocks for this capacity (at
+    most that many evicted blocks are in G: their slots are kept in a state per slot)."""
     ip, fp = params.to_arrays()
     ip[IP_SMALL_BLOCKS] = max(1, int(params.small_ratio * ctx.capacity_blocks))
     ip[IP_GHOST_BLOCKS] = max(1, int(params.ghost_ratio * ctx.capacity_blocks))
-    return Setup(ip, fp, num_queues=2, g0=np.zeros(1, np.int64))
+    return Setup(ip, fp, num_queues=2, g0=np.zeros(1, np.int64), num_retained=int(ip[IP_GHOST_BLOCKS]))
 
 
 @njit(cache=True, inline="always")
@@ -87,6 +88,13 @@ def _in_ghost(bk: np.ndarray, g: np.ndarray, ip: np.ndarray, x: int) -> bool:
     if bk[x, GHOST] == 0:
         return False
     return g[GHOSTS] - bk[x, GHOST] < ip[IP_GHOST_BLOCKS]
+
+
+@njit(cache=True, inline="always")
+def keeps(bk: np.ndarray, hp: np.ndarray, g: np.ndarray, gf: np.ndarray,
+          qs: np.ndarray, ip: np.ndarray, fp: np.ndarray, ft: np.ndarray, it: np.ndarray, x: int) -> bool:
+    """Whether the evicted block X is in G (its row is read when it is inserted again)."""
+    return _in_ghost(bk, g, ip, x)
 
 
 @njit(cache=True, inline="always")

@@ -1,6 +1,6 @@
 """WA, the workload-aware policy of the paper (section 4.2): per-category queues ordered by last access;
 to evict, compare only the W queue heads in the total order of tongyi_trace.policy.wa_priority
-(log ReuseProb_w(t, life), -offset, last access, block key = the block id) and drop the first.
+(log ReuseProb_w(t, life), -offset, last access, block key = the block id, structs.BID) and drop the first.
 
     release(x) by a request of category w at time now: cat[x] = w; offset[x] = pos; append x to queue w
                 (the kernel stamped last[x] = now; deepest first, so on equal time the deeper block is
@@ -48,7 +48,7 @@ from tongyi_trace.policy import wa_priority
 from tongyi_trace.policy.settings import WaSettings
 from tongyi_trace.sim import hooks
 from tongyi_trace.sim.policy_base import NUM_PARAMS, InitContext, PolicySpec, Setup, StateDecl
-from tongyi_trace.sim.structs import G_EPOCH, LAST, QID, q_append, q_head, q_unlink
+from tongyi_trace.sim.structs import BID, G_EPOCH, LAST, QID, q_append, q_head, q_unlink
 
 if TYPE_CHECKING:
     from tongyi_trace.policy.file import PolicyParams
@@ -238,7 +238,8 @@ def _first(bk: np.ndarray, g: np.ndarray, a: int, pa: float, b: int, pb: float, 
         return b < 0 <= a
     ha = g[QHEAD + a]
     hb = g[QHEAD + b]
-    return evicts_before(pa, bk[ha, BPOS], bk[ha, LAST], ha, pb, bk[hb, BPOS], bk[hb, LAST], hb, use_offset)
+    return evicts_before(pa, bk[ha, BPOS], bk[ha, LAST], bk[ha, BID], pb, bk[hb, BPOS], bk[hb, LAST], bk[hb, BID],
+                         use_offset)
 
 
 @njit(cache=True, inline="always")
