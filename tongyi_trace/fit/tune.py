@@ -63,7 +63,7 @@ from tongyi_trace.sim.chunked import ChunkedTask, simulate_chunked_many, stream_
 from tongyi_trace.sim.shared_stream import share_streams, worker_stream
 from tongyi_trace.sim.simulate import PolicyResult, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
-from tongyi_trace.sim.streamed import SweepPlan, peak_live_out_of_core
+from tongyi_trace.sim.streamed import SweepPlan, pass_width, peak_live_out_of_core
 
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
@@ -156,7 +156,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     count = on_progress or (lambda _what, _done, _total: None)
     tables = run.tables()
     streamed = plan is not None and plan.streamed
-    chunk_refs = (budget or resolve_budget(None)).chunk_refs
+    budget_ = budget or resolve_budget(None)
+    chunk_refs = budget_.chunk_refs
     choose_with, choose_on = select if select is not None else (policy, train)
     fits = {"train": choose_with, "test": policy}
     reqs = tables.requests()
@@ -197,11 +198,12 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     def run_streamed(tasks: list[tuple[str, str, dict[str, Any], int]], done: Callable[[TaskOutcome], None],
                      what: str) -> None:
         """The tasks (window, policy, params, capacity blocks) in passes over each window's chunks, up to
-        PLAN.jobs a pass (WA without its guard and refit: simulate_policy runs neither); ON_PROGRESS counts
-        each pass's references."""
-        width = max(1, plan.jobs if plan is not None else 1)
+        PLAN.jobs a pass, fewer where the budget holds fewer at their capacities (pass_width); WA without its
+        guard and refit (simulate_policy runs neither). ON_PROGRESS counts each pass's references."""
         for w, span in spans.items():
             mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
+            width = pass_width([t[3] for _, t in mine], num_ids, span[1] - span[0], budget_,
+                               max(1, plan.jobs if plan is not None else 1))
             num_passes = -(-len(mine) // width)
             for at in range(0, len(mine), width):
                 batch = mine[at:at + width]

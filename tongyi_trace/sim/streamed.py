@@ -34,7 +34,7 @@ from tongyi_trace.sim.chunked import NOT_STREAMED, ProgressFn, simulate_chunked,
 from tongyi_trace.sim.cost_model import queue_summary
 from tongyi_trace.sim.registry import FITTED, Policy
 from tongyi_trace.sim.simulate import resolve_fitted
-from tongyi_trace.sim.structs import NUM_ROWS
+from tongyi_trace.sim.structs import NUM_ROWS, slots_for
 from tongyi_trace.sim.sweep import (
     RowSink,
     SimulateOptions,
@@ -52,12 +52,35 @@ WHOLE_BYTES_PER_REF = 100  # the whole-stream sweep's peak per reference (the is
 STATE_BYTES_PER_ID = NUM_ROWS * 8 + 16  # a policy's widest state row, its parent and next-use slots
 BYTES_PER_REQUEST = 96  # per-request arrays of a sweep (hits, tokens, times, categories, costs)
 MAX_PER_PASS = 8  # simulations of one streamed pass of the fit (each chunk is read once for all of them)
+SLOT_BYTES = NUM_ROWS * 8 + 16 + 32  # a slot's state row, its map and free-stack entries, two heap entries
 
 
 def task_bytes(num_ids: int, num_requests: int) -> int:
     """What one running simulation holds beyond the stream: its state over NUM_IDS distinct blocks and its
     per-request arrays over NUM_REQUESTS."""
     return num_ids * STATE_BYTES_PER_ID + num_requests * BYTES_PER_REQUEST
+
+
+def pass_bytes(num_ids: int, num_requests: int, chunk_refs: int) -> int:
+    """What a streamed pass holds once, whatever its simulations: a chunk of CHUNK_REFS references, the
+    parents of NUM_IDS blocks and the window's NUM_REQUESTS requests (sim/chunked.py)."""
+    return chunk_refs * CHUNK_BYTES_PER_REF + num_ids * 8 + num_requests * BYTES_PER_REQUEST
+
+
+def slotted_task_bytes(capacity_blocks: int, num_ids: int, num_requests: int) -> int:
+    """What one streamed simulation at CAPACITY_BLOCKS holds (its state per cache slot, structs.slots_for,
+    with as many evicted blocks kept as cached ones: more than any policy keeps), its slot map over NUM_IDS
+    and its per-request arrays over NUM_REQUESTS."""
+    slots = slots_for(capacity_blocks, capacity_blocks, num_ids)
+    return slots * SLOT_BYTES + num_ids * 4 + num_requests * BYTES_PER_REQUEST
+
+
+def pass_width(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget,
+               most: int) -> int:
+    """How many streamed simulations (at most MOST) one pass runs within BUDGET, each as large as the largest
+    of CAPACITIES_BLOCKS needs."""
+    task = slotted_task_bytes(max(capacities_blocks, default=0), num_ids, num_requests)
+    return budget.parallel_tasks(pass_bytes(num_ids, num_requests, budget.chunk_refs), task, most)
 
 
 @dataclass(frozen=True)
@@ -103,12 +126,11 @@ def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool
     if not plan.streamed:
         # not lowered: 0 stays 0, so that a small fit runs in this process (executor.sized_for)
         return replace(plan, jobs=0 if jobs == 0 and plan.jobs >= num_cores else plan.jobs)
-    chunk = budget.chunk_refs * CHUNK_BYTES_PER_REF + num_ids * 8 + num_requests * BYTES_PER_REQUEST
-    per_pass = budget.parallel_tasks(chunk, task_bytes(num_ids, num_requests), jobs or MAX_PER_PASS)
-    return SweepPlan(True, per_pass, (
+    most = jobs or MAX_PER_PASS  # lowered per pass to what the budget holds (pass_width, at the capacities)
+    return SweepPlan(True, most, (
         f"streamed: the whole stream (~{num_refs * WHOLE_BYTES_PER_REF / 2**30:.1f} GiB) does not fit "
         f"--memory-limit-gib {budget.limit_gib:g}; the candidates are simulated in passes over the run's chunks, "
-        f"{per_pass} a pass",))
+        f"up to {most} a pass (as many as the budget holds beside a chunk)",))
 
 
 def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn | None = None) -> int:
