@@ -44,6 +44,16 @@ def write_run(path: Path, requests: list[list[int]], *, block_size: int = 16,
     return path
 
 
+def synth_run(folder: Path, seed: int, num_requests: int, duration_s: float = 600.0) -> Path:
+    """NUM_REQUESTS to-C requests (profile seed SEED) over DURATION_S, synthesized and ingested into FOLDER/run."""
+    from tongyi_trace.trace.ingest import ingest_trace
+    from tongyi_trace.trace.synth import synth_to_file
+
+    synth_to_file("to-c", seed, folder / "t.jsonl", num_requests=num_requests, duration_s=duration_s)
+    ingest_trace(folder / "t.jsonl", folder / "run")
+    return folder / "run"
+
+
 @pytest.fixture
 def make_run(tmp_path: Path) -> Callable[..., Path]:
     """write_run into a fresh folder under tmp_path."""

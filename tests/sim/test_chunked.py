@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.sim.conftest import synth_run
 from tongyi_trace.budget import MemoryBudget
 from tongyi_trace.errors import UsageError
 from tongyi_trace.run import open_run
@@ -24,13 +25,7 @@ from tongyi_trace.sim.streamed import plan_sweep
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400 to-C requests over 10 minutes, ingested."""
-    from tongyi_trace.trace.ingest import ingest_trace
-    from tongyi_trace.trace.synth import synth_to_file
-
-    d = tmp_path_factory.mktemp("chunked")
-    synth_to_file("to-c", 3, d / "t.jsonl", num_requests=400, duration_s=600.0)
-    ingest_trace(d / "t.jsonl", d / "run")
-    return d / "run"
+    return synth_run(tmp_path_factory.mktemp("chunked"), 3, 400)
 
 
 @pytest.mark.parametrize("chunk_refs", [1, 97, 10**9])

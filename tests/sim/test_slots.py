@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.sim.conftest import synth_run
 from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.kernel import S_BYPASS, S_EVICTIONS, S_TOUCHED
@@ -21,13 +22,7 @@ from tongyi_trace.sim.structs import G_FREE, HVER, make_slots, make_state, slots
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """300 to-C requests over 10 minutes, ingested."""
-    from tongyi_trace.trace.ingest import ingest_trace
-    from tongyi_trace.trace.synth import synth_to_file
-
-    d = tmp_path_factory.mktemp("slots")
-    synth_to_file("to-c", 7, d / "t.jsonl", num_requests=300, duration_s=600.0)
-    ingest_trace(d / "t.jsonl", d / "run")
-    return d / "run"
+    return synth_run(tmp_path_factory.mktemp("slots"), 7, 300)
 
 
 @pytest.fixture(scope="module")
