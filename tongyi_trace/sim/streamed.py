@@ -117,7 +117,8 @@ def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool
     whole stream in memory with JOBS (0: one per core) lowered to the simulations the budget holds at once
     (0 stays 0 when it holds one per core, so that a small fit runs in this process: executor.sized_for),
     or, when the whole stream does not fit and STREAMABLE (the local executor), streamed: the candidates
-    simulated in passes over the run's chunks, JOBS of them a pass (what the budget holds besides a chunk)."""
+    simulated in passes over the run's chunks, up to JOBS (0: MAX_PER_PASS) a pass, each pass lowered to what
+    the budget holds at its capacities (pass_width, called by fit/tune.py once the capacities are known)."""
     prov = load_provenance(RunDir(Path(run_dir)))
     num_refs, num_ids = int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0)
     num_requests = int(prov.get("num_requests") or 0)
