@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from tests.lanes import examples
 from tongyi_trace.cli import app
 from tongyi_trace.errors import UsageError
+from tongyi_trace.trace import synth_core
 from tongyi_trace.trace.ingest import ingest_trace
 from tongyi_trace.trace.synth import PROFILES, TO_B, TO_C, generate, synth_to_file
 from tongyi_trace.trace.synth_api import ApiParams, draw_api
@@ -285,6 +286,18 @@ def test_assemble_golden() -> None:
     assert lines[2] == ('{"chat_id": 2, "parent_chat_id": 0, "timestamp": 5.000, "input_length": 76, '
                         '"output_length": 1, "type": "text", "turn": 2, "hash_ids": [0, 1, 2, 6, 7], '
                         '"user_id": "u3"}\n')
+
+
+def test_assemble_in_chunks_equals_one_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100x trace is assembled in chunks of whole requests (about CHUNK_REFS references each); the chunks'
+    edges (here every ~1,000 references, a few requests) change no id."""
+    sr = draw_chat(np.random.default_rng(4), 2000, 7200.0, TO_C)
+    whole = assemble(sr)
+    assert whole.num_block_refs > 20_000
+    monkeypatch.setattr(synth_core, "CHUNK_REFS", 1000)
+    chunked = assemble(sr)
+    assert np.array_equal(chunked.hash_ids, whole.hash_ids) and np.array_equal(chunked.offsets, whole.offsets)
+    assert chunked.hash_ids.max() + 1 == np.unique(whole.hash_ids).size
 
 
 @st.composite

@@ -33,10 +33,12 @@ from typing import IO
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 from tongyi_trace.errors import UsageError
 
 BLOCK_SIZE_TOKENS = 16
+CHUNK_REFS = 1 << 24  # assemble's block references per chunk
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -132,6 +134,21 @@ def input_tokens_of(sr: SessionRequests) -> I64:
     return (cs - cs[start] + system_prompt_tokens(sr) + sr.new_tokens).astype(np.int64)
 
 
+@njit(cache=True, nogil=True)
+def _number_by_first_use(ids: np.ndarray, number_of: np.ndarray, out: np.ndarray, num: int) -> int:
+    """OUT[i] = the number of IDS[i], ids not seen before (NUMBER_OF[id] < 0) numbered NUM, NUM + 1, ... in
+    order; the next number."""
+    for i in range(ids.shape[0]):
+        k = ids[i]
+        v = number_of[k]
+        if v < 0:
+            v = num
+            number_of[k] = v
+            num += 1
+        out[i] = v
+    return num
+
+
 def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthTrace:
     """Input lengths, content block ids, chat ids and parents of SR, sorted by arrival (see module doc).
 
@@ -171,19 +188,29 @@ def assemble(sr: SessionRequests, block_size: int = BLOCK_SIZE_TOKENS) -> SynthT
     nb_sorted = num_blocks[order]
     offsets = np.concatenate([[0], np.cumsum(nb_sorted)]).astype(np.int64)
     total = int(offsets[-1])
-    ref_req = src[np.repeat(order, nb_sorted)]  # request whose blocks each ref is, in arrival order
-    pos = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], nb_sorted)
-    ids = own_base[ref_req] + pos
-    ids = np.where(pos < stream_full[ref_req], sess_base[sess_idx[ref_req]] + pos, ids)
-    ids = np.where(pos < sys_full[ref_req], sys_base[np.maximum(sr.sys_id[ref_req], 0)] + pos, ids)
-    del ref_req, pos
+    sys_start = sys_base[np.maximum(sr.sys_id, 0)]
+    sess_start = sess_base[sess_idx]
 
-    # renumber 0.. by first appearance
-    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    del ids
-    new_of_uniq = np.empty(uniq.size, dtype=np.int64)
-    new_of_uniq[np.argsort(first, kind="stable")] = np.arange(uniq.size, dtype=np.int64)
-    hash_ids = new_of_uniq[inverse.reshape(-1)]
+    # each reference's id in the id spaces, then renumbered 0.. by first appearance; in chunks of
+    # requests in arrival order (a 100x trace has 6e8 references: only the result is trace-sized)
+    space = int(own_base[-1] + num_blocks[-1]) if n else 0
+    number_of = np.full(space, -1, dtype=np.int32 if space < 2**31 else np.int64)
+    hash_ids = np.empty(total, dtype=np.int64)
+    num = 0
+    ends = np.unique(np.append(np.searchsorted(offsets, np.arange(CHUNK_REFS, total, CHUNK_REFS)), n))
+    lo = 0
+    for hi in ends.tolist():
+        a, b = int(offsets[lo]), int(offsets[hi])
+        ref_req = src[np.repeat(order[lo:hi], nb_sorted[lo:hi])]  # whose blocks each ref is
+        pos = np.arange(b - a, dtype=np.int64) - np.repeat(offsets[lo:hi] - a, nb_sorted[lo:hi])
+        ids = own_base[ref_req] + pos
+        in_stream = pos < stream_full[ref_req]
+        ids[in_stream] = sess_start[ref_req[in_stream]] + pos[in_stream]
+        in_sys = pos < sys_full[ref_req]
+        ids[in_sys] = sys_start[ref_req[in_sys]] + pos[in_sys]
+        num = _number_by_first_use(ids, number_of, hash_ids[a:b], num)
+        lo = hi
+    del number_of
 
     # parent: the last kept (MAIN) request of the session before this one
     last_main = np.maximum.accumulate(np.where(main, idx, -1))
