@@ -19,6 +19,13 @@ i / rate whatever happened before. TTFT = the first streamed chunk with a choice
 measures it (replay/dispatch.py). The proxies' CPU time per request comes from their processes' own CPU clocks,
 the capture's recorder process (a child of the forwarder) included.
 
+Each phase opens with a lead-in (--lead-in-s, 0.5 s at the rate) that is sent but not pooled: between its phases
+a way sits idle while the others run (4 s with three ways), and on this machine (a virtual machine) a process
+that slept for seconds pays for touching its memory again (reading 20 MB a page at a time takes 4-5 ms after a
+4 s sleep, 0.08 ms right after), so the first request through a hop after the idle takes 10-25 ms where a proxy
+serving 50 requests/s never idles. With 100 requests a phase, those first requests were exactly the pooled p99.
+They are printed apart (`1st`: each phase's first request), not dropped silently.
+
 Requests: against the instant upstream, 64-token prompts and 4 streamed chunks; against the CPU engine, requests
 small enough for it to keep up: 48-token prompts whose first 32 tokens (one engine block) are the same in every
 request, so the engine caches them, and 1 output token; the engine comparison runs at 50 requests/s and at
@@ -56,6 +63,7 @@ from tongyi_trace.engine.model import VOCAB_SIZE
 
 RATE_PER_S = 50.0
 TARGET_ADDED_P99_MS = 2.0
+LEAD_IN_S = 0.5  # each phase opens with this much at the rate, not pooled: the way was idle (module doc)
 KEEPS_UP_P99_MS = 100.0
 INSTANT_PROMPT_TOKENS, INSTANT_OUTPUT_TOKENS = 64, 4
 ENGINE_PREFIX_TOKENS, ENGINE_PROMPT_TOKENS, ENGINE_OUTPUT_TOKENS = 32, 48, 1
@@ -73,9 +81,10 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 @dataclass
 class Phase:
-    """What one open-loop phase measured."""
+    """What one open-loop phase measured: the TTFT of its requests after the lead-in, and of its first request."""
 
     ttft_s: list[float] = field(default_factory=list)
+    first_ttft_s: list[float] = field(default_factory=list)  # the first request, after the way sat idle
     num_sent: int = 0
     num_ok: int = 0
     num_output_tokens: int = 0
@@ -95,7 +104,9 @@ class Way:
     own_cpu_s: float = 0.0  # the forwarder's alone
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Phase) -> None:
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Phase, kind: str) -> None:
+    """Send BODY to URL; its TTFT goes to PHASE's figures if KIND is "counted", to its first request's if
+    "first" (a lead-in request is sent, and counted as sent and answered, but its TTFT is not pooled)."""
     sent = time.perf_counter()
     ttft = None
     try:
@@ -114,11 +125,16 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, phase: Pha
     phase.last_end = max(phase.last_end, time.perf_counter())
     if ok and ttft is not None:
         phase.num_ok += 1
-        phase.ttft_s.append(ttft)
+        if kind == "counted":
+            phase.ttft_s.append(ttft)
+        elif kind == "first":
+            phase.first_ttft_s.append(ttft)
 
 
-async def drive(session: aiohttp.ClientSession, url: str, bodies: list[bytes], rate: float) -> Phase:
-    """Send BODIES to URL at RATE per second (open loop); what the phase measured."""
+async def drive(session: aiohttp.ClientSession, url: str, bodies: list[bytes], rate: float,
+                num_lead_in: int = 0) -> Phase:
+    """Send BODIES to URL at RATE per second (open loop); what the phase measured, its first NUM_LEAD_IN requests
+    sent but not pooled (the first one's TTFT kept apart)."""
     phase = Phase()
     tasks = []
     t0 = phase.first_send = time.perf_counter() + 0.01
@@ -126,7 +142,8 @@ async def drive(session: aiohttp.ClientSession, url: str, bodies: list[bytes], r
         delay = t0 + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_one(session, url, body, phase)))
+        kind = "counted" if i >= num_lead_in else "first" if i == 0 else "lead-in"
+        tasks.append(asyncio.create_task(_one(session, url, body, phase, kind)))
         phase.num_sent += 1
     await asyncio.gather(*tasks)
     return phase
@@ -152,11 +169,12 @@ def _cpu_s(proc: psutil.Process | None) -> tuple[float, float]:
 
 
 def rotate_phases(ways: list[Way], make_bodies: Callable[[int, int], list[bytes]], rate: float, phase_s: float,
-                  rounds: int) -> None:
-    """One warm-up phase per way, then ROUNDS rounds of one PHASE_S phase per way at RATE (in an order drawn anew
-    each round, so that no way always follows the same one); every measured phase is appended to its way, its
-    proxy's CPU time added."""
-    num = int(rate * phase_s)
+                  rounds: int, lead_in_s: float) -> None:
+    """One warm-up phase per way, then ROUNDS rounds of one phase per way at RATE (in an order drawn anew each
+    round, so that no way always follows the same one): LEAD_IN_S s of requests not pooled, then PHASE_S s pooled;
+    every measured phase is appended to its way, its proxy's CPU time added."""
+    num_lead_in = int(rate * lead_in_s)
+    num = num_lead_in + int(rate * phase_s)
 
     async def run() -> None:
         timeout = aiohttp.ClientTimeout(total=300.0)
@@ -171,7 +189,7 @@ def rotate_phases(ways: list[Way], make_bodies: Callable[[int, int], list[bytes]
                     bodies = make_bodies(num, seed)
                     seed += 1
                     cpu0 = _cpu_s(way.proc)
-                    way.phases.append(await drive(session, way.url + "/v1/completions", bodies, rate))
+                    way.phases.append(await drive(session, way.url + "/v1/completions", bodies, rate, num_lead_in))
                     cpu1 = _cpu_s(way.proc)
                     way.cpu_s += cpu1[0] - cpu0[0]
                     way.own_cpu_s += cpu1[1] - cpu0[1]
@@ -194,10 +212,11 @@ def report(title: str, ways: list[Way], rate: float, engine: bool) -> dict[str, 
     round's difference (each round's phases ran under the same load); the figures."""
     print(title)
     print(f"{'way':>7} {'sent':>6} {'ok':>6} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'rounds p99':>11} {'max ms':>8} "
-          f"{'req/s':>7} {'out tok/s':>10} {'CPU ms/req':>11} {'fwd CPU':>8}")
+          f"{'1st p50':>8} {'1st max':>8} {'req/s':>7} {'out tok/s':>10} {'CPU ms/req':>11} {'fwd CPU':>8}")
     figures: dict[str, Any] = {}
     for way in ways:
         ttft = [t for p in way.phases for t in p.ttft_s]
+        first = [t for p in way.phases for t in p.first_ttft_s]
         sent, ok = sum(p.num_sent for p in way.phases), sum(p.num_ok for p in way.phases)
         wall = sum(p.last_end - p.first_send for p in way.phases)
         out_tok = sum(p.num_output_tokens for p in way.phases)
@@ -206,12 +225,15 @@ def report(title: str, ways: list[Way], rate: float, engine: bool) -> dict[str, 
         p50, p99 = _pct_ms(ttft, 50), _pct_ms(ttft, 99)
         rounds_p99 = float(np.median([_round_p99_ms(p) for p in way.phases]))
         figures[way.name] = {"p50_ms": p50, "p99_ms": p99, "num_sent": sent, "num_ok": ok, "req_per_s": ok / wall,
-                             "rounds_p99_ms": rounds_p99}
+                             "rounds_p99_ms": rounds_p99, "first_p50_ms": _pct_ms(first, 50),
+                             "first_max_ms": _pct_ms(first, 100)}
         print(f"{way.name:>7} {sent:>6} {ok:>6} {p50:>12.2f} {p99:>12.2f} {rounds_p99:>11.2f} "
-              f"{max(ttft) * 1e3 if ttft else float('nan'):>8.1f} {ok / wall:>7.1f} {out_tok / wall:>10.1f} {cpu:>11}"
-              f" {own:>8}")
-    print("(p99: over every request of a way; rounds p99: the median over rounds of one round's p99; CPU: the "
-          "proxy's processes, the capture's recorder included; fwd CPU: its forwarding process alone)")
+              f"{max(ttft) * 1e3 if ttft else float('nan'):>8.1f} {figures[way.name]['first_p50_ms']:>8.1f} "
+              f"{figures[way.name]['first_max_ms']:>8.1f} {ok / wall:>7.1f} {out_tok / wall:>10.1f} {cpu:>11} {own:>8}")
+    print("(p50, p99: over every request of a way after its phases' lead-ins; rounds p99: the median over rounds of "
+          "one round's p99; 1st: each phase's first request, sent after the way sat idle while the others ran, "
+          "not pooled; CPU: the proxy's processes, the capture's recorder included; fwd CPU: its forwarding "
+          "process alone)")
     d = figures["direct"]
     kept = d["num_ok"] == d["num_sent"] and d["req_per_s"] >= 0.97 * rate and d["p99_ms"] <= KEEPS_UP_P99_MS
     if engine:
@@ -254,10 +276,11 @@ def _model(base: str) -> str:
     return str(_run(get()))
 
 
-def compare(label: str, upstream: str, runs: list[tuple[float, int]], phase_s: float, tmp: Path,
+def compare(label: str, upstream: str, runs: list[tuple[float, int]], phase_s: float, lead_in_s: float, tmp: Path,
             baseline_tree: Path | None, engine: bool) -> None:
     """Direct, through a capture proxy and through a bare forwarder in front of UPSTREAM (and the capture proxy
-    of BASELINE_TREE): for each (rate, rounds) of RUNS, rotating phases at that rate, then a table."""
+    of BASELINE_TREE): for each (rate, rounds) of RUNS, rotating phases (LEAD_IN_S s not pooled, then PHASE_S s)
+    at that rate, then a table."""
     model = _model(upstream)
     if engine:
         prefix = np.random.default_rng(7).integers(100, VOCAB_SIZE, ENGINE_PREFIX_TOKENS).tolist()
@@ -294,9 +317,9 @@ def compare(label: str, upstream: str, runs: list[tuple[float, int]], phase_s: f
             for way in ways:
                 way.phases, way.cpu_s, way.own_cpu_s = [], 0.0, 0.0
             load_before = os.getloadavg()[0]
-            rotate_phases(ways, make_bodies, rate, phase_s, rounds)
+            rotate_phases(ways, make_bodies, rate, phase_s, rounds, lead_in_s)
             print(f"\n{label}: {upstream}; {shape} tokens; {rate:.0f} requests/s to each way in turn, {rounds} "
-                  f"rounds of {phase_s:g} s phases per way; load average {load_before:.1f} -> "
+                  f"rounds of {lead_in_s:g} + {phase_s:g} s phases per way; load average {load_before:.1f} -> "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
             report(f"{'-' * 7} {len(ways)} ways, phases in a random order each round", ways, rate, engine)
     finally:
@@ -373,7 +396,9 @@ def serve_forwarder(upstream: str) -> None:
 def main() -> None:
     """Parse the options and print both comparisons."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--phase-s", type=float, default=2.0, help="Length of one phase (default 2 s).")
+    ap.add_argument("--phase-s", type=float, default=2.0, help="Length of one phase's pooled part (default 2 s).")
+    ap.add_argument("--lead-in-s", type=float, default=LEAD_IN_S,
+                    help=f"Length of one phase's lead-in, sent but not pooled (default {LEAD_IN_S:g} s; 0: none).")
     ap.add_argument("--rounds", type=int, default=30, help="Rounds against the instant upstream (default 30: 3,000 "
                     "requests per way, so that its p99 is the 30th-largest, not the 10th of 1,000).")
     ap.add_argument("--engine-rounds", type=int, default=5, help="Rounds per rate against the engine (default 5).")
@@ -397,7 +422,7 @@ def main() -> None:
         instant, url = _start_child([sys.executable, __file__, "--serve-instant"])
         try:
             compare("instant upstream (not vLLM: the proxy's own cost)", url, [(RATE_PER_S, args.rounds)],
-                    args.phase_s, Path(tmp), tree, engine=False)
+                    args.phase_s, args.lead_in_s, Path(tmp), tree, engine=False)
         finally:
             instant.terminate()
             instant.wait()
@@ -411,7 +436,8 @@ def main() -> None:
         rates = [(RATE_PER_S, args.engine_rounds)] + ([(args.engine_low_rate, args.engine_rounds)]
                                                       if args.engine_low_rate > 0 else [])
         try:
-            compare("CPU vLLM engine", url.rstrip("/"), rates, args.phase_s, Path(tmp), tree, engine=True)
+            compare("CPU vLLM engine", url.rstrip("/"), rates, args.phase_s, args.lead_in_s, Path(tmp), tree,
+                    engine=True)
         finally:
             if name is not None:
                 eng.stop(name)
