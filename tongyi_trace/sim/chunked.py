@@ -26,9 +26,11 @@ engine's block size and shape, and tiers.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,7 +259,8 @@ def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: 
                           next_uses: Path | None = None, timing: bool = True, on_progress: ProgressFn | None = None,
                           requests: tuple[int, int] | None = None) -> list[PolicyResult]:
     """simulate_chunked of every one of TASKS in one pass over the chunks (each chunk read once, served to
-    every task's cache in turn; their states are all in memory at once): the results in TASKS order."""
+    every task's cache, as many at once as there are cores; their states are all in memory at once): the
+    results in TASKS order."""
     names = [str(t.policy.value if isinstance(t.policy, Policy) else t.policy).lower() for t in tasks]
     for name in names:
         if name in NOT_STREAMED:
@@ -284,15 +287,21 @@ def simulate_chunked_many(run: RunDir, tasks: list[ChunkedTask], *, chunk_refs: 
         empty = readonly(np.zeros(0, np.int64))  # compile (or load) the kernel outside the timed calls, as Cache.warm
         for cache in caches:
             _serve_chunk(cache, shape, Chunk(0, 0, readonly(np.zeros(1, np.int64)), empty, empty), parent)
+        # the kernels release the GIL: a pass's caches are served a chunk side by side, one thread a core
+        pool = stack.enter_context(ThreadPoolExecutor(min(len(caches), os.cpu_count() or 1)))
         with step(f"simulate {what}: replay in chunks"):
             for c in iter_chunks(run, shape, chunk_refs):
-                extend_parents(parent, c.req_off, c.blk)
+                extend_parents(parent, c.req_off, c.blk)  # read only while the chunk is served
                 nxt = (np.fromfile(nxt_path, np.int64, count=c.blk.shape[0], offset=c.ref0 * 8)
                        if oracle and nxt_path is not None else None)
                 for cache in caches:
                     if cache.spec.name == Policy.ORACLE.value:
                         cache.nxt = nxt
-                    _serve_chunk(cache, shape, c, parent)
+                if len(caches) == 1:
+                    _serve_chunk(caches[0], shape, c, parent)
+                else:
+                    for f in [pool.submit(_serve_chunk, cache, shape, c, parent) for cache in caches]:
+                        f.result()
                 if on_progress:
                     on_progress(f"simulate {what}", c.ref0 + c.blk.shape[0], shape.num_refs)
     return [cache.result() for cache in caches]

@@ -3,8 +3,10 @@ with as many policies at once as the budget allows, or streamed) and the streame
 
 The whole-stream sweep (sim/sweep.py) holds the stream (WHOLE_BYTES_PER_REF a reference while it is
 built, the issue's measured ~93 bytes) and each running policy its state (per distinct block). When the
-stream does not fit the budget, the sweep is streamed: every policy x capacity, one at a time, through
-sim/chunked.py (the kernel's state, per cache slot, and one chunk in memory); the next uses and the
+stream does not fit the budget, the sweep is streamed: the policy x capacity simulations in passes over the
+run's chunks (sim/chunked.py simulate_chunked_many: each chunk read once a pass and served to the pass's
+caches on every core; the kernels' states, per cache slot, and one chunk in memory), each pass as wide as the
+budget holds at its capacities (`passes`, smallest capacities first); the next uses and the
 oracle's peak live set (the `L` capacities) come from one out-of-core pass whose spill file, inside
 RUN/sim/, every oracle row reads and which is removed after. A streamed sweep has no LRU curve and no
 intervals (both need the whole stream), runs WA without its guard and refit, and says so in its
@@ -30,7 +32,15 @@ from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import RunDir, load_provenance, write_json
 from tongyi_trace.schemas import SIM_SCHEMA
 from tongyi_trace.sim.capacity import parse_capacities
-from tongyi_trace.sim.chunked import NOT_STREAMED, ProgressFn, simulate_chunked, stream_shape, write_next_uses
+from tongyi_trace.sim.chunked import (
+    NOT_STREAMED,
+    ChunkedTask,
+    ProgressFn,
+    StreamShape,
+    simulate_chunked_many,
+    stream_shape,
+    write_next_uses,
+)
 from tongyi_trace.sim.cost_model import queue_summary
 from tongyi_trace.sim.registry import FITTED, Policy
 from tongyi_trace.sim.simulate import resolve_fitted
@@ -108,8 +118,9 @@ def plan_sweep(num_refs: int, num_ids: int, num_requests: int, num_tasks: int, j
             f"--memory-limit-gib {gib:g} budget",)
         return SweepPlan(False, fit, notes)
     return SweepPlan(True, 1, (
-        f"streamed: the whole stream (~{whole / 2**30:.1f} GiB) does not fit --memory-limit-gib {gib:g}; one "
-        "simulation at a time in chunks, without the LRU curve and the intervals",))
+        f"streamed: the whole stream (~{whole / 2**30:.1f} GiB) does not fit --memory-limit-gib {gib:g}; the "
+        "simulations run in passes over the run's chunks, as many a pass as the budget holds, without the LRU "
+        "curve and the intervals",))
 
 
 def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool = True) -> SweepPlan:
@@ -140,6 +151,19 @@ def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn 
     shape = stream_shape(run)
     with spill_dir(Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}peak-", dir=run.path))) as tmp:
         return write_next_uses(run, shape, chunk_refs, tmp / "next_uses.i64", on_progress)
+
+
+def passes(tasks: list[Any], shape: StreamShape, budget: MemoryBudget) -> list[list[Any]]:
+    """TASKS (tuples whose last item is a Capacity) grouped into the passes of a streamed sweep: smallest
+    capacities first, each pass as wide as the budget holds at its largest (pass_width, at most MAX_PER_PASS)."""
+    todo = sorted(tasks, key=lambda t: t[-1].num_blocks)
+    out = []
+    while todo:
+        group = todo[:MAX_PER_PASS]
+        width = pass_width([t[-1].num_blocks for t in group], shape.num_ids, shape.num_requests, budget, len(group))
+        out.append(group[:width])
+        todo = todo[width:]
+    return out
 
 
 def streamable(cfg: SweepConfig) -> bool:
@@ -186,15 +210,22 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
                     if not any("guard" in n for n in notes):
                         notes.append("streamed: WA runs without its guard and refit")
                 tasks.append((name, base, pol, params, cap))
-        for name, base, pol, params, cap in tasks:
-            with step(f"simulate {name} @ {cap.label}"):
-                res = simulate_chunked(run, pol, cap.num_blocks, chunk_refs=budget.chunk_refs, params=params,
-                                       fit=fit, next_uses=nxt_path, on_progress=on_progress)
-            row = {**res.summary(), "policy": name, "base_policy": base, "capacity": cap.label,
-                   "capacity_blocks": cap.num_blocks, "refs_per_s": res.refs_per_s}
-            if cfg.cost is not None:
-                row.update(queue_summary(cfg.cost, shape.req_time_s, shape.req_tokens - res.req_hit_tokens))
-            sink.add(row, True, len(tasks))
+        widest = 0
+        for group in passes(tasks, shape, budget):
+            widest = max(widest, len(group))
+            with step("simulate " + ", ".join(f"{name} @ {cap.label}" for name, _, _, _, cap in group)):
+                results = simulate_chunked_many(run, [ChunkedTask(pol, cap.num_blocks, params)
+                                                      for _, _, pol, params, cap in group],
+                                                chunk_refs=budget.chunk_refs, fit=fit, next_uses=nxt_path,
+                                                on_progress=on_progress)
+            for (name, base, _, _, cap), res in zip(group, results, strict=True):
+                row = {**res.summary(), "policy": name, "base_policy": base, "capacity": cap.label,
+                       "capacity_blocks": cap.num_blocks, "refs_per_s": res.refs_per_s}
+                if cfg.cost is not None:
+                    row.update(queue_summary(cfg.cost, shape.req_time_s, shape.req_tokens - res.req_hit_tokens))
+                sink.add(row, True, len(tasks))
+    order = {(name, cap.label): i for i, (name, _, _, _, cap) in enumerate(tasks)}
+    sink.rows.sort(key=lambda r: order[(r["policy"], r["capacity"])])  # as the whole-stream sweep's
     summary = {
         "schema": SIM_SCHEMA, "run_dir": str(run.path.resolve()), "num_requests": shape.num_requests,
         "num_refs": shape.num_refs, "num_distinct_blocks": shape.num_ids, "block_size": shape.block_size,
@@ -206,7 +237,7 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
         "policies": cfg.policies, "lru_curve_elapsed_s": 0.0, "elapsed_s": time.perf_counter() - t0,
         "warnings": [], "executor": cfg.executor, "num_failed": 0,
         "num_saturated": sum(bool(r.get("saturated")) for r in sink.rows), "failed": [], "intervals": None,
-        "memory": {"limit_gib": budget.limit_gib, "streamed": True, "jobs": 1, "notes": notes},
+        "memory": {"limit_gib": budget.limit_gib, "streamed": True, "jobs": widest, "notes": notes},
     }
     steps = {"capacity_blocks": np.zeros(1, np.int64), "hit_ratio": np.zeros(1), "token_hit_ratio": np.zeros(1)}
     if out_dir and stage:
