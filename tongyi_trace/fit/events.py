@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+from numba import njit
 
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import PartitionOptions
@@ -251,20 +252,52 @@ def block_lifespans(acc: Accesses, window: Window) -> dict[str, np.ndarray]:
     """Per category, the lifespans (s) of the blocks reused inside WINDOW: last access - first access
     there (paper Fig 19-20: a block lives from its first access to its last reuse), attributed to the
     category of the block's first access there. Blocks accessed once in the window are left out."""
-    inside = window.contains(acc.arrival_s[acc.sorted_req])
-    if inside.all():  # the whole run (the default train window): no copy of every access
-        req, chain = acc.sorted_req, acc.sorted_chain
-    else:
-        req, chain = acc.sorted_req[inside], acc.sorted_chain[inside]
-    del inside
-    if len(req) == 0:
+    inside = window.contains(acc.arrival_s)  # per request: no array per access beyond the two kept
+    first, last = _first_and_last_of_reused(acc.sorted_req, acc.sorted_chain, inside,
+                                            _count_reused(acc.sorted_req, acc.sorted_chain, inside))
+    if len(first) == 0:
         return {}
-    starts = np.flatnonzero(np.concatenate([[True], chain[1:] != chain[:-1]]))
-    ends = np.concatenate([starts[1:], [len(req)]]) - 1
-    reused = ends > starts
-    first, last = req[starts[reused]], req[ends[reused]]
     lifespan_s = acc.arrival_s[last] - acc.arrival_s[first]
     return _by_category(acc.category_names, acc.category_code[first], lambda m: lifespan_s[m])
+
+
+@njit(cache=True, nogil=True)
+def _count_reused(req: np.ndarray, chain: np.ndarray, inside: np.ndarray) -> int:
+    """The chains of REQ / CHAIN (accesses sorted by (chain, req)) with at least two accesses by requests
+    INSIDE the window."""
+    num, seen, prev = 0, 0, -1
+    for i in range(req.shape[0]):
+        if not inside[req[i]]:
+            continue
+        if chain[i] != prev:
+            prev, seen = chain[i], 0
+        seen += 1
+        if seen == 2:
+            num += 1
+    return num
+
+
+@njit(cache=True, nogil=True)
+def _first_and_last_of_reused(req: np.ndarray, chain: np.ndarray, inside: np.ndarray,
+                              num: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each of the NUM chains _count_reused counts, in order: the first and the last request INSIDE the
+    window that accessed it."""
+    first = np.empty(num, req.dtype)
+    last = np.empty(num, req.dtype)
+    k, seen, prev, head = -1, 0, -1, 0
+    for i in range(req.shape[0]):
+        r = req[i]
+        if not inside[r]:
+            continue
+        if chain[i] != prev:
+            prev, seen, head = chain[i], 0, r
+        seen += 1
+        if seen == 2:
+            k += 1
+            first[k] = head
+        if seen >= 2:
+            last[k] = r
+    return first, last
 
 
 def _by_category(names: list[str], codes: np.ndarray, take: Callable[[np.ndarray], T]) -> dict[str, T]:
