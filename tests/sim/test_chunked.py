@@ -117,7 +117,30 @@ def test_streamed_sweep_equals_the_sweep(small_run: Path, private_run, monkeypat
     assert b["summary"]["peak_live_blocks"] == a["summary"]["peak_live_blocks"]
     keys = ("policy", "capacity", "capacity_blocks", "num_hits", "num_hit_tokens", "num_evictions", "qttft_mean_s")
     assert [{k: r[k] for k in keys} for r in b["rows"]] == [{k: r[k] for k in keys} for r in a["rows"]]
+    assert b["summary"]["memory"]["jobs"] > 1  # passes of several simulations, served side by side
     assert not [p for p in (run / "sim").iterdir() if p.is_dir() and p.name.startswith(("streamed-", "chunked-"))]
+
+
+@pytest.mark.parametrize("limit_gib", [0.5, 1.0, 3.0, 64.0])
+def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib: float) -> None:
+    """A streamed sweep's passes: every task once, capacities never decreasing, each pass no wider than
+    pass_width allows at its largest capacity (and at most MAX_PER_PASS)."""
+    from types import SimpleNamespace
+
+    from tongyi_trace.sim.streamed import MAX_PER_PASS, pass_width, passes
+
+    shape = SimpleNamespace(num_ids=5_000_000, num_requests=40_000)
+    caps = [SimpleNamespace(num_blocks=n) for n in (2_000_000, 50_000, 400_000, 50_000, 2_000_000, 400_000)]
+    tasks = [(f"p{i}", c) for i, c in enumerate(caps * 3)]
+    budget = MemoryBudget(limit_gib)
+    groups = passes(tasks, shape, budget)  # type: ignore[arg-type]
+    assert sorted(t[0] for g in groups for t in g) == sorted(t[0] for t in tasks)
+    flat = [t[-1].num_blocks for g in groups for t in g]
+    assert flat == sorted(flat)
+    for g in groups:
+        most = pass_width([t[-1].num_blocks for t in g], shape.num_ids, shape.num_requests, budget, MAX_PER_PASS)
+        assert 1 <= len(g) <= most
+    assert len(groups) > 1 if limit_gib < 64 else len(groups) == -(-len(tasks) // MAX_PER_PASS)
 
 
 def test_window_and_pass_in_chunks(small_run: Path, tmp_path: Path) -> None:
