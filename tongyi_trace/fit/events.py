@@ -253,38 +253,22 @@ def block_lifespans(acc: Accesses, window: Window) -> dict[str, np.ndarray]:
     there (paper Fig 19-20: a block lives from its first access to its last reuse), attributed to the
     category of the block's first access there. Blocks accessed once in the window are left out."""
     inside = window.contains(acc.arrival_s)  # per request: no array per access beyond the two kept
-    first, last = _first_and_last_of_reused(acc.sorted_req, acc.sorted_chain, inside,
-                                            _count_reused(acc.sorted_req, acc.sorted_chain, inside))
-    if len(first) == 0:
-        return {}
-    lifespan_s = acc.arrival_s[last] - acc.arrival_s[first]
-    return _by_category(acc.category_names, acc.category_code[first], lambda m: lifespan_s[m])
+    num_codes = len(acc.category_names)
+    counts = _count_reused(acc.sorted_req, acc.sorted_chain, inside, acc.category_code, num_codes)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lifespans_s = _lifespans_by_category(acc.sorted_req, acc.sorted_chain, inside, acc.category_code,
+                                         acc.arrival_s, bounds)
+    return {name: lifespans_s[bounds[i]:bounds[i + 1]] for i, name in enumerate(acc.category_names)
+            if bounds[i + 1] > bounds[i]}
 
 
 @njit(cache=True, nogil=True)
-def _count_reused(req: np.ndarray, chain: np.ndarray, inside: np.ndarray) -> int:
-    """The chains of REQ / CHAIN (accesses sorted by (chain, req)) with at least two accesses by requests
-    INSIDE the window."""
-    num, seen, prev = 0, 0, -1
-    for i in range(req.shape[0]):
-        if not inside[req[i]]:
-            continue
-        if chain[i] != prev:
-            prev, seen = chain[i], 0
-        seen += 1
-        if seen == 2:
-            num += 1
-    return num
-
-
-@njit(cache=True, nogil=True)
-def _first_and_last_of_reused(req: np.ndarray, chain: np.ndarray, inside: np.ndarray,
-                              num: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each of the NUM chains _count_reused counts, in order: the first and the last request INSIDE the
-    window that accessed it."""
-    first = np.empty(num, req.dtype)
-    last = np.empty(num, req.dtype)
-    k, seen, prev, head = -1, 0, -1, 0
+def _count_reused(req: np.ndarray, chain: np.ndarray, inside: np.ndarray, code: np.ndarray,
+                  num_codes: int) -> np.ndarray:
+    """Per category CODE of its first access inside the window, the chains of REQ / CHAIN (accesses sorted
+    by (chain, req)) with at least two accesses by requests INSIDE the window."""
+    counts = np.zeros(num_codes, np.int64)
+    seen, prev, head = 0, -1, 0
     for i in range(req.shape[0]):
         r = req[i]
         if not inside[r]:
@@ -293,11 +277,34 @@ def _first_and_last_of_reused(req: np.ndarray, chain: np.ndarray, inside: np.nda
             prev, seen, head = chain[i], 0, r
         seen += 1
         if seen == 2:
-            k += 1
-            first[k] = head
-        if seen >= 2:
-            last[k] = r
-    return first, last
+            counts[code[head]] += 1
+    return counts
+
+
+@njit(cache=True, nogil=True)
+def _lifespans_by_category(req: np.ndarray, chain: np.ndarray, inside: np.ndarray, code: np.ndarray,
+                           arrival_s: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The lifespans of the chains _count_reused counts (ARRIVAL_S of the last access inside the window -
+    of the first), grouped by category (category i at BOUNDS[i]:BOUNDS[i + 1]), in chain order in each."""
+    out = np.empty(bounds[-1], np.float64)
+    fill = bounds[:-1].copy()
+    seen, prev, head, last = 0, -1, 0, 0
+    for i in range(req.shape[0] + 1):
+        if i < req.shape[0]:
+            r = req[i]
+            if not inside[r]:
+                continue
+            if chain[i] == prev:
+                seen += 1
+                last = r
+                continue
+        if seen >= 2:  # the chain before ends: a reused one
+            c = code[head]
+            out[fill[c]] = arrival_s[last] - arrival_s[head]
+            fill[c] += 1
+        if i < req.shape[0]:
+            prev, seen, head, last = chain[i], 1, r, r
+    return out
 
 
 def _by_category(names: list[str], codes: np.ndarray, take: Callable[[np.ndarray], T]) -> dict[str, T]:

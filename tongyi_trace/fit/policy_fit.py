@@ -300,25 +300,28 @@ def _fit_categories(fits: dict[str, tuple[Samples, ReuseFit]], types: dict[str, 
                     life_s: float | None,
                     ) -> tuple[dict[str, CategoryParams], list[dict[str, Any]], CategoryParams]:
     empty = np.empty(0)
-    all_lifes = np.concatenate([empty, *life_by_cat.values()])
+    all_lifes = np.concatenate([empty, *life_by_cat.values()])  # a copy: its quantile may reorder it
 
-    def life_of(lifespans_s: np.ndarray) -> float:
+    def life_of(lifespans_s: np.ndarray, own: bool = False) -> float:
+        """The life_quantile of LIFESPANS_S (OWN: a copy of ours, which the quantile may reorder, so that a
+        100x run's lifespans are not copied again), else of all lifespans."""
         if life_s is not None:
             return life_s
-        for values in (lifespans_s, all_lifes):
+        for values, mine in ((lifespans_s, own), (all_lifes, True)):
             if len(values):
-                return float(np.quantile(values, life_quantile))
+                return float(np.quantile(values, life_quantile, overwrite_input=mine))
         return 0.0
 
     # pool name -> (fit, life_s): "all", "type:<t>"
     all_samples, all_fit = fits["default"]
-    pools: dict[str, tuple[ReuseFit, Samples, float]] = {"all": (all_fit, all_samples, life_of(all_lifes))}
+    pools: dict[str, tuple[ReuseFit, Samples, float]] = {"all": (all_fit, all_samples, life_of(all_lifes, True))}
     for t in sorted({t for t in types.values() if t is not None}):
         members = [c for c in fits if c != "default" and types.get(c) == t]
         samples = Samples.concat([fits[c][0] for c in members])
         if samples.num_samples >= min_samples:
             lifespans = np.concatenate([life_by_cat.get(c, empty) for c in members])
-            pools[f"type:{t}"] = (fit_reuse(samples), samples, life_of(lifespans))
+            pools[f"type:{t}"] = (fit_reuse(samples), samples, life_of(lifespans, True))
+            del lifespans
 
     cats: dict[str, CategoryParams] = {}
     rows: list[dict[str, Any]] = []
