@@ -137,9 +137,12 @@ def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib:
     assert sorted(t[0] for g in groups for t in g) == sorted(t[0] for t in tasks)
     flat = [t[-1].num_blocks for g in groups for t in g]
     assert flat == sorted(flat)
-    for g in groups:
+    for g, after in zip(groups, [*groups[1:], []], strict=True):
         most = pass_width([t[-1].num_blocks for t in g], shape.num_ids, shape.num_requests, budget, MAX_PER_PASS)
         assert 1 <= len(g) <= most
+        if after and len(g) < MAX_PER_PASS:  # as wide as it may be: the next task would not fit beside it
+            wider = [t[-1].num_blocks for t in [*g, after[0]]]
+            assert pass_width(wider, shape.num_ids, shape.num_requests, budget, MAX_PER_PASS) < len(g) + 1
     assert len(groups) > 1 if limit_gib < 64 else len(groups) == -(-len(tasks) // MAX_PER_PASS)
 
 

@@ -155,13 +155,17 @@ def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn 
 
 def passes(tasks: list[Any], shape: StreamShape, budget: MemoryBudget) -> list[list[Any]]:
     """TASKS (tuples whose last item is a Capacity) grouped into the passes of a streamed sweep: smallest
-    capacities first, each pass as wide as the budget holds at its largest (pass_width, at most MAX_PER_PASS)."""
+    capacities first, each pass taking the next task while the budget holds the pass at its largest capacity
+    (pass_width; at most MAX_PER_PASS)."""
     todo = sorted(tasks, key=lambda t: t[-1].num_blocks)
     out = []
     while todo:
-        group = todo[:MAX_PER_PASS]
-        width = pass_width([t[-1].num_blocks for t in group], shape.num_ids, shape.num_requests, budget, len(group))
-        out.append(group[:width])
+        width = 1
+        while width < min(len(todo), MAX_PER_PASS) and pass_width(
+                [t[-1].num_blocks for t in todo[:width + 1]], shape.num_ids, shape.num_requests, budget,
+                width + 1) == width + 1:
+            width += 1
+        out.append(todo[:width])
         todo = todo[width:]
     return out
 
