@@ -133,7 +133,7 @@ def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib:
     caps = [SimpleNamespace(num_blocks=n) for n in (2_000_000, 50_000, 400_000, 50_000, 2_000_000, 400_000)]
     tasks = [(f"p{i}", c) for i, c in enumerate(caps * 3)]
     budget = MemoryBudget(limit_gib)
-    groups = passes(tasks, shape, budget)  # type: ignore[arg-type]
+    groups = passes(tasks, lambda t: t[-1].num_blocks, shape.num_ids, shape.num_requests, budget)
     assert sorted(t[0] for g in groups for t in g) == sorted(t[0] for t in tasks)
     flat = [t[-1].num_blocks for g in groups for t in g]
     assert flat == sorted(flat)

@@ -63,7 +63,7 @@ from tongyi_trace.sim.chunked import ChunkedTask, simulate_chunked_many, stream_
 from tongyi_trace.sim.shared_stream import share_streams, worker_stream
 from tongyi_trace.sim.simulate import PolicyResult, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
-from tongyi_trace.sim.streamed import SweepPlan, pass_width, peak_live_out_of_core
+from tongyi_trace.sim.streamed import SweepPlan, passes, peak_live_out_of_core
 
 DEFAULT_CAPACITIES = "1L"
 ProgressFn = Callable[[str, int, int], None]  # (what, done, total): a count of the work of one phase
@@ -198,16 +198,14 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
     def run_streamed(tasks: list[tuple[str, str, dict[str, Any], int]], done: Callable[[TaskOutcome], None],
                      what: str) -> None:
         """The tasks (window, policy, params, capacity blocks) in passes over each window's chunks, up to
-        PLAN.jobs a pass, fewer where the budget holds fewer at their capacities (pass_width); WA without its
+        PLAN.jobs a pass, fewer where the budget holds fewer at their capacities (streamed.passes); WA without its
         guard and refit (simulate_policy runs neither). ON_PROGRESS counts each pass's references."""
         for w, span in spans.items():
             mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
-            width = pass_width([t[3] for _, t in mine], num_ids, span[1] - span[0], budget_,
-                               max(1, plan.jobs if plan is not None else 1))
-            num_passes = -(-len(mine) // width)
-            for at in range(0, len(mine), width):
-                batch = mine[at:at + width]
-                label = f"capacity-aware fit: {what}, pass {at // width + 1} of {num_passes} ({len(batch)} in chunks)"
+            groups = passes(mine, lambda kt: kt[1][3], num_ids, span[1] - span[0], budget_,
+                            max(1, plan.jobs if plan is not None else 1))
+            for num, batch in enumerate(groups, 1):
+                label = f"capacity-aware fit: {what}, pass {num} of {len(groups)} ({len(batch)} in chunks)"
                 results = simulate_chunked_many(
                     run, [ChunkedTask(pol, blocks, {**params, **({"guard": False, "refit_s": 0.0} if pol == "wa"
                                                                    else {})}) for _, (_, pol, params, blocks) in batch],

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,7 +36,6 @@ from tongyi_trace.sim.chunked import (
     NOT_STREAMED,
     ChunkedTask,
     ProgressFn,
-    StreamShape,
     simulate_chunked_many,
     stream_shape,
     write_next_uses,
@@ -58,6 +57,7 @@ from tongyi_trace.sim.sweep import (
     sweep_dir,
 )
 
+T = TypeVar("T")
 WHOLE_BYTES_PER_REF = 100  # the whole-stream sweep's peak per reference (the issue measured ~93)
 STATE_BYTES_PER_ID = NUM_ROWS * 8 + 16  # a policy's widest state row, its parent and next-use slots
 BYTES_PER_REQUEST = 96  # per-request arrays of a sweep (hits, tokens, times, categories, costs)
@@ -153,17 +153,17 @@ def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn 
         return write_next_uses(run, shape, chunk_refs, tmp / "next_uses.i64", on_progress)
 
 
-def passes(tasks: list[Any], shape: StreamShape, budget: MemoryBudget) -> list[list[Any]]:
-    """TASKS (tuples whose last item is a Capacity) grouped into the passes of a streamed sweep: smallest
-    capacities first, each pass taking the next task while the budget holds the pass at its largest capacity
-    (pass_width; at most MAX_PER_PASS)."""
-    todo = sorted(tasks, key=lambda t: t[-1].num_blocks)
+def passes(tasks: list[T], blocks_of: Callable[[T], int], num_ids: int, num_requests: int, budget: MemoryBudget,
+           most: int = MAX_PER_PASS) -> list[list[T]]:
+    """TASKS grouped into the passes of a streamed simulation over NUM_IDS blocks and NUM_REQUESTS requests:
+    smallest capacities (BLOCKS_OF a task) first, each pass taking the next task while the budget holds the
+    pass at its largest capacity (pass_width; at most MOST)."""
+    todo = sorted(tasks, key=blocks_of)
     out = []
     while todo:
         width = 1
-        while width < min(len(todo), MAX_PER_PASS) and pass_width(
-                [t[-1].num_blocks for t in todo[:width + 1]], shape.num_ids, shape.num_requests, budget,
-                width + 1) == width + 1:
+        while width < min(len(todo), most) and pass_width(
+                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget, width + 1) == width + 1:
             width += 1
         out.append(todo[:width])
         todo = todo[width:]
@@ -215,7 +215,7 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
                         notes.append("streamed: WA runs without its guard and refit")
                 tasks.append((name, base, pol, params, cap))
         widest = 0
-        for group in passes(tasks, shape, budget):
+        for group in passes(tasks, lambda t: t[-1].num_blocks, shape.num_ids, shape.num_requests, budget):
             widest = max(widest, len(group))
             with step("simulate " + ", ".join(f"{name} @ {cap.label}" for name, _, _, _, cap in group)):
                 results = simulate_chunked_many(run, [ChunkedTask(pol, cap.num_blocks, params)
