@@ -376,11 +376,12 @@ def test_a_recording_that_outlives_the_drain_is_counted_as_skipped(fake_upstream
 def test_the_recorder_closes_the_file_complete_when_the_proxy_is_killed(fake_upstream: FakeUpstream,
                                                                         start_capture: Any, tmp_path: Path) -> None:
     """SIGKILL to the forwarder: its recorder (its own session, deaf to signals) sees its input end, writes
-    the lines it was handed and closes the .zst complete."""
+    every line it was handed, however long their /tokenize takes (--drain-s bounds only a stop; a busy machine
+    once took the recorder past the 5 s default here) and closes the .zst complete."""
     import psutil
 
     out = tmp_path / "t.jsonl.zst"
-    cap = start_capture(fake_upstream.url("slowtokenize"), out)
+    cap = start_capture(fake_upstream.url("slowtokenize"), out, "--drain-s", "0.05")
     (recorder,) = psutil.Process(cap.proc.pid).children()
     for k in range(3):
         _post(cap.url, "/v1/completions", _text_body(k))

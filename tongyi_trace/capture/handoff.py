@@ -15,8 +15,8 @@ finished request), "stopped" (a request cut at the stop: counted as skipped), "e
 meta["drain_s"] seconds, close the file, answer the counts). The recorder answers on its own pipe with JSON
 lines: {"ready": true} or {"error": MESSAGE, "exit_code": N} after the config, {"counts": {...}} at the end.
 The recorder ignores SIGINT, SIGTERM and SIGHUP and runs in its own session (a Ctrl-C in the terminal reaches
-only the forwarder, which stops it through the pipe): it ends when its input ends, after the drain, so even a
-forwarder killed outright leaves a complete file.
+only the forwarder, which stops it through the pipe): it ends when its input ends, after the drain ("end"),
+or, the forwarder killed outright, once it wrote all it was handed: even then the file is complete.
 """
 
 from __future__ import annotations

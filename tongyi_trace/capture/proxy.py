@@ -132,8 +132,7 @@ class CaptureProxy:
         await self._recorder.start({
             "out_path": str(opts.out_path), "overwrite": opts.overwrite, "upstream_url": self.upstream,
             "block_size_tokens": opts.block_size_tokens, "shared_ids": opts.salt_file is not None,
-            "tokenizer_file": str(opts.tokenizer_file) if opts.tokenizer_file is not None else None,
-            "drain_s": opts.drain_s}, self._salt)
+            "tokenizer_file": str(opts.tokenizer_file) if opts.tokenizer_file is not None else None}, self._salt)
         try:
             host, port = await self._relay.start(opts.listen_host, opts.listen_port)
         except OSError as e:  # a taken --listen: no file left behind

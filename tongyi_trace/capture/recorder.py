@@ -7,8 +7,10 @@ tokenizer), keyed chained block hashes and dense ids (capture/blocks.py), the se
 SessionLinker, fed the requests in the order they were handed: their replies' ends), the line, written and
 flushed as soon as its token ids are in and the lines before it are written
 (capture/writer.py). Every request not recorded is counted with its reason (proxy.py's module doc lists
-them). At the end of its input (the forwarder's stop, or the forwarder gone) it lets the recordings under way
-finish for the drain time, cuts the rest (counted as skipped), closes the file complete and answers its counts.
+them). At the forwarder's stop it lets the recordings under way finish for the drain time and cuts the rest
+(counted as skipped); when the forwarder is gone without one (killed), nobody waits on it and it finishes every
+recording it was handed (each /tokenize is bounded by its client timeout). Then it closes the file complete and
+answers its counts.
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ async def serve(in_fd: int, out_fd: int) -> int:
     rec = Recorder(writer, cfg["block_size_tokens"], salt, cfg["shared_ids"], source)
     answers.write(b'{"ready": true}\n')
     tasks: dict[int, asyncio.Task[None]] = {}  # by hand-off number
-    drain_s = float(cfg["drain_s"])  # when the forwarder is gone without its "end"
+    drain_s: float | None = None  # the forwarder gone without its "end": finish all, the client timeout bounds each
     seq = 0
     try:
         while (got := await read_frame(reader)) is not None:

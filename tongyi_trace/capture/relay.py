@@ -214,6 +214,7 @@ class _Upstream(asyncio.Protocol):
         self.num_received = 0
         self.framed = False
         self.headers_done = False
+        self.ended_reuse: bool | None = None  # the reply under way ended in the data being relayed (keep-alive?)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -231,12 +232,20 @@ class _Upstream(asyncio.Protocol):
             self.transport.close()
             return
         self.num_received += len(data)
+        self.ended_reuse = None
+        try:
+            self.parser.feed_data(data)  # parsed before it goes on: the reply's end is seen (on_message_complete)
+        except httptools.HttpParserError:
+            if not client.gone:
+                client.transport.write(data)
+            self._fail("reply is not HTTP")
+            return
+        if self.ended_reuse is not None:  # handed on (to the recorder) before the client has the reply's last
+            self.relay._ended(ex)  # byte: a kill -9 of the forwarder after the client has it loses no line
         if not client.gone:
             client.transport.write(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._fail("reply is not HTTP")
+        if self.ended_reuse is not None:
+            self._complete(reuse=self.ended_reuse)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         n = name.lower()
@@ -263,8 +272,8 @@ class _Upstream(asyncio.Protocol):
             ex.reply_parts.append(body)
 
     def on_message_complete(self) -> None:
-        if self.ex is not None:
-            self._complete(reuse=self.parser.should_keep_alive())
+        if self.ex is not None:  # completed in data_received, once the last bytes are on their way
+            self.ended_reuse = self.parser.should_keep_alive()
 
     def cut(self) -> None:
         """The stop: the reply under way ends unanswered (exchange.cut); the connection closes."""
