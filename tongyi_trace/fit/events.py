@@ -17,8 +17,11 @@ pairs with a count: the fit and the Kaplan-Meier estimator work on weighted samp
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,16 +29,19 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
+from tongyi_trace.artifact_set import STAGING_PREFIX
+from tongyi_trace.budget import spill_dir
 from tongyi_trace.errors import UsageError
 from tongyi_trace.executor import PartitionOptions
 from tongyi_trace.policy.file import RequestContext
 from tongyi_trace.policy.reuse_model import Samples
 from tongyi_trace.run import RunTables
 from tongyi_trace.trace.categories import CONTEXT_COLUMNS, context_categories
-from tongyi_trace.trace.partition import map_partitions, read_partition
+from tongyi_trace.trace.partition import map_partitions, read_partition, read_split, split_partitions
 
 T = TypeVar("T")
 LINK_BYTES_PER_REF = 64  # link_accesses' peak a reference (columns read, stable sort, pair keys, counting)
+LINK_COLUMNS = ("req_idx", "chain_idx")  # what linking reads of blocks.parquet
 KEPT_BYTES_PER_REF = 8  # the linked accesses kept (sorted req_idx and chain_idx, int32)
 Int64s = npt.NDArray[np.int64]
 Ints = npt.NDArray[np.signedinteger[Any]]  # int32 or int64
@@ -209,8 +215,9 @@ def budget_partitions(num_refs: int, budget_bytes: int) -> int:
 def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
     """link_accesses over partition PART of the run's chains (an executor task; SHARED: tables,
     num_partitions, num_requests)."""
-    rows, _ = read_partition(shared["tables"], part, int(shared["num_partitions"]), ("req_idx", "chain_idx"),
-                             by_block_id=False)
+    split = shared.get("split")  # the partitions' files (one machine), else a scan of the table for its rows
+    rows = (read_split(split[part]) if split is not None else
+            read_partition(shared["tables"], part, int(shared["num_partitions"]), LINK_COLUMNS, by_block_id=False)[0])
     frame = pl.from_arrow(rows)
     del rows
     assert isinstance(frame, pl.DataFrame)
@@ -219,9 +226,16 @@ def link_partition(part: int, shared: Mapping[str, Any]) -> Linked:
 
 def _link_partitions(tables: RunTables, num_requests: int, opts: PartitionOptions) -> Linked:
     """link_accesses of the whole run from its partitions: pair counts added (keys ascending), the sorted
-    accesses concatenated in partition order (each chain's run whole, in one partition)."""
-    parts = [list(p) for p in map_partitions(link_partition, tables, opts, {"num_requests": num_requests},
-                                             "linking block accesses with")]
+    accesses concatenated in partition order (each chain's run whole, in one partition). On the local
+    executor the table is first split into a file per partition in one pass (a spill folder inside the run,
+    removed after); on Ray each worker scans it for its partition."""
+    with contextlib.ExitStack() as stack:
+        shared: dict[str, Any] = {"num_requests": num_requests}
+        if opts.executor.kind == "local":
+            run_dir = tables.blocks_path.parent
+            tmp = stack.enter_context(spill_dir(Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}link-", dir=run_dir))))
+            shared["split"] = split_partitions(tables, opts.num_partitions, LINK_COLUMNS, tmp)
+        parts = [list(p) for p in map_partitions(link_partition, tables, opts, shared, "linking block accesses with")]
 
     def joined(col: int) -> np.ndarray:
         """Column COL of every partition, concatenated; the partitions' pieces released."""

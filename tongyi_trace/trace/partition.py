@@ -2,13 +2,17 @@
 and fit): block chain_id belongs to partition splitmix64(chain_id) mod N, so every reference of a block (its
 first use, its reuse gaps, its lifespan) is in one partition; the content-hit analysis partitions by block_id
 the same way. A partition is read by streaming blocks.parquet batch by batch and keeping only its rows
-(the hash is the predicate: row groups cannot be skipped, but a reader never holds the whole table).
+(the hash is the predicate: row groups cannot be skipped, but a reader never holds the whole table). On one
+machine the table is instead split in one pass into a file per partition (split_partitions), so that N
+partitions cost one scan, not N.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +53,29 @@ def read_partition(tables: RunTables, part: int, num_partitions: int, columns: S
     if not by_block_id:
         return chains, None
     return chains, pa.Table.from_batches(by_block, pa.schema([schema.field(c) for c in ("req_idx", "block_id")]))
+
+
+def split_partitions(tables: RunTables, num_partitions: int, columns: Sequence[str], out_dir: Path) -> list[Path]:
+    """One pass over blocks.parquet: the COLUMNS of each partition's rows (by chain_id) written to their own
+    Arrow IPC file in OUT_DIR, in the table's (req_idx, pos) order; the files in partition order. A local
+    executor then reads each partition once (read_split) instead of scanning the whole table per partition."""
+    paths = [out_dir / f"part-{p}.arrow" for p in range(num_partitions)]
+    pf = pq.ParquetFile(tables.blocks_path, pre_buffer=False)
+    schema = pa.schema([pf.schema_arrow.field(c) for c in columns])
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(pa.ipc.new_file(str(path), schema)) for path in paths]
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys([*columns, "chain_id"]))):
+            part = partition_of(batch.column("chain_id").to_numpy(), num_partitions)
+            rows = batch.select(list(columns))
+            for p, writer in enumerate(writers):
+                writer.write_batch(rows.filter(pa.array(part == p)))
+    return paths
+
+
+def read_split(path: Path) -> pa.Table:
+    """A partition's rows written by split_partitions."""
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def map_partitions(fn: Callable[[int, Mapping[str, Any]], Any], tables: RunTables, opts: PartitionOptions,
