@@ -123,11 +123,12 @@ def test_streamed_sweep_equals_the_sweep(small_run: Path, private_run, monkeypat
 
 @pytest.mark.parametrize("limit_gib", [0.5, 1.0, 3.0, 64.0])
 def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib: float) -> None:
-    """A streamed sweep's passes: every task once, capacities never decreasing, each pass no wider than
-    pass_width allows at its largest capacity (and at most MAX_PER_PASS)."""
+    """A streamed sweep's passes: every task once, capacities never decreasing, each pass within the budget
+    with every task at its own capacity (pass_fits; a task alone always makes one) and at most MAX_PER_PASS,
+    and as wide as it may be: the next task would not fit beside it."""
     from types import SimpleNamespace
 
-    from tongyi_trace.sim.streamed import MAX_PER_PASS, pass_width, passes
+    from tongyi_trace.sim.streamed import MAX_PER_PASS, pass_fits, passes
 
     shape = SimpleNamespace(num_ids=5_000_000, num_requests=40_000)
     caps = [SimpleNamespace(num_blocks=n) for n in (2_000_000, 50_000, 400_000, 50_000, 2_000_000, 400_000)]
@@ -138,12 +139,18 @@ def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib:
     flat = [t[-1].num_blocks for g in groups for t in g]
     assert flat == sorted(flat)
     for g, after in zip(groups, [*groups[1:], []], strict=True):
-        most = pass_width([t[-1].num_blocks for t in g], shape.num_ids, shape.num_requests, budget, MAX_PER_PASS)
-        assert 1 <= len(g) <= most
-        if after and len(g) < MAX_PER_PASS:  # as wide as it may be: the next task would not fit beside it
-            wider = [t[-1].num_blocks for t in [*g, after[0]]]
-            assert pass_width(wider, shape.num_ids, shape.num_requests, budget, MAX_PER_PASS) < len(g) + 1
+        blocks = [t[-1].num_blocks for t in g]
+        assert 1 <= len(g) <= MAX_PER_PASS and (len(g) == 1 or pass_fits(blocks, shape.num_ids,
+                                                                           shape.num_requests, budget))
+        if after and len(g) < MAX_PER_PASS:
+            assert not pass_fits([*blocks, after[0][-1].num_blocks], shape.num_ids, shape.num_requests, budget)
     assert len(groups) > 1 if limit_gib < 64 else len(groups) == -(-len(tasks) // MAX_PER_PASS)
+    # each task at its own capacity: small ones beside a large one where width x the largest would not fit
+    big, small = 2_000_000, 50_000
+    room = MemoryBudget(1.6)  # 1.3 GiB for the first pair, 2.0 for the second
+    assert pass_fits([small, big], shape.num_ids, shape.num_requests, room)
+    assert not pass_fits([big, big], shape.num_ids, shape.num_requests, room)
+    assert [len(g) for g in passes([small, big], int, shape.num_ids, shape.num_requests, room)] == [2]
 
 
 def test_window_and_pass_in_chunks(small_run: Path, tmp_path: Path) -> None:

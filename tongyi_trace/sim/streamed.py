@@ -85,12 +85,11 @@ def slotted_task_bytes(capacity_blocks: int, num_ids: int, num_requests: int) ->
     return slots * SLOT_BYTES + num_ids * 4 + num_requests * BYTES_PER_REQUEST
 
 
-def pass_width(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget,
-               most: int) -> int:
-    """How many streamed simulations (at most MOST) one pass runs within BUDGET, each as large as the largest
-    of CAPACITIES_BLOCKS needs."""
-    task = slotted_task_bytes(max(capacities_blocks, default=0), num_ids, num_requests)
-    return budget.parallel_tasks(pass_bytes(num_ids, num_requests, budget.chunk_refs), task, most)
+def pass_fits(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget) -> bool:
+    """Whether one streamed pass of simulations at CAPACITIES_BLOCKS (one each) fits BUDGET: what the pass holds
+    once (pass_bytes) and each simulation's state at its own capacity (slotted_task_bytes)."""
+    held = BASE_BYTES + pass_bytes(num_ids, num_requests, budget.chunk_refs)
+    return held + sum(slotted_task_bytes(c, num_ids, num_requests) for c in capacities_blocks) <= budget.limit_bytes
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool
     (0 stays 0 when it holds one per core, so that a small fit runs in this process: executor.sized_for),
     or, when the whole stream does not fit and STREAMABLE (the local executor), streamed: the candidates
     simulated in passes over the run's chunks, up to JOBS (0: MAX_PER_PASS) a pass, each pass lowered to what
-    the budget holds at its capacities (pass_width, called by fit/tune.py once the capacities are known)."""
+    the budget holds at its capacities (passes, called by fit/tune.py once the capacities are known)."""
     prov = load_provenance(RunDir(Path(run_dir)))
     num_refs, num_ids = int(prov.get("num_block_refs") or 0), int(prov.get("num_distinct_blocks") or 0)
     num_requests = int(prov.get("num_requests") or 0)
@@ -138,7 +137,7 @@ def plan_fit(run_dir: Path, jobs: int, budget: MemoryBudget, *, streamable: bool
     if not plan.streamed:
         # not lowered: 0 stays 0, so that a small fit runs in this process (executor.sized_for)
         return replace(plan, jobs=0 if jobs == 0 and plan.jobs >= num_cores else plan.jobs)
-    most = jobs or MAX_PER_PASS  # lowered per pass to what the budget holds (pass_width, at the capacities)
+    most = jobs or MAX_PER_PASS  # lowered per pass to what the budget holds (passes, at the capacities)
     return SweepPlan(True, most, (
         f"streamed: the whole stream (~{num_refs * WHOLE_BYTES_PER_REF / 2**30:.1f} GiB) does not fit "
         f"--memory-limit-gib {budget.limit_gib:g}; the candidates are simulated in passes over the run's chunks, "
@@ -157,13 +156,13 @@ def passes(tasks: list[T], blocks_of: Callable[[T], int], num_ids: int, num_requ
            most: int = MAX_PER_PASS) -> list[list[T]]:
     """TASKS grouped into the passes of a streamed simulation over NUM_IDS blocks and NUM_REQUESTS requests:
     smallest capacities (BLOCKS_OF a task) first, each pass taking the next task while the budget holds the
-    pass at its largest capacity (pass_width; at most MOST)."""
+    pass with it (pass_fits: each at its own capacity; at most MOST; a task alone always makes a pass)."""
     todo = sorted(tasks, key=blocks_of)
     out = []
     while todo:
         width = 1
-        while width < min(len(todo), most) and pass_width(
-                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget, width + 1) == width + 1:
+        while width < min(len(todo), most) and pass_fits(
+                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget):
             width += 1
         out.append(todo[:width])
         todo = todo[width:]
