@@ -136,6 +136,12 @@ def spill_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def held_now_bytes() -> int:
+    """What this process holds now (its resident memory), at least BASE_BYTES: where a plan made mid-command
+    (the fit's simulations, after its reading and fitting) starts from."""
+    return max(BASE_BYTES, rss_bytes())
+
+
 def rss_bytes() -> int:
     """Resident memory of this process now (/proc/self/statm; 0 where there is none)."""
     try:

@@ -151,6 +151,10 @@ def test_passes_hold_every_task_once_smallest_first_within_the_budget(limit_gib:
     assert pass_fits([small, big], shape.num_ids, shape.num_requests, room)
     assert not pass_fits([big, big], shape.num_ids, shape.num_requests, room)
     assert [len(g) for g in passes([small, big], int, shape.num_ids, shape.num_requests, room)] == [2]
+    # what the process holds already counts: a fit that read its run first gets narrower passes
+    held = 1 << 30
+    assert [len(g) for g in passes([small, big], int, shape.num_ids, shape.num_requests, room, held_bytes=held)] \
+        == [1, 1]
 
 
 def test_window_and_pass_in_chunks(small_run: Path, tmp_path: Path) -> None:

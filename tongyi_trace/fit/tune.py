@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from tongyi_trace.budget import MemoryBudget, resolve_budget
+from tongyi_trace.budget import MemoryBudget, held_now_bytes, resolve_budget
 from tongyi_trace.errors import KvtraceError, UsageError
 from tongyi_trace.executor import ExecutorOptions, TaskOutcome, map_tasks, sized_for
 from tongyi_trace.fit.events import Window
@@ -203,7 +203,7 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
         for w, span in spans.items():
             mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
             groups = passes(mine, lambda kt: kt[1][3], num_ids, span[1] - span[0], budget_,
-                            max(1, plan.jobs if plan is not None else 1))
+                            max(1, plan.jobs if plan is not None else 1), held_now_bytes())
             for num, batch in enumerate(groups, 1):
                 label = f"capacity-aware fit: {what}, pass {num} of {len(groups)} ({len(batch)} in chunks)"
                 results = simulate_chunked_many(

@@ -26,7 +26,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tongyi_trace.artifact_set import STAGING_PREFIX, staging_dir
-from tongyi_trace.budget import BASE_BYTES, CHUNK_BYTES_PER_REF, MemoryBudget, resolve_budget, spill_dir, step
+from tongyi_trace.budget import (
+    BASE_BYTES,
+    CHUNK_BYTES_PER_REF,
+    MemoryBudget,
+    held_now_bytes,
+    resolve_budget,
+    spill_dir,
+    step,
+)
 from tongyi_trace.errors import UsageError
 from tongyi_trace.policy.file import load_policy
 from tongyi_trace.run import RunDir, load_provenance, write_json
@@ -85,10 +93,12 @@ def slotted_task_bytes(capacity_blocks: int, num_ids: int, num_requests: int) ->
     return slots * SLOT_BYTES + num_ids * 4 + num_requests * BYTES_PER_REQUEST
 
 
-def pass_fits(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget) -> bool:
-    """Whether one streamed pass of simulations at CAPACITIES_BLOCKS (one each) fits BUDGET: what the pass holds
-    once (pass_bytes) and each simulation's state at its own capacity (slotted_task_bytes)."""
-    held = BASE_BYTES + pass_bytes(num_ids, num_requests, budget.chunk_refs)
+def pass_fits(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget,
+              held_bytes: int = BASE_BYTES) -> bool:
+    """Whether one streamed pass of simulations at CAPACITIES_BLOCKS (one each) fits BUDGET beside the
+    HELD_BYTES the process holds already: what the pass holds once (pass_bytes) and each simulation's state
+    at its own capacity (slotted_task_bytes)."""
+    held = held_bytes + pass_bytes(num_ids, num_requests, budget.chunk_refs)
     return held + sum(slotted_task_bytes(c, num_ids, num_requests) for c in capacities_blocks) <= budget.limit_bytes
 
 
@@ -153,16 +163,17 @@ def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn 
 
 
 def passes(tasks: list[T], blocks_of: Callable[[T], int], num_ids: int, num_requests: int, budget: MemoryBudget,
-           most: int = MAX_PER_PASS) -> list[list[T]]:
+           most: int = MAX_PER_PASS, held_bytes: int = BASE_BYTES) -> list[list[T]]:
     """TASKS grouped into the passes of a streamed simulation over NUM_IDS blocks and NUM_REQUESTS requests:
     smallest capacities (BLOCKS_OF a task) first, each pass taking the next task while the budget holds the
-    pass with it (pass_fits: each at its own capacity; at most MOST; a task alone always makes a pass)."""
+    pass with it beside HELD_BYTES (pass_fits: each at its own capacity; at most MOST; a task alone always
+    makes a pass)."""
     todo = sorted(tasks, key=blocks_of)
     out = []
     while todo:
         width = 1
         while width < min(len(todo), most) and pass_fits(
-                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget):
+                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget, held_bytes):
             width += 1
         out.append(todo[:width])
         todo = todo[width:]
@@ -214,7 +225,8 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
                         notes.append("streamed: WA runs without its guard and refit")
                 tasks.append((name, base, pol, params, cap))
         widest = 0
-        for group in passes(tasks, lambda t: t[-1].num_blocks, shape.num_ids, shape.num_requests, budget):
+        for group in passes(tasks, lambda t: t[-1].num_blocks, shape.num_ids, shape.num_requests, budget,
+                            held_bytes=held_now_bytes()):
             widest = max(widest, len(group))
             with step("simulate " + ", ".join(f"{name} @ {cap.label}" for name, _, _, _, cap in group)):
                 results = simulate_chunked_many(run, [ChunkedTask(pol, cap.num_blocks, params)
