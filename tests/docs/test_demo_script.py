@@ -27,5 +27,5 @@ def test_report_says_each_path_once(tiny_bailian_path: Path, tmp_path: Path) -> 
     result = runner.invoke(app, ["report", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert result.output.count("report:") == 1 and str((tmp_path / "run" / "report.html").resolve()) in result.output
-    doc = json.loads(runner.invoke(app, ["report", str(tmp_path / "run"), "--json"]).output)
+    doc = json.loads(runner.invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)
     assert doc["report"] == str((tmp_path / "run" / "report.html").resolve())

@@ -24,7 +24,7 @@ def test_json_output_and_policy(make_run: Callable[..., Path], tmp_path: Path) -
     res = runner.invoke(app, ["fit", str(run), "-o", str(tmp_path / "p.json"), "--min-samples", "1",
                               "--train", "0:5", "--test", "5:", "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     assert doc["policy"] == str(tmp_path / "p.json")
     assert doc["train"] == {"start_s": 0.0, "end_s": 5.0} and doc["test"] == {"start_s": 5.0, "end_s": 9.0}
     rows = {r["category"]: r for r in doc["rows"]}
@@ -76,7 +76,7 @@ def test_choice_per_capacity_is_printed(make_run: Callable[..., Path], tmp_path:
     assert len(res.output.splitlines()) <= 25
     verbose = runner.invoke(app, [*args, "--verbose"])
     assert "no candidate beats LRU (best: fifo +0.00 +- 0.00 points)" in verbose.output  # the why column
-    doc = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
     choices = load_policy(tmp_path / "p.json").choices
     assert [(c["capacity_blocks"], c["policy"]) for c in doc["choices"]] == [(4, "lru")]
     assert doc["choices"][0]["train"]["hit_ratio"] == choices[0].train["hit_ratio"] == 0.25

@@ -108,7 +108,7 @@ def test_the_cli_routes_over_several_servers_and_refuses_a_lone_router(fresh_tin
     r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls, "--router", "rr", "--name", "c",
                                  "--speedup", "1000", "--max-in-flight", "1", "--json"])
     assert r.exit_code == 0, r.output
-    s = json.loads(r.output)
+    s = json.loads(r.stdout)
     assert s["fleet"]["router"] == "rr" and s["fleet"]["routed_per_instance"] == [3, 3]
     r = CliRunner().invoke(app, ["replay", str(fresh_tiny_run), "--server", urls, "--router", "rr", "--name", "c",
                                  "--speedup", "1000", "--max-in-flight", "1", "--overwrite"], env={"COLUMNS": "200"})

@@ -112,7 +112,7 @@ def test_streamed_sweep_equals_the_sweep(small_run: Path, private_run, monkeypat
     monkeypatch.setattr(streamed, "WHOLE_BYTES_PER_REF", 10**5)  # the small trace no longer fits: streamed
     part = CliRunner().invoke(app, [*args, "--memory-limit-gib", "1"])
     assert part.exit_code == 0, part.output
-    a, b = json.loads(whole.output), json.loads(part.output)
+    a, b = json.loads(whole.stdout), json.loads(part.stdout)
     assert b["summary"]["memory"]["streamed"] and not a["summary"]["memory"]["streamed"]
     assert b["summary"]["peak_live_blocks"] == a["summary"]["peak_live_blocks"]
     keys = ("policy", "capacity", "capacity_blocks", "num_hits", "num_hit_tokens", "num_evictions", "qttft_mean_s")

@@ -14,6 +14,7 @@ from tests.sim.conftest import synth_run
 from tongyi_trace.policy.file import PolicyParams
 from tongyi_trace.run import open_run
 from tongyi_trace.sim.kernel import S_BYPASS, S_EVICTIONS, S_TOUCHED
+from tongyi_trace.sim.registry import get_policy
 from tongyi_trace.sim.simulate import Cache, EngineShape
 from tongyi_trace.sim.stream import Stream, load_stream
 from tongyi_trace.sim.structs import G_FREE, HVER, make_slots, make_state, slots_for
@@ -84,8 +85,12 @@ def test_slots_equal_blocks(stream: Stream, policy: str, params: dict[str, Any])
         a, b = _pair(stream, policy, cap, params=params)
         _assert_same(a, b)
         _assert_bounded(b, stream)
+        # the rows the streamed planner counts for it (sim/streamed.py passes) are the rows it has
+        assert b.num_rows == slots_for(cap, get_policy(policy).retained_blocks(params, cap), stream.num_ids)
         if policy == "s3fifo":  # the ghost's slots are kept: more rows than the cache, within slots_for's
             assert b.num_rows == slots_for(cap, int(0.9 * cap), stream.num_ids) > cap
+        else:
+            assert get_policy(policy).retained_blocks(params, cap) == 0
 
 
 def test_slots_equal_blocks_wa(run_dir: Path, fit: PolicyParams) -> None:

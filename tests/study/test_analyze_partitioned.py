@@ -153,7 +153,7 @@ def test_cli_partitions_on_the_local_pool(tiny_src: Path, tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)  # a relative run path: the tasks get absolute ones
     out = CliRunner().invoke(app, ["analyze", "split", "--partitions", "3", "--json", "-q"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["analyses"]["live_set"]["headline"]["peak_live_blocks"] == 5
+    assert json.loads(out.stdout)["analyses"]["live_set"]["headline"]["peak_live_blocks"] == 5
     assert_same_artifacts(tmp_path / "local", tmp_path / "split")
     for args, why in ((["--partitions", "0"], "--partitions 0: give a number in 1..4096"),
                       (["--ray-address", "127.0.0.1:1"], "--ray-address needs --executor ray")):

@@ -50,7 +50,7 @@ def test_the_fixture_ingests_with_its_sessions(tmp_path: Path) -> None:
 def test_cli_ingest_reads_it(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ingest", str(FIXTURE), "-o", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert (doc["format"], doc["num_requests"], doc["sessions"]) == ("aiperf", 7, "given")
 
 

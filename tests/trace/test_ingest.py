@@ -151,7 +151,7 @@ def test_turn_buckets_option(tiny_bailian_path: Path, tmp_path: Path) -> None:
 def test_cli_json_figures(tiny_bailian_path: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["ingest", str(tiny_bailian_path), "-o", str(tmp_path / "r"), "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert doc == {"schema": "kvtrace.ingest-output/1", "run_dir": str((tmp_path / "r").resolve()),
                    "format": "bailian", "block_size": 16, "num_requests": 6, "num_block_refs": 23,
                    "num_distinct_blocks": 10, "duration_s": 30.0, "sessions": "given", "findings": {}}

@@ -80,7 +80,7 @@ def test_compare_cli_json_and_errors(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["compare", str(tmp_path / "r1"), str(b), "--json",
                                    "-o", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["diff"]["engine_hit_ratio"] == pytest.approx(-0.30)
+    assert json.loads(res.stdout)["diff"]["engine_hit_ratio"] == pytest.approx(-0.30)
     assert resolve_replay(tmp_path / "r1") == a
     with pytest.raises(InputError):
         resolve_replay(tmp_path / "nothing")

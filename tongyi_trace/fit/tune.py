@@ -60,6 +60,7 @@ from tongyi_trace.sim.bootstrap import (
 )
 from tongyi_trace.sim.capacity import Capacity, parse_capacities, peak_live_blocks
 from tongyi_trace.sim.chunked import ChunkedTask, simulate_chunked_many, stream_shape
+from tongyi_trace.sim.registry import get_policy
 from tongyi_trace.sim.shared_stream import share_streams, worker_stream
 from tongyi_trace.sim.simulate import PolicyResult, simulate_policy
 from tongyi_trace.sim.stream import Stream, load_stream, next_request_of_refs
@@ -203,7 +204,8 @@ def tune(run: RunDir, policy: PolicyParams, train: Window, test: Window | None, 
         for w, span in spans.items():
             mine = [(k, t) for k, t in enumerate(tasks) if t[0] == w]
             groups = passes(mine, lambda kt: kt[1][3], num_ids, span[1] - span[0], budget_,
-                            max(1, plan.jobs if plan is not None else 1), held_now_bytes())
+                            max(1, plan.jobs if plan is not None else 1), held_now_bytes(),
+                            lambda kt: get_policy(kt[1][1]).retained_blocks(kt[1][2], kt[1][3]))
             for num, batch in enumerate(groups, 1):
                 label = f"capacity-aware fit: {what}, pass {num} of {len(groups)} ({len(batch)} in chunks)"
                 results = simulate_chunked_many(

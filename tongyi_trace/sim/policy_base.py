@@ -159,6 +159,12 @@ class PolicySpec:
             typed[k] = _coerce(self.name, k, fields[k].type, v)
         return self.params_cls(**typed), leaf_only
 
+    def retained_blocks(self, values: dict[str, Any] | None, capacity_blocks: int) -> int:
+        """The most evicted blocks this policy with parameters VALUES keeps at once at CAPACITY_BLOCKS (its
+        module's `retained`, else none): what a state per slot holds beyond the cache (Setup.num_retained)."""
+        retained = getattr(self.hooks, "retained", None)
+        return 0 if retained is None else int(retained(self.make_params(values)[0], capacity_blocks))
+
     def describe(self) -> list[dict[str, Any]]:
         """Each parameter: name, type, default, help (from the dataclass field metadata); a policy's own
         parameters first, then those its settings inherit (WA's switches, then the guard's)."""

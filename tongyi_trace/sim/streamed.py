@@ -49,7 +49,7 @@ from tongyi_trace.sim.chunked import (
     write_next_uses,
 )
 from tongyi_trace.sim.cost_model import queue_summary
-from tongyi_trace.sim.registry import FITTED, Policy
+from tongyi_trace.sim.registry import FITTED, Policy, get_policy
 from tongyi_trace.sim.simulate import resolve_fitted
 from tongyi_trace.sim.structs import NUM_ROWS, slots_for
 from tongyi_trace.sim.sweep import (
@@ -85,21 +85,26 @@ def pass_bytes(num_ids: int, num_requests: int, chunk_refs: int) -> int:
     return chunk_refs * CHUNK_BYTES_PER_REF + num_ids * 8 + num_requests * BYTES_PER_REQUEST
 
 
-def slotted_task_bytes(capacity_blocks: int, num_ids: int, num_requests: int) -> int:
+def slotted_task_bytes(capacity_blocks: int, num_ids: int, num_requests: int,
+                       retained_blocks: int | None = None) -> int:
     """What one streamed simulation at CAPACITY_BLOCKS holds (its state per cache slot, structs.slots_for,
-    with as many evicted blocks kept as cached ones: more than any policy keeps), its slot map over NUM_IDS
-    and its per-request arrays over NUM_REQUESTS."""
-    slots = slots_for(capacity_blocks, capacity_blocks, num_ids)
+    for the cached blocks and the RETAINED_BLOCKS evicted ones its policy keeps: PolicySpec.retained_blocks;
+    None: as many as cached, more than any policy keeps), its slot map over NUM_IDS and its per-request
+    arrays over NUM_REQUESTS."""
+    retained = capacity_blocks if retained_blocks is None else retained_blocks
+    slots = slots_for(capacity_blocks, retained, num_ids)
     return slots * SLOT_BYTES + num_ids * 4 + num_requests * BYTES_PER_REQUEST
 
 
 def pass_fits(capacities_blocks: list[int], num_ids: int, num_requests: int, budget: MemoryBudget,
-              held_bytes: int = BASE_BYTES) -> bool:
-    """Whether one streamed pass of simulations at CAPACITIES_BLOCKS (one each) fits BUDGET beside the
-    HELD_BYTES the process holds already: what the pass holds once (pass_bytes) and each simulation's state
-    at its own capacity (slotted_task_bytes)."""
+              held_bytes: int = BASE_BYTES, retained_blocks: list[int | None] | None = None) -> bool:
+    """Whether one streamed pass of simulations at CAPACITIES_BLOCKS (one each; RETAINED_BLOCKS: the evicted
+    blocks each keeps, slotted_task_bytes) fits BUDGET beside the HELD_BYTES the process holds already: what
+    the pass holds once (pass_bytes) and each simulation's state at its own capacity."""
     held = held_bytes + pass_bytes(num_ids, num_requests, budget.chunk_refs)
-    return held + sum(slotted_task_bytes(c, num_ids, num_requests) for c in capacities_blocks) <= budget.limit_bytes
+    kept = retained_blocks if retained_blocks is not None else [None] * len(capacities_blocks)
+    return held + sum(slotted_task_bytes(c, num_ids, num_requests, r)
+                      for c, r in zip(capacities_blocks, kept, strict=True)) <= budget.limit_bytes
 
 
 @dataclass(frozen=True)
@@ -163,17 +168,19 @@ def peak_live_out_of_core(run: RunDir, chunk_refs: int, on_progress: ProgressFn 
 
 
 def passes(tasks: list[T], blocks_of: Callable[[T], int], num_ids: int, num_requests: int, budget: MemoryBudget,
-           most: int = MAX_PER_PASS, held_bytes: int = BASE_BYTES) -> list[list[T]]:
+           most: int = MAX_PER_PASS, held_bytes: int = BASE_BYTES,
+           retained_of: Callable[[T], int] | None = None) -> list[list[T]]:
     """TASKS grouped into the passes of a streamed simulation over NUM_IDS blocks and NUM_REQUESTS requests:
     smallest capacities (BLOCKS_OF a task) first, each pass taking the next task while the budget holds the
-    pass with it beside HELD_BYTES (pass_fits: each at its own capacity; at most MOST; a task alone always
-    makes a pass)."""
+    pass with it beside HELD_BYTES (pass_fits: each at its own capacity, keeping RETAINED_OF evicted blocks,
+    None: as many as cached; at most MOST; a task alone always makes a pass)."""
     todo = sorted(tasks, key=blocks_of)
     out = []
     while todo:
         width = 1
         while width < min(len(todo), most) and pass_fits(
-                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget, held_bytes):
+                [blocks_of(t) for t in todo[:width + 1]], num_ids, num_requests, budget, held_bytes,
+                None if retained_of is None else [retained_of(t) for t in todo[:width + 1]]):
             width += 1
         out.append(todo[:width])
         todo = todo[width:]
@@ -226,7 +233,8 @@ def run_streamed_sweep(run: RunDir, cfg: SweepConfig, budget: MemoryBudget, plan
                 tasks.append((name, base, pol, params, cap))
         widest = 0
         for group in passes(tasks, lambda t: t[-1].num_blocks, shape.num_ids, shape.num_requests, budget,
-                            held_bytes=held_now_bytes()):
+                            held_bytes=held_now_bytes(),
+                            retained_of=lambda t: get_policy(t[2]).retained_blocks(t[3], t[-1].num_blocks)):
             widest = max(widest, len(group))
             with step("simulate " + ", ".join(f"{name} @ {cap.label}" for name, _, _, _, cap in group)):
                 results = simulate_chunked_many(run, [ChunkedTask(pol, cap.num_blocks, params)

@@ -67,12 +67,17 @@ DEST = STATE.col("DEST")
 GHOSTS = STATE.slot("GHOSTS")
 
 
+def retained(params: S3FifoParams, capacity_blocks: int) -> int:
+    """The most evicted blocks the ghost G keeps at once at CAPACITY_BLOCKS (their slots stay taken)."""
+    return max(1, int(params.ghost_ratio * capacity_blocks))
+
+
 def init(params: S3FifoParams, ctx: InitContext) -> Setup:
     """Two queues (S, M); the small FIFO's target size and the ghost's size in blocks for this capacity (at
     most that many evicted blocks are in G: their slots are kept in a state per slot)."""
     ip, fp = params.to_arrays()
     ip[IP_SMALL_BLOCKS] = max(1, int(params.small_ratio * ctx.capacity_blocks))
-    ip[IP_GHOST_BLOCKS] = max(1, int(params.ghost_ratio * ctx.capacity_blocks))
+    ip[IP_GHOST_BLOCKS] = retained(params, ctx.capacity_blocks)
     return Setup(ip, fp, num_queues=2, g0=np.zeros(1, np.int64), num_retained=int(ip[IP_GHOST_BLOCKS]))
 
 
