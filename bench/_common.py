@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,11 +62,16 @@ def tree_rss_bytes(proc: psutil.Process) -> int:
     return total
 
 
+def _exit_on_term(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) -> Measured:
     """Run ARGS as a child (its stdout into the file STDOUT, or dropped), polling its tree's resident memory;
     kill the tree past CEILING_BYTES."""
     t0 = time.perf_counter()
     out = stdout.open("w") if stdout else subprocess.DEVNULL
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)  # a bench killed (SIGTERM) kills its child too
     child = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak, killed = 0, False
@@ -82,6 +88,7 @@ def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) 
             for p in [*proc.children(recursive=True), proc]:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
+        signal.signal(signal.SIGTERM, previous)
     _, err = child.communicate()
     if stdout:
         out.close()
