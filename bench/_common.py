@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,8 @@ def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) 
     kill the tree past CEILING_BYTES."""
     t0 = time.perf_counter()
     out = stdout.open("w") if stdout else subprocess.DEVNULL
-    previous = signal.signal(signal.SIGTERM, _exit_on_term)  # a bench killed (SIGTERM) kills its child too
+    in_main = threading.current_thread() is threading.main_thread()  # where a handler may be set
+    previous = signal.signal(signal.SIGTERM, _exit_on_term) if in_main else None  # a bench killed kills its child
     child = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak, killed = 0, False
@@ -88,9 +90,10 @@ def run_capped(args: list[str], ceiling_bytes: int, stdout: Path | None = None) 
             for p in [*proc.children(recursive=True), proc]:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
-        signal.signal(signal.SIGTERM, previous)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     _, err = child.communicate()
-    if stdout:
+    if not isinstance(out, int):
         out.close()
     return Measured(time.perf_counter() - t0, peak, child.returncode, killed, (err or "").strip())
 
